@@ -1,0 +1,128 @@
+#include "core/env.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "core/error.hpp"
+
+namespace tutti::env {
+namespace {
+
+constexpr Variable kVariables[] = {
+    {"TUTTI_DEBUG", "NCCL_DEBUG", "WARN", "Log level: NONE, VERSION, WARN, INFO, ABORT, TRACE."},
+    {"TUTTI_DEBUG_SUBSYS", "NCCL_DEBUG_SUBSYS", "INIT,ENV",
+     "Comma-separated subsystems logged at INFO/TRACE: INIT, COLL, P2P, SHM, NET, BOOTSTRAP, ENV, ALLOC, "
+     "CALL, GRAPH, TUNING, ALL; a leading ^ inverts the set."},
+    {"TUTTI_DEBUG_FILE", "NCCL_DEBUG_FILE", "",
+     "Write the log to this file instead of stderr; %h is replaced by the host name and %p by the pid."},
+    {"TUTTI_COMM_ID", "NCCL_COMM_ID", "",
+     "Rendezvous address. host:port (rank 0 listens there) or the hex form of a unique id (set by tutti-run)."},
+    {"TUTTI_COMM_SECRET", "", "",
+     "Shared secret for a host:port TUTTI_COMM_ID; without it the secret is derived from the address."},
+    {"TUTTI_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "",
+     "Network interfaces to use, NCCL syntax: prefix list, ^ excludes, = exact match (e.g. eth0, ^docker, =veth1)."},
+    {"TUTTI_RANK", "", "", "This process's rank (also read: OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID)."},
+    {"TUTTI_SIZE", "", "", "Number of ranks (also read: OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS)."},
+    {"TUTTI_LOCAL_RANK", "", "",
+     "Rank among the processes of this host (also read: OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID)."},
+    {"TUTTI_INIT_TIMEOUT", "", "120", "Seconds a rank waits for all ranks to arrive at communicator creation."},
+    {"TUTTI_TIMEOUT", "", "1800", "Seconds any other blocking wait may last before it fails; 0 waits forever."},
+    {"TUTTI_TRANSPORT", "", "auto", "auto (shm within a host, tcp across hosts), shm, or tcp for every peer."},
+    {"TUTTI_SHM_SLOTS", "", "8", "Slots in each shared-memory FIFO."},
+    {"TUTTI_SHM_SLOT_SIZE", "", "128K", "Bytes per shared-memory FIFO slot."},
+    {"TUTTI_SHM_CMA", "", "1", "Use single-copy process_vm_readv for large shared-memory messages (0 disables)."},
+    {"TUTTI_SHM_CMA_THRESHOLD", "", "256K", "Smallest message sent by single copy instead of through the FIFO."},
+    {"TUTTI_TCP_NSOCKS", "", "2", "TCP sockets per peer and channel; large messages are striped across them."},
+    {"TUTTI_TCP_STRIPE_THRESHOLD", "", "256K", "Smallest TCP message striped across all sockets of a peer."},
+    {"TUTTI_SPIN", "", "2000", "Polls of an idle wait before it sleeps on a futex (or in poll())."},
+};
+
+const Variable& lookup(std::string_view name) {
+  for (const auto& v : kVariables)
+    if (v.name == name) return v;
+  throw InternalError(fmt::format("environment variable {} is not declared in core/env.cpp", name));
+}
+
+}  // namespace
+
+std::span<const Variable> variables() { return kVariables; }
+
+std::optional<std::string> raw(std::string_view name) {
+  const Variable& v = lookup(name);
+  if (const char* s = std::getenv(std::string(v.name).c_str())) return std::string(s);
+  if (!v.alias.empty())
+    if (const char* s = std::getenv(std::string(v.alias).c_str())) return std::string(s);
+  return std::nullopt;
+}
+
+std::string get_string(std::string_view name) {
+  auto value = raw(name);
+  return value ? *value : std::string(lookup(name).fallback);
+}
+
+int64_t get_int(std::string_view name) {
+  std::string text = get_string(name);
+  try {
+    size_t used = 0;
+    int64_t v = std::stoll(text, &used, 0);
+    if (used == text.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgument(fmt::format("environment variable {}='{}' is not an integer", name, text));
+}
+
+bool get_bool(std::string_view name) {
+  std::string text = get_string(name);
+  std::string lower(text);
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  if (lower == "1" || lower == "true" || lower == "yes" || lower == "on") return true;
+  if (lower == "0" || lower == "false" || lower == "no" || lower == "off" || lower.empty()) return false;
+  throw InvalidArgument(fmt::format("environment variable {}='{}' is not a boolean (0/1)", name, text));
+}
+
+std::optional<std::string> first_of(std::initializer_list<const char*> foreign_names) {
+  for (const char* n : foreign_names)
+    if (const char* s = std::getenv(n)) return std::string(s);
+  return std::nullopt;
+}
+
+uint64_t parse_size(std::string_view text) {
+  std::string s(text);
+  try {
+    size_t used = 0;
+    double v = std::stod(s, &used);
+    uint64_t mult = 1;
+    std::string suffix = s.substr(used);
+    if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1ull << 10;
+    else if (suffix == "M" || suffix == "m" || suffix == "MiB") mult = 1ull << 20;
+    else if (suffix == "G" || suffix == "g" || suffix == "GiB") mult = 1ull << 30;
+    else if (!suffix.empty() && suffix != "B") throw std::invalid_argument("suffix");
+    if (v < 0) throw std::invalid_argument("negative");
+    return static_cast<uint64_t>(v * static_cast<double>(mult));
+  } catch (const std::exception&) {
+    throw InvalidArgument(fmt::format("'{}' is not a size (examples: 4096, 64K, 16M, 1G)", text));
+  }
+}
+
+uint64_t get_size(std::string_view name) {
+  std::string text = get_string(name);
+  try {
+    return parse_size(text);
+  } catch (const Error&) {
+    throw InvalidArgument(fmt::format("environment variable {}='{}' is not a size (examples: 64K, 16M)", name, text));
+  }
+}
+
+double get_seconds(std::string_view name) {
+  std::string text = get_string(name);
+  try {
+    size_t used = 0;
+    double v = std::stod(text, &used);
+    if (used == text.size() && v >= 0) return v;
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgument(fmt::format("environment variable {}='{}' is not a number of seconds", name, text));
+}
+
+}  // namespace tutti::env

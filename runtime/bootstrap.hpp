@@ -1,0 +1,110 @@
+#pragma once
+// Bootstrap: after rendezvous, every pair of ranks holds one TCP connection (the mesh). It carries
+// small tagged control messages (allgather, barrier, split), hands over the sockets of the TCP
+// transport, and doubles as the failure detector: a peer whose process dies closes its sockets,
+// and a service thread that reads every mesh socket turns that EOF into a RemoteError that names
+// the peer on this rank, waking every waiter. An orderly shutdown sends "goodbye" first, so the EOF
+// that follows is not a failure.
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/comm_state.hpp"
+#include "runtime/socket.hpp"
+#include "runtime/unique_id.hpp"
+
+namespace tutti {
+
+// What each rank tells the others about itself.
+struct PeerInfo {
+  int rank = -1;
+  uint64_t host_hash = 0;    // equal on ranks that can share memory (same boot, same mount namespace)
+  std::string hostname;
+  int32_t pid = 0;
+  SocketAddress listen;      // bootstrap + TCP transport listener
+  std::string control_shm;   // name of this rank's control segment (doorbell)
+  uint64_t probe_addr = 0;   // address of a known word, to test single-copy reads at setup
+
+  std::vector<unsigned char> encode() const;
+  static PeerInfo decode(const std::vector<unsigned char>& bytes);
+};
+
+// This machine's identity for choosing shared memory: boot id, mount and IPC namespaces.
+uint64_t local_host_hash();
+
+class Bootstrap {
+ public:
+  // Opens the listener and starts the service thread; establish() then joins the communicator.
+  Bootstrap(std::shared_ptr<CommState> state, uint64_t secret, double timeout_s);
+  ~Bootstrap();
+  Bootstrap(const Bootstrap&) = delete;
+  Bootstrap& operator=(const Bootstrap&) = delete;
+
+  SocketAddress listen_address() const;
+  // Rendezvous through the root of id, then connect the mesh. self.listen is filled in here.
+  void establish(const UniqueId& id, uint64_t generation, PeerInfo self, double init_timeout_s);
+
+  int rank() const { return state_->rank(); }
+  int nranks() const { return state_->nranks(); }
+  const PeerInfo& peer(int r) const { return peers_.at(r); }
+
+  void send(int peer, uint64_t tag, const std::vector<unsigned char>& data);
+  std::vector<unsigned char> recv(int peer, uint64_t tag);
+  std::vector<std::vector<unsigned char>> allgather(const std::vector<unsigned char>& mine);
+  void barrier();
+  // A fresh tag for a bootstrap-level collective (all ranks call in the same order).
+  uint64_t next_tag() { return ++op_seq_ << 8; }
+
+  // TCP transport sockets: the lower rank connects, the higher one accepts (via the service thread).
+  Fd connect_tcp(int peer, uint32_t channel, uint32_t index);
+  Fd accept_tcp(int peer, uint32_t channel, uint32_t index);
+
+  // Tells every peer that this rank failed or aborted, best effort and without blocking.
+  void notify_failure(const std::string& message);
+  // Orderly end: goodbye to every peer, then close.
+  void shutdown();
+  bool peer_departed(int peer) const;
+
+ private:
+  struct Peer {
+    Fd fd;
+    std::mutex send_mutex;
+    std::vector<unsigned char> buf;
+    bool departed = false;
+    bool eof = false;
+  };
+  struct Pending {
+    Fd fd;
+    std::string addr;
+    std::vector<unsigned char> buf;
+    double since;
+  };
+  void serve();
+  void handle_frame(int peer, uint32_t type, uint64_t tag, std::vector<unsigned char> payload);
+  void handle_pending(Pending& p);
+  void send_frame(int peer, uint32_t type, uint64_t tag, const std::vector<unsigned char>& payload, Deadline d);
+  void wake_service();
+  std::string describe(int peer) const;
+
+  std::shared_ptr<CommState> state_;
+  uint64_t secret_;
+  double timeout_s_;
+  Fd listener_;
+  Fd wake_;
+  std::vector<PeerInfo> peers_;
+  std::vector<std::unique_ptr<Peer>> mesh_;
+  // Guarded by state_->mutex(): inbox, TCP sockets handed over, mesh registration.
+  std::map<std::pair<int, uint64_t>, std::deque<std::vector<unsigned char>>> inbox_;
+  std::map<std::tuple<int, uint32_t, uint32_t>, Fd> tcp_inbox_;
+  std::vector<int> registered_;  // peers whose mesh socket the service thread reads
+  std::atomic<bool> stop_{false};
+  uint64_t op_seq_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace tutti

@@ -1,0 +1,63 @@
+#include "runtime/comm_state.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "core/log.hpp"
+
+namespace tutti {
+
+CommState::CommState(int rank, int nranks)
+    : rank_(rank), nranks_(nranks), event_fd_(TUTTI_SYSCALL(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), "eventfd()")) {}
+
+void CommState::fail(ErrorKind kind, const std::string& message) {
+  {
+    std::lock_guard lock(mutex_);
+    if (failed_.load()) return;
+    kind_ = kind;
+    message_ = message;
+    failed_.store(true, std::memory_order_release);
+  }
+  TUTTI_WARN("rank {}: {}", rank_, message);
+  wake_all();
+}
+
+void CommState::abort() {
+  aborted_.store(true);
+  wake_all();
+}
+
+void CommState::check(const std::string& doing) const {
+  if (aborted_.load(std::memory_order_relaxed))
+    throw Aborted(fmt::format("rank {}: communicator aborted while {}", rank_, doing));
+  if (failed_.load(std::memory_order_acquire)) {
+    std::string msg;
+    ErrorKind kind;
+    {
+      std::lock_guard lock(mutex_);
+      msg = message_;
+      kind = kind_;
+    }
+    rethrow_with_context(Error(kind, msg), fmt::format("rank {}: {}", rank_, doing));
+  }
+}
+
+std::string CommState::error_message() const {
+  std::lock_guard lock(mutex_);
+  return message_;
+}
+
+void CommState::wake_all() {
+  if (doorbell_) ring(*doorbell_);
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t k = ::write(event_fd_.get(), &one, sizeof(one));
+  std::lock_guard lock(mutex_);
+  cv_.notify_all();
+}
+
+void CommState::drain_event_fd() {
+  uint64_t v;
+  [[maybe_unused]] ssize_t k = ::read(event_fd_.get(), &v, sizeof(v));
+}
+
+}  // namespace tutti

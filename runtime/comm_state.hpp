@@ -1,0 +1,56 @@
+#pragma once
+// State every part of one rank's communicator shares: the abort flag, the first error (a peer died,
+// a wait timed out), and how to wake every waiter of this rank so it notices either promptly.
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+
+#include "core/error.hpp"
+#include "runtime/doorbell.hpp"
+#include "runtime/socket.hpp"
+
+namespace tutti {
+
+class CommState {
+ public:
+  CommState(int rank, int nranks);
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+
+  // Records the first failure; later ones are ignored. Wakes every waiter.
+  void fail(ErrorKind kind, const std::string& message);
+  void abort();
+  bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // Throws Aborted or the recorded error, prefixed with what the caller was doing.
+  void check(const std::string& doing) const;
+  // The recorded error (empty if none).
+  std::string error_message() const;
+  const std::atomic<bool>* abort_flag() const { return &aborted_; }
+
+  // Wakes futex sleepers (doorbell), poll() sleepers (event fd) and condition-variable sleepers.
+  void wake_all();
+  void set_doorbell(Doorbell* bell) { doorbell_ = bell; }
+  Doorbell* doorbell() const { return doorbell_; }
+  int event_fd() const { return event_fd_.get(); }
+  void drain_event_fd();
+
+  // For bootstrap's inbox waiters.
+  std::mutex& mutex() { return mutex_; }
+  std::condition_variable& cv() { return cv_; }
+
+ private:
+  int rank_, nranks_;
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> failed_{false};
+  ErrorKind kind_ = ErrorKind::kInternal;
+  std::string message_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  Doorbell* doorbell_ = nullptr;
+  Fd event_fd_;
+};
+
+}  // namespace tutti

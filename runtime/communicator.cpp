@@ -1,0 +1,324 @@
+#include "runtime/communicator.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "core/env.hpp"
+#include "core/log.hpp"
+#include "runtime/rendezvous.hpp"
+#include "runtime/transport/shm.hpp"
+#include "runtime/transport/tcp.hpp"
+#include "runtime/wire.hpp"
+
+namespace tutti {
+namespace {
+
+// A word at a known address that peers read at setup to learn whether single copy works.
+constexpr uint64_t kProbeValue = 0x7475747469707262ull;
+volatile uint64_t g_probe_word = kProbeValue;
+
+std::atomic<uint64_t> g_env_generation{0};
+
+int env_int(std::initializer_list<const char*> foreign, std::string_view tutti_name, const char* what) {
+  auto v = env::raw(tutti_name);
+  if (!v) v = env::first_of(foreign);
+  TUTTI_CHECK(v.has_value(), InvalidArgument,
+              "{} is not set: run under tutti-run, mpirun or srun, or set {}", what, tutti_name);
+  try {
+    size_t used = 0;
+    int x = std::stoi(*v, &used);
+    if (used == v->size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgument(fmt::format("{} ('{}') is not an integer", what, *v));
+}
+
+}  // namespace
+
+CommOptions CommOptions::from_env() {
+  CommOptions o;
+  o.init_timeout_s = env::get_seconds("TUTTI_INIT_TIMEOUT");
+  o.timeout_s = env::get_seconds("TUTTI_TIMEOUT");
+  std::string t = env::get_string("TUTTI_TRANSPORT");
+  if (t == "auto" || t.empty()) o.transport = TransportKind::kAuto;
+  else if (t == "shm") o.transport = TransportKind::kShm;
+  else if (t == "tcp") o.transport = TransportKind::kTcp;
+  else throw InvalidArgument(fmt::format("TUTTI_TRANSPORT='{}': expected auto, shm or tcp", t));
+  o.shm_slots = static_cast<uint32_t>(env::get_int("TUTTI_SHM_SLOTS"));
+  o.shm_slot_size = env::get_size("TUTTI_SHM_SLOT_SIZE");
+  o.shm_single_copy = env::get_bool("TUTTI_SHM_CMA");
+  o.shm_single_copy_threshold = env::get_size("TUTTI_SHM_CMA_THRESHOLD");
+  o.tcp_sockets = static_cast<int>(env::get_int("TUTTI_TCP_NSOCKS"));
+  o.tcp_stripe_threshold = env::get_size("TUTTI_TCP_STRIPE_THRESHOLD");
+  o.spin = static_cast<int>(env::get_int("TUTTI_SPIN"));
+  TUTTI_CHECK(o.shm_slots >= 1, InvalidArgument, "TUTTI_SHM_SLOTS must be at least 1");
+  TUTTI_CHECK(o.shm_slot_size >= 64, InvalidArgument, "TUTTI_SHM_SLOT_SIZE must be at least 64 bytes");
+  TUTTI_CHECK(o.tcp_sockets >= 1 && o.tcp_sockets <= 64, InvalidArgument, "TUTTI_TCP_NSOCKS must be in 1..64");
+  return o;
+}
+
+std::unique_ptr<Communicator> Communicator::create(const UniqueId& id, int nranks, int rank, const CommOptions& options,
+                                                   uint64_t generation) {
+  TUTTI_CHECK(nranks >= 1, InvalidArgument, "communicator size {} must be at least 1", nranks);
+  TUTTI_CHECK(rank >= 0 && rank < nranks, InvalidArgument, "rank {} is out of range for {} ranks", rank, nranks);
+  TUTTI_CHECK(id.valid(), InvalidArgument, "rank {}: the unique id is not valid (not made by tutti?)", rank);
+  return std::unique_ptr<Communicator>(new Communicator(id, nranks, rank, options, generation));
+}
+
+std::vector<std::unique_ptr<Communicator>> Communicator::create_local(int nranks, const CommOptions& options) {
+  TUTTI_CHECK(nranks >= 1, InvalidArgument, "communicator size {} must be at least 1", nranks);
+  UniqueId id = create_unique_id();
+  std::vector<std::unique_ptr<Communicator>> comms(nranks);
+  std::vector<std::exception_ptr> errors(nranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        comms[r] = create(id, nranks, r, options);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  // Report the root cause: a rank's own error before the remote errors it caused elsewhere.
+  std::exception_ptr first;
+  for (auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const RemoteError&) {
+      if (!first) first = e;
+    } catch (...) {
+      std::rethrow_exception(e);
+    }
+  }
+  if (first) std::rethrow_exception(first);
+  return comms;
+}
+
+std::unique_ptr<Communicator> Communicator::create_from_env(const CommOptions& options) {
+  int rank = env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, "TUTTI_RANK", "the rank");
+  int size = env_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, "TUTTI_SIZE", "the number of ranks");
+  auto text = env::raw("TUTTI_COMM_ID");
+  TUTTI_CHECK(text.has_value(), InvalidArgument,
+              "rank {}: no rendezvous address: set TUTTI_COMM_ID or NCCL_COMM_ID=host:port (tutti-run sets it)", rank);
+  UniqueId id = UniqueId::parse(*text);
+  if (rank == 0 && text->find(':') != std::string::npos) ensure_persistent_root(id);
+  return create(id, size, rank, options, g_env_generation.fetch_add(1));
+}
+
+Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommOptions& options, uint64_t generation)
+    : options_(options), state_(std::make_shared<CommState>(rank, nranks)) {
+  log::set_thread_rank(rank);
+  static std::once_flag swept;
+  std::call_once(swept, [] { sweep_stale_segments(); });
+  control_ = ShmSegment::create("ctl", sizeof(Doorbell));
+  state_->set_doorbell(new (control_.data()) Doorbell());
+  bootstrap_ = std::make_unique<Bootstrap>(state_, id.secret(), options_.timeout_s);
+  PeerInfo self;
+  self.rank = rank;
+  self.host_hash = local_host_hash();
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  self.hostname = host;
+  self.pid = getpid();
+  self.control_shm = control_.name();
+  self.probe_addr = reinterpret_cast<uint64_t>(&g_probe_word);
+  bootstrap_->establish(id, generation, self, options_.init_timeout_s);
+
+  shm_peer_.assign(nranks, false);
+  peer_controls_.resize(nranks);
+  for (int p = 0; p < nranks; ++p) {
+    if (p == rank) continue;
+    bool same_host = bootstrap_->peer(p).host_hash == self.host_hash;
+    if (options_.transport == TransportKind::kShm && !same_host)
+      throw InvalidArgument(fmt::format("rank {}: TUTTI_TRANSPORT=shm but rank {} runs on another host ({})", rank, p,
+                                        bootstrap_->peer(p).hostname));
+    shm_peer_[p] = same_host && options_.transport != TransportKind::kTcp;
+    if (shm_peer_[p]) peer_controls_[p] = ShmSegment::open(bootstrap_->peer(p).control_shm, sizeof(Doorbell));
+  }
+  engine_ = std::make_unique<ProgressEngine>(state_, options_.timeout_s, options_.spin);
+  connect_channel(0);  // ends with a barrier: every peer has mapped our control segment
+  control_.unlink();
+  TUTTI_INFO(log::kInit, "rank {}/{} ready (pid {}, generation {})", rank, nranks, getpid(), generation);
+}
+
+Communicator::~Communicator() {
+  log::set_thread_rank(rank());
+  if (!state_->aborted() && !state_->failed()) {
+    // Flush: a single-copy send is complete only once the peer has read it.
+    try {
+      engine_->wait(
+          [&] {
+            for (auto& channel : connections_)
+              for (size_t p = 0; p < channel.size(); ++p)
+                if (channel[p] && channel[p]->sends_pending() && !bootstrap_->peer_departed(static_cast<int>(p)))
+                  return false;
+            return true;
+          },
+          [] { return std::string("flushing sends before destroying the communicator"); });
+    } catch (const Error& e) {
+      TUTTI_WARN("rank {}: destroy could not flush: {}", rank(), e.what());
+    }
+  }
+  bootstrap_->shutdown();
+  connections_.clear();
+}
+
+void Communicator::abort() {
+  if (state_->aborted()) return;
+  state_->abort();
+  bootstrap_->notify_failure(fmt::format("rank {} aborted its communicator", rank()));
+}
+
+void Communicator::check_peer(int peer, const char* what) const {
+  TUTTI_CHECK(peer >= 0 && peer < size() && peer != rank(), InvalidArgument, "rank {}: {}: peer {} is out of range (0..{}, not self)",
+              rank(), what, peer, size() - 1);
+}
+
+Connection& Communicator::connection(int peer, int channel) {
+  check_peer(peer, "connection");
+  TUTTI_CHECK(channel >= 0 && channel < channels(), InvalidArgument,
+              "rank {}: channel {} is not connected ({} channels; call ensure_channels)", rank(), channel, channels());
+  return *connections_[channel][peer];
+}
+
+const char* Communicator::transport_to(int peer) const {
+  if (peer == rank()) return "self";
+  return shm_peer_.at(peer) ? "shm" : "tcp";
+}
+
+void Communicator::ensure_channels(int n) {
+  while (channels() < n) connect_channel(channels());
+}
+
+void Communicator::connect_channel(int channel) {
+  const int me = rank(), n = size();
+  std::vector<int> shm_peers;
+  for (int p = 0; p < n; ++p)
+    if (p != me && shm_peer_[p]) shm_peers.push_back(p);
+  FifoLayout layout{options_.shm_slots, options_.shm_slot_size};
+  ShmSegment own;
+  if (!shm_peers.empty()) {
+    own = ShmSegment::create(fmt::format("ch{}", channel), layout.bytes() * shm_peers.size());
+    for (size_t i = 0; i < shm_peers.size(); ++i) {
+      const PeerInfo& peer = bootstrap_->peer(shm_peers[i]);
+      bool same_process = peer.pid == getpid();
+      bool cma = options_.shm_single_copy && (same_process || probe_single_copy(peer.pid, peer.probe_addr, kProbeValue));
+      if (options_.shm_single_copy && !cma)
+        TUTTI_INFO(log::kShm, "rank {}: single copy from rank {} is not permitted by the kernel; using the FIFO", me,
+                   shm_peers[i]);
+      init_fifo(static_cast<unsigned char*>(own.data()) + i * layout.bytes(), layout, cma);
+    }
+  }
+  wire::Writer w;
+  w.put_string(own.name()).put<uint32_t>(layout.slots).put<uint64_t>(layout.slot_size);
+  w.put<uint64_t>(shm_peers.size());
+  auto all = bootstrap_->allgather(w.bytes());
+
+  std::vector<std::unique_ptr<Connection>> conns(n);
+  std::vector<ShmSegment> mapped(n);
+  for (int p : shm_peers) {
+    wire::Reader r(all[p], "channel setup");
+    std::string name = r.get_string();
+    uint32_t slots = r.get<uint32_t>();
+    uint64_t slot_size = r.get<uint64_t>(), count = r.get<uint64_t>();
+    TUTTI_CHECK(slots == layout.slots && slot_size == layout.slot_size, InvalidArgument,
+                "rank {}: shared-memory FIFO settings differ from rank {} ({}x{} here, {}x{} there): set "
+                "TUTTI_SHM_SLOTS/TUTTI_SHM_SLOT_SIZE alike on every rank",
+                me, p, layout.slots, layout.slot_size, slots, slot_size);
+    mapped[p] = ShmSegment::open(name, layout.bytes() * count);
+    // Our FIFO in p's segment: p lists its shared-memory peers by rank, without itself.
+    size_t index = 0;
+    for (int q = 0; q < me; ++q)
+      if (q != p && shm_peer_[q]) ++index;
+    size_t mine = std::find(shm_peers.begin(), shm_peers.end(), p) - shm_peers.begin();
+    ShmEndpoint ep;
+    ep.out = reinterpret_cast<FifoControl*>(static_cast<unsigned char*>(mapped[p].data()) + index * layout.bytes());
+    ep.in = reinterpret_cast<FifoControl*>(static_cast<unsigned char*>(own.data()) + mine * layout.bytes());
+    ep.peer_bell = static_cast<Doorbell*>(peer_controls_[p].data());
+    ep.peer_pid = bootstrap_->peer(p).pid;
+    ep.same_process = ep.peer_pid == getpid();
+    ep.cma_threshold = options_.shm_single_copy_threshold;
+    conns[p] = std::make_unique<ShmConnection>(me, p, channel, ep);
+  }
+  // TCP: connect to higher ranks first (completes without the peer's help), then accept from lower.
+  std::vector<std::vector<Fd>> sockets(n);
+  for (int p = me + 1; p < n; ++p)
+    if (!shm_peer_[p])
+      for (int k = 0; k < options_.tcp_sockets; ++k) sockets[p].push_back(bootstrap_->connect_tcp(p, channel, k));
+  for (int p = 0; p < me; ++p)
+    if (!shm_peer_[p])
+      for (int k = 0; k < options_.tcp_sockets; ++k) sockets[p].push_back(bootstrap_->accept_tcp(p, channel, k));
+  for (int p = 0; p < n; ++p)
+    if (p != me && !shm_peer_[p])
+      conns[p] = std::make_unique<TcpConnection>(me, p, channel, std::move(sockets[p]), options_.tcp_stripe_threshold);
+  bootstrap_->barrier();  // everyone has mapped everything: names can go
+  own.unlink();
+  for (auto& c : conns)
+    if (c) engine_->add(c.get());
+  connections_.push_back(std::move(conns));
+  peer_fifos_.push_back(std::move(mapped));
+  own_fifos_.push_back(std::move(own));
+  TUTTI_INFO(log::kInit, "rank {}: channel {} connected ({} shm peers, {} tcp peers)", me, channel, shm_peers.size(),
+             n - 1 - static_cast<int>(shm_peers.size()));
+}
+
+void Communicator::wait_send(int peer, Ticket t, int channel) {
+  Connection& c = connection(peer, channel);
+  engine_->wait([&] { return c.send_done(t); },
+                [&] { return fmt::format("waiting to send to rank {} on channel {}", peer, channel); });
+}
+
+void Communicator::wait_recv(int peer, Ticket t, int channel) {
+  Connection& c = connection(peer, channel);
+  engine_->wait([&] { return c.recv_done(t); },
+                [&] { return fmt::format("waiting to receive from rank {} on channel {}", peer, channel); });
+}
+
+void Communicator::send(int peer, const void* data, size_t bytes, int channel) {
+  TUTTI_CHECK(data || bytes == 0, InvalidArgument, "rank {}: send of {} bytes to rank {} from a null buffer", rank(),
+              bytes, peer);
+  wait_send(peer, connection(peer, channel).send(data, bytes), channel);
+}
+
+void Communicator::recv(int peer, void* data, size_t bytes, int channel) {
+  TUTTI_CHECK(data || bytes == 0, InvalidArgument, "rank {}: receive of {} bytes from rank {} into a null buffer",
+              rank(), bytes, peer);
+  wait_recv(peer, connection(peer, channel).recv(data, bytes), channel);
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  wire::Writer w;
+  w.put<int32_t>(color).put<int32_t>(key);
+  auto all = bootstrap_->allgather(w.bytes());
+  uint64_t tag = bootstrap_->next_tag();
+  if (color < 0) return nullptr;
+  std::vector<std::pair<int, int>> members;  // (key, parent rank)
+  for (int r = 0; r < size(); ++r) {
+    wire::Reader rd(all[r], "split request");
+    int c = rd.get<int32_t>(), k = rd.get<int32_t>();
+    if (c == color) members.push_back({k, r});
+  }
+  std::sort(members.begin(), members.end());
+  int new_rank = static_cast<int>(std::find(members.begin(), members.end(), std::make_pair(key, rank())) - members.begin());
+  int leader = members[0].second;
+  UniqueId id;
+  if (rank() == leader) {
+    id = create_unique_id();
+    std::vector<unsigned char> bytes(id.bytes.begin(), id.bytes.end());
+    for (auto& [k, r] : members)
+      if (r != rank()) bootstrap_->send(r, tag, bytes);
+  } else {
+    auto bytes = bootstrap_->recv(leader, tag);
+    TUTTI_CHECK(bytes.size() == UniqueId::kBytes, RemoteError, "rank {}: split: malformed id from rank {}", rank(), leader);
+    std::copy(bytes.begin(), bytes.end(), id.bytes.begin());
+  }
+  return create(id, static_cast<int>(members.size()), new_rank, options_);
+}
+
+}  // namespace tutti

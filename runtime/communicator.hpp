@@ -1,0 +1,103 @@
+#pragma once
+// A communicator: one rank's membership in a group of ranks, with a connection to every peer on
+// each channel and the progress engine that drives them.
+//
+// Lifecycle (each step is collective over the ranks involved, like NCCL's):
+// - create(): from a unique id, this rank's number and the size (ncclCommInitRank);
+// - create_local(): N ranks as threads of this process (ncclCommInitAll);
+// - create_from_env(): rank, size and comm id from tutti-run, mpirun or srun variables;
+// - split(): new communicators by color and key (ncclCommSplit);
+// - destruction: flushes pending sends, says goodbye to the peers, frees every resource;
+// - abort(): from any thread; every wait of this rank fails with Aborted promptly and the peers
+//   are told, so their waits fail with RemoteError instead of hanging.
+//
+// Thread safety: one thread at a time drives a communicator; abort() may come from any thread.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/bootstrap.hpp"
+#include "runtime/comm_state.hpp"
+#include "runtime/progress.hpp"
+#include "runtime/shm_segment.hpp"
+#include "runtime/transport/connection.hpp"
+#include "runtime/unique_id.hpp"
+
+namespace tutti {
+
+enum class TransportKind { kAuto, kShm, kTcp };
+
+struct CommOptions {
+  double init_timeout_s = 120;
+  double timeout_s = 1800;
+  TransportKind transport = TransportKind::kAuto;
+  uint32_t shm_slots = 8;
+  uint64_t shm_slot_size = 128 << 10;
+  bool shm_single_copy = true;
+  uint64_t shm_single_copy_threshold = 256 << 10;
+  int tcp_sockets = 2;
+  uint64_t tcp_stripe_threshold = 256 << 10;
+  int spin = 2000;
+
+  // Defaults from TUTTI_* variables (see docs/ENVIRONMENT.md).
+  static CommOptions from_env();
+};
+
+class Communicator {
+ public:
+  static std::unique_ptr<Communicator> create(const UniqueId& id, int nranks, int rank,
+                                              const CommOptions& options = CommOptions::from_env(),
+                                              uint64_t generation = 0);
+  static std::vector<std::unique_ptr<Communicator>> create_local(int nranks,
+                                                                 const CommOptions& options = CommOptions::from_env());
+  static std::unique_ptr<Communicator> create_from_env(const CommOptions& options = CommOptions::from_env());
+  // Collective over this communicator. color < 0: takes part, gets no communicator (nullptr).
+  std::unique_ptr<Communicator> split(int color, int key);
+
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  void abort();
+  int rank() const { return state_->rank(); }
+  int size() const { return state_->nranks(); }
+  const CommOptions& options() const { return options_; }
+
+  // Collective: makes sure channels 0..n-1 are connected.
+  void ensure_channels(int n);
+  int channels() const { return static_cast<int>(connections_.size()); }
+  Connection& connection(int peer, int channel = 0);
+  const char* transport_to(int peer) const;  // "shm", "tcp" or "self"
+  const PeerInfo& peer_info(int peer) const { return bootstrap_->peer(peer); }
+
+  // Blocking point-to-point helpers over channel `channel`.
+  void send(int peer, const void* data, size_t bytes, int channel = 0);
+  void recv(int peer, void* data, size_t bytes, int channel = 0);
+  // Waits for tickets of connection(peer, channel).
+  void wait_send(int peer, Ticket t, int channel = 0);
+  void wait_recv(int peer, Ticket t, int channel = 0);
+  void barrier() { bootstrap_->barrier(); }
+
+  ProgressEngine& engine() { return *engine_; }
+  Bootstrap& bootstrap() { return *bootstrap_; }
+  CommState& state() { return *state_; }
+
+ private:
+  Communicator(const UniqueId& id, int nranks, int rank, const CommOptions& options, uint64_t generation);
+  void connect_channel(int channel);
+  void check_peer(int peer, const char* what) const;
+
+  CommOptions options_;
+  std::shared_ptr<CommState> state_;
+  ShmSegment control_;
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::unique_ptr<ProgressEngine> engine_;
+  std::vector<ShmSegment> peer_controls_;           // by rank; empty for other hosts
+  std::vector<std::vector<ShmSegment>> peer_fifos_;  // [channel][rank]
+  std::vector<ShmSegment> own_fifos_;               // by channel
+  std::vector<std::vector<std::unique_ptr<Connection>>> connections_;  // [channel][rank]
+  std::vector<bool> shm_peer_;
+};
+
+}  // namespace tutti

@@ -1,0 +1,66 @@
+#include "runtime/progress.hpp"
+
+#include <poll.h>
+
+#include <cstring>
+
+#include "core/clock.hpp"
+#include "core/error.hpp"
+
+namespace tutti {
+
+ProgressEngine::ProgressEngine(std::shared_ptr<CommState> state, double timeout_s, int spin)
+    : state_(std::move(state)), timeout_s_(timeout_s), spin_(spin) {}
+
+void ProgressEngine::add(Connection* c) {
+  connections_.push_back(c);
+  if (std::strcmp(c->kind(), "tcp") == 0) has_tcp_ = true;
+  else has_shm_ = true;
+}
+
+bool ProgressEngine::progress() {
+  bool moved = false;
+  for (Connection* c : connections_) {
+    if (c->idle()) continue;
+    try {
+      moved |= c->progress();
+    } catch (const Error& e) {
+      // A broken connection breaks the communicator: every later wait must fail too.
+      state_->fail(e.kind(), e.what());
+      throw;
+    }
+  }
+  return moved;
+}
+
+void ProgressEngine::wait(const std::function<bool()>& done, const std::function<std::string()>& what) {
+  for (int i = 0; i < spin_; ++i) {
+    progress();
+    if (done()) return;
+    if ((i & 63) == 63) state_->check(what());
+    cpu_relax();
+  }
+  Deadline deadline = Deadline::after(timeout_s_);
+  Doorbell* bell = state_->doorbell();
+  std::vector<pollfd> fds;
+  while (true) {
+    state_->check(what());
+    uint32_t seen = bell ? bell->seq.load(std::memory_order_acquire) : 0;
+    bool moved = progress();
+    if (done()) return;
+    if (moved) continue;
+    if (deadline.expired())
+      throw Timeout(fmt::format("rank {}: timed out after {} s (TUTTI_TIMEOUT) {}", state_->rank(), timeout_s_, what()));
+    if (has_tcp_) {
+      fds.clear();
+      fds.push_back({state_->event_fd(), POLLIN, 0});
+      for (Connection* c : connections_) c->poll_fds(fds);
+      // With shared-memory peers too, nobody rings a poll(): keep the nap short.
+      ::poll(fds.data(), fds.size(), deadline.ms_left(has_shm_ ? 1 : 100));
+    } else if (bell) {
+      sleep_on(*bell, seen, deadline.ms_left(100));
+    }
+  }
+}
+
+}  // namespace tutti

@@ -1,0 +1,35 @@
+#pragma once
+// The progress engine of one rank: it advances every connection of the communicator and turns
+// non-blocking tickets into blocking waits. A wait polls for TUTTI_SPIN rounds, then sleeps: on the
+// rank's doorbell futex when only shared-memory peers are involved, in poll() when TCP sockets are.
+// Every wait checks the abort flag and the communicator's error state each round and fails with
+// Timeout after TUTTI_TIMEOUT seconds, naming what it waited for.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/comm_state.hpp"
+#include "runtime/transport/connection.hpp"
+
+namespace tutti {
+
+class ProgressEngine {
+ public:
+  ProgressEngine(std::shared_ptr<CommState> state, double timeout_s, int spin);
+  void add(Connection* c);
+  // Advances all connections once; true if anything moved. A transport error fails the communicator.
+  bool progress();
+  // Blocks until done() is true. `what` is called only to build an error message.
+  void wait(const std::function<bool()>& done, const std::function<std::string()>& what);
+
+ private:
+  std::shared_ptr<CommState> state_;
+  double timeout_s_;
+  int spin_;
+  std::vector<Connection*> connections_;
+  bool has_shm_ = false, has_tcp_ = false;
+};
+
+}  // namespace tutti

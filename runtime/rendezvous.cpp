@@ -1,0 +1,309 @@
+#include "runtime/rendezvous.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "runtime/wire.hpp"
+
+namespace tutti {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kHandshakeSeconds = 10;  // a connection that sends no complete hello by then is dropped
+
+struct Client {
+  Fd fd;
+  std::string addr;
+  Clock::time_point since = Clock::now();
+  std::vector<unsigned char> buf;
+  bool hello = false;
+  int rank = -1, nranks = 0;
+  uint64_t generation = 0;
+  double timeout = 0;
+  std::vector<unsigned char> info;
+};
+
+struct Group {
+  int nranks = 0;
+  double timeout = 0;
+  Clock::time_point first = Clock::now();
+  std::map<int, Client*> members;
+};
+
+void send_frame(int fd, wire::FrameType type, const std::vector<unsigned char>& payload, const std::string& what) {
+  wire::FrameHeader h;
+  h.type = static_cast<uint32_t>(type);
+  h.length = payload.size();
+  Deadline d = Deadline::after(kHandshakeSeconds);
+  send_exact(fd, &h, sizeof(h), d, what);
+  if (!payload.empty()) send_exact(fd, payload.data(), payload.size(), d, what);
+}
+
+void send_error(Client& c, ErrorKind kind, const std::string& msg) {
+  wire::Writer w;
+  w.put<uint32_t>(static_cast<uint32_t>(kind)).put_string(msg);
+  try {
+    send_frame(c.fd.get(), wire::FrameType::kRootError, w.bytes(), c.addr);
+  } catch (const Error&) {
+  }
+  c.fd.reset();
+}
+
+std::string list_missing(const Group& g) {
+  std::string s;
+  int shown = 0;
+  for (int r = 0; r < g.nranks; ++r) {
+    if (g.members.count(r)) continue;
+    if (shown++ == 32) {
+      s += ", ...";
+      break;
+    }
+    s += (s.empty() ? "" : ", ") + std::to_string(r);
+  }
+  return s;
+}
+
+}  // namespace
+
+RendezvousRoot::RendezvousRoot(const SocketAddress& addr, uint64_t secret, bool persistent)
+    : listener_(listen_on(addr)),
+      wake_(TUTTI_SYSCALL(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), "eventfd()")),
+      secret_(secret),
+      persistent_(persistent) {
+  SocketAddress bound = local_address(listener_.get());
+  id_ = UniqueId::make(bound, secret);
+  TUTTI_INFO(log::kBootstrap, "rendezvous root listening on {}", bound.to_string());
+  thread_ = std::thread([this] { run(); });
+}
+
+RendezvousRoot::~RendezvousRoot() {
+  stop_ = true;
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t k = ::write(wake_.get(), &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+}
+
+void RendezvousRoot::run() {
+  std::list<Client> clients;
+  std::map<uint64_t, Group> groups;
+  auto drop = [&](Client& c, const std::string& why) {
+    TUTTI_WARN("rendezvous root: refused connection from {}: {}", c.addr, why);
+    c.fd.reset();
+  };
+  while (!stop_) {
+    std::vector<pollfd> fds{{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    std::vector<Client*> order;
+    for (auto& c : clients) {
+      fds.push_back({c.fd.get(), POLLIN, 0});
+      order.push_back(&c);
+    }
+    ::poll(fds.data(), fds.size(), 100);
+    if (fds[0].revents & POLLIN) {
+      while (true) {
+        int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        Client c;
+        c.fd = Fd(fd);
+        c.addr = peer_address(fd).to_string();
+        clients.push_back(std::move(c));
+      }
+    }
+    for (size_t i = 0; i < order.size(); ++i) {
+      Client& c = *order[i];
+      if (!(fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      unsigned char tmp[4096];
+      ssize_t k = ::recv(c.fd.get(), tmp, sizeof(tmp), MSG_DONTWAIT);
+      if (k <= 0) {
+        if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        if (!c.hello) {
+          drop(c, fmt::format("connection closed after {} bytes (truncated hello)", c.buf.size()));
+        } else {
+          // A rank that arrived and then went away: it no longer counts as present.
+          TUTTI_WARN("rendezvous root: rank {} (of generation {}) disconnected before all ranks arrived", c.rank,
+                     c.generation);
+          auto g = groups.find(c.generation);
+          if (g != groups.end()) g->second.members.erase(c.rank);
+          c.fd.reset();
+        }
+        continue;
+      }
+      if (c.hello) continue;  // nothing more is expected; ignore
+      c.buf.insert(c.buf.end(), tmp, tmp + k);
+      if (c.buf.size() < sizeof(wire::FrameHeader)) continue;
+      wire::FrameHeader h;
+      std::memcpy(&h, c.buf.data(), sizeof(h));
+      if (h.magic != wire::kMagic || h.type != static_cast<uint32_t>(wire::FrameType::kHello)) {
+        drop(c, "not a tutti rendezvous hello (bad magic or type)");
+        continue;
+      }
+      if (h.length > wire::kMaxControlBytes) {
+        drop(c, fmt::format("hello claims {} bytes, more than the {} limit", h.length, wire::kMaxControlBytes));
+        continue;
+      }
+      if (c.buf.size() < sizeof(h) + h.length) continue;
+      try {
+        wire::Reader r(c.buf.data() + sizeof(h), h.length, "rendezvous hello");
+        uint64_t secret = r.get<uint64_t>();
+        if (secret != secret_) {
+          drop(c, "wrong secret");
+          continue;
+        }
+        c.generation = r.get<uint64_t>();
+        c.rank = r.get<int32_t>();
+        c.nranks = r.get<int32_t>();
+        c.timeout = r.get<double>();
+        c.info = r.get_bytes();
+      } catch (const Error& e) {
+        drop(c, e.what());
+        continue;
+      }
+      c.hello = true;
+      if (c.nranks <= 0 || c.rank < 0 || c.rank >= c.nranks) {
+        send_error(c, ErrorKind::kInvalidArgument, fmt::format("rank {} is out of range for {} ranks", c.rank, c.nranks));
+        continue;
+      }
+      auto [it, fresh] = groups.try_emplace(c.generation);
+      Group& g = it->second;
+      if (fresh || g.members.empty()) {
+        g.nranks = c.nranks;
+        g.timeout = c.timeout;
+        g.first = Clock::now();
+      }
+      if (g.nranks != c.nranks) {
+        send_error(c, ErrorKind::kInvalidArgument,
+                   fmt::format("rank {} was started with {} ranks but others with {}", c.rank, c.nranks, g.nranks));
+        continue;
+      }
+      if (g.members.count(c.rank)) {
+        send_error(c, ErrorKind::kInvalidArgument, fmt::format("rank {} joined twice", c.rank));
+        continue;
+      }
+      g.timeout = std::min(g.timeout, c.timeout);
+      g.members[c.rank] = &c;
+      TUTTI_INFO(log::kBootstrap, "rendezvous root: rank {}/{} arrived from {}", c.rank, c.nranks, c.addr);
+      if (static_cast<int>(g.members.size()) == g.nranks) {
+        wire::Writer w;
+        w.put<int32_t>(g.nranks);
+        for (auto& [rank, m] : g.members) w.put_bytes(m->info.data(), m->info.size());
+        for (auto& [rank, m] : g.members) {
+          try {
+            send_frame(m->fd.get(), wire::FrameType::kTable, w.bytes(), m->addr);
+          } catch (const Error& e) {
+            TUTTI_WARN("rendezvous root: could not answer rank {}: {}", rank, e.what());
+          }
+          m->fd.reset();
+        }
+        groups.erase(it);
+        if (!persistent_) stop_ = true;
+      }
+    }
+    // Deadlines: incomplete hellos and incomplete groups.
+    auto now = Clock::now();
+    for (auto& c : clients)
+      if (c.fd && !c.hello && now - c.since > std::chrono::duration<double>(kHandshakeSeconds))
+        drop(c, "no complete hello in time");
+    for (auto it = groups.begin(); it != groups.end();) {
+      Group& g = it->second;
+      if (!g.members.empty() && g.timeout > 0 && now - g.first > std::chrono::duration<double>(g.timeout)) {
+        std::string msg = fmt::format("rendezvous timed out after {} s: ranks {} of {} never arrived", g.timeout,
+                                      list_missing(g), g.nranks);
+        TUTTI_WARN("rendezvous root: {}", msg);
+        for (auto& [rank, m] : g.members) send_error(*m, ErrorKind::kTimeout, msg);
+        it = groups.erase(it);
+        if (!persistent_) stop_ = true;
+      } else {
+        ++it;
+      }
+    }
+    clients.remove_if([](const Client& c) { return !c.fd; });
+  }
+  finished_ = true;
+}
+
+namespace {
+std::mutex g_roots_mutex;
+std::vector<std::unique_ptr<RendezvousRoot>> g_roots;  // one-shot roots; finished ones are reaped
+
+void keep_root(std::unique_ptr<RendezvousRoot> root) {
+  std::lock_guard lock(g_roots_mutex);
+  std::erase_if(g_roots, [](const auto& r) { return r->finished(); });
+  g_roots.push_back(std::move(root));
+}
+}  // namespace
+
+UniqueId create_unique_id() {
+  auto root = std::make_unique<RendezvousRoot>(choose_interface_address(), UniqueId::random_secret(), false);
+  UniqueId id = root->unique_id();
+  keep_root(std::move(root));
+  return id;
+}
+
+void ensure_persistent_root(const UniqueId& id) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<RendezvousRoot>> roots;
+  std::lock_guard lock(mu);
+  std::string key = id.root().to_string();
+  if (roots.count(key)) return;
+  roots[key] = std::make_unique<RendezvousRoot>(id.root(), id.secret(), true);
+}
+
+std::vector<std::vector<unsigned char>> rendezvous(const UniqueId& id, int rank, int nranks, uint64_t generation,
+                                                   const std::vector<unsigned char>& info, double timeout_s,
+                                                   const std::atomic<bool>* abort) {
+  SocketAddress root = id.root();
+  Deadline connect_deadline = Deadline::after(timeout_s);
+  std::string what = fmt::format("rendezvous root {}", root.to_string());
+  Fd fd = connect_with_retry(root, connect_deadline, abort, "the rendezvous root (is rank 0 / tutti-run running?)");
+  wire::Writer w;
+  w.put<uint64_t>(id.secret()).put<uint64_t>(generation).put<int32_t>(rank).put<int32_t>(nranks).put<double>(timeout_s);
+  w.put_bytes(info.data(), info.size());
+  wire::FrameHeader h;
+  h.type = static_cast<uint32_t>(wire::FrameType::kHello);
+  h.length = w.bytes().size();
+  Deadline d = Deadline::after(timeout_s);
+  send_exact(fd.get(), &h, sizeof(h), d, what);
+  send_exact(fd.get(), w.bytes().data(), w.bytes().size(), d, what);
+  // The root answers at its own deadline; allow it a grace period to tell us who is missing.
+  Deadline answer = Deadline::after(timeout_s > 0 ? timeout_s + 5 : 0);
+  wire::FrameHeader rh;
+  try {
+    while (true) {
+      pollfd p{fd.get(), POLLIN, 0};
+      int rc = ::poll(&p, 1, answer.ms_left(100));
+      TUTTI_CHECK(!(abort && abort->load()), Aborted, "rank {}: aborted during rendezvous", rank);
+      if (rc > 0) break;
+      TUTTI_CHECK(!answer.expired(), Timeout, "rank {}: no answer from {} within {} s", rank, what, timeout_s);
+    }
+    recv_exact(fd.get(), &rh, sizeof(rh), answer, what);
+  } catch (const RemoteError& e) {
+    throw RemoteError(fmt::format("rank {}: {} refused or dropped the connection ({}); wrong secret?", rank, what, e.what()));
+  }
+  TUTTI_CHECK(rh.magic == wire::kMagic && rh.length <= wire::kMaxControlBytes, RemoteError,
+              "rank {}: malformed answer from {}", rank, what);
+  std::vector<unsigned char> payload(rh.length);
+  recv_exact(fd.get(), payload.data(), payload.size(), answer, what);
+  wire::Reader r(payload, "rendezvous answer");
+  if (rh.type == static_cast<uint32_t>(wire::FrameType::kRootError)) {
+    auto kind = static_cast<ErrorKind>(r.get<uint32_t>());
+    std::string msg = fmt::format("rank {}: {}", rank, r.get_string());
+    rethrow_with_context(Error(kind, msg), "communicator creation failed");
+  }
+  TUTTI_CHECK(rh.type == static_cast<uint32_t>(wire::FrameType::kTable), RemoteError,
+              "rank {}: unexpected answer type {} from {}", rank, rh.type, what);
+  int n = r.get<int32_t>();
+  TUTTI_CHECK(n == nranks, RemoteError, "rank {}: root answered for {} ranks, expected {}", rank, n, nranks);
+  std::vector<std::vector<unsigned char>> table;
+  for (int i = 0; i < n; ++i) table.push_back(r.get_bytes());
+  return table;
+}
+
+}  // namespace tutti

@@ -1,0 +1,110 @@
+#include "runtime/shm_segment.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace tutti {
+namespace {
+std::atomic<uint64_t> g_counter{0};
+
+void* map(int fd, size_t bytes, const std::string& name) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) throw_system_error(fmt::format("mmap of shared segment {} ({} bytes)", name, bytes));
+  return p;
+}
+}  // namespace
+
+ShmSegment ShmSegment::create(const std::string& what, size_t bytes) {
+  ShmSegment s;
+  s.name_ = fmt::format("/tutti-{}-{}-{}", getpid(), g_counter.fetch_add(1), what);
+  int fd = shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) throw_system_error(fmt::format("shm_open({})", s.name_));
+  s.owner_ = true;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    ::close(fd);
+    shm_unlink(s.name_.c_str());
+    throw SystemError(fmt::format("ftruncate of shared segment {} to {} bytes (is /dev/shm full?)", s.name_, bytes), err);
+  }
+  try {
+    s.data_ = map(fd, bytes, s.name_);
+  } catch (...) {
+    ::close(fd);
+    shm_unlink(s.name_.c_str());
+    throw;
+  }
+  ::close(fd);
+  s.size_ = bytes;
+  TUTTI_TRACE(log::kShm, "created shared segment {} ({} bytes)", s.name_, bytes);
+  return s;
+}
+
+ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
+  ShmSegment s;
+  s.name_ = name;
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) throw_system_error(fmt::format("shm_open({}) of a peer's segment", name));
+  try {
+    s.data_ = map(fd, bytes, name);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  s.size_ = bytes;
+  return s;
+}
+
+ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
+  if (this != &o) {
+    this->~ShmSegment();
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    name_ = std::move(o.name_);
+    owner_ = std::exchange(o.owner_, false);
+  }
+  return *this;
+}
+
+void ShmSegment::unlink() {
+  if (owner_) {
+    shm_unlink(name_.c_str());
+    owner_ = false;
+  }
+}
+
+ShmSegment::~ShmSegment() {
+  unlink();
+  if (data_) munmap(data_, size_);
+  data_ = nullptr;
+}
+
+int sweep_stale_segments() {
+  int removed = 0;
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return 0;
+  while (dirent* e = readdir(dir)) {
+    int pid = 0;
+    if (std::sscanf(e->d_name, "tutti-%d-", &pid) != 1 || pid <= 0) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (shm_unlink((std::string("/") + e->d_name).c_str()) == 0) {
+      ++removed;
+      TUTTI_INFO(log::kShm, "removed stale shared segment /dev/shm/{} of dead process {}", e->d_name, pid);
+    }
+  }
+  closedir(dir);
+  return removed;
+}
+
+}  // namespace tutti

@@ -1,0 +1,73 @@
+#pragma once
+// A connection is one ordered, reliable, bidirectional message stream between this rank and one peer
+// on one channel. Operations are non-blocking: send()/recv() queue a byte range and return a ticket;
+// progress() moves bytes without blocking; send_done()/recv_done() tell whether a ticket completed.
+// The progress engine (runtime/progress.hpp) turns this into blocking waits.
+//
+// Contract:
+// - Messages arrive in the order they were sent. Each recv matches the next send of the peer, and its
+//   size must equal that send's size: a mismatch is a RemoteError naming both sizes, not a silent
+//   truncation.
+// - A buffer passed to send/recv must stay valid and untouched until its ticket is done.
+// - Tickets of one direction complete in order, so done(t) implies done(t') for t' < t.
+// - Not thread-safe: one thread drives a rank's connections at a time.
+
+#include <poll.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+namespace tutti {
+
+using Ticket = uint64_t;
+
+class Connection {
+ public:
+  Connection(int rank, int peer, int channel) : rank_(rank), peer_(peer), channel_(channel) {}
+  virtual ~Connection() = default;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  int peer() const { return peer_; }
+  int channel() const { return channel_; }
+  virtual const char* kind() const = 0;
+
+  Ticket send(const void* data, size_t bytes) {
+    sendq_.push_back({static_cast<unsigned char*>(const_cast<void*>(data)), bytes, ++sends_posted_});
+    return sends_posted_;
+  }
+  Ticket recv(void* data, size_t bytes) {
+    recvq_.push_back({static_cast<unsigned char*>(data), bytes, ++recvs_posted_});
+    return recvs_posted_;
+  }
+  bool send_done(Ticket t) const { return sends_completed_ >= t; }
+  bool recv_done(Ticket t) const { return recvs_completed_ >= t; }
+  bool idle() const { return sendq_.empty() && recvq_.empty(); }
+  bool sends_pending() const { return !sendq_.empty(); }
+
+  // Moves what it can without blocking; true if anything moved. Throws RemoteError on failure.
+  virtual bool progress() = 0;
+  // File descriptors to poll() when sleeping (TCP); shared memory sleeps on the doorbell instead.
+  virtual void poll_fds(std::vector<pollfd>&) const {}
+
+ protected:
+  struct Op {
+    unsigned char* data;
+    size_t bytes;
+    Ticket ticket;
+    size_t offset = 0;     // bytes moved so far (or posted, for shm sends)
+    bool started = false;  // first fragment seen/sent
+    uint64_t aux = 0;      // transport-specific (single-copy sequence number, segments left)
+  };
+  std::string where() const;  // "rank R, peer P, channel C" for messages
+
+  int rank_, peer_, channel_;
+  std::deque<Op> sendq_, recvq_;
+  Ticket sends_posted_ = 0, recvs_posted_ = 0;
+  Ticket sends_completed_ = 0, recvs_completed_ = 0;
+};
+
+}  // namespace tutti

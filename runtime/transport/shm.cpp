@@ -1,0 +1,147 @@
+#include "runtime/transport/shm.hpp"
+
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "core/error.hpp"
+
+namespace tutti {
+
+void init_fifo(void* at, const FifoLayout& layout, bool cma_ok) {
+  auto* f = new (at) FifoControl();
+  f->head.store(0);
+  f->tail.store(0);
+  f->cma_done.store(0);
+  f->cma_ok = cma_ok ? 1 : 0;
+  f->slots = layout.slots;
+  f->slot_size = layout.slot_size;
+}
+
+bool probe_single_copy(int pid, uint64_t address, uint64_t expect) {
+  uint64_t got = 0;
+  iovec local{&got, sizeof(got)};
+  iovec remote{reinterpret_cast<void*>(address), sizeof(got)};
+  return process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof(got)) && got == expect;
+}
+
+ShmConnection::ShmConnection(int rank, int peer, int channel, ShmEndpoint ep)
+    : Connection(rank, peer, channel), ep_(ep), cma_(ep.out->cma_ok != 0) {}
+
+unsigned char* ShmConnection::slot(FifoControl* f, uint64_t index) const {
+  FifoLayout l{f->slots, f->slot_size};
+  return reinterpret_cast<unsigned char*>(f) + sizeof(FifoControl) + (index % f->slots) * l.stride();
+}
+
+bool ShmConnection::progress() {
+  bool moved = false;
+  if (!sendq_.empty()) moved |= progress_send();
+  if (!recvq_.empty()) moved |= progress_recv();
+  return moved;
+}
+
+bool ShmConnection::progress_send() {
+  FifoControl* f = ep_.out;
+  const uint64_t slots = f->slots, slot_size = f->slot_size;
+  bool moved = false;
+  while (next_post_ < sendq_.size()) {
+    if (head_ - tail_seen_ >= slots) {
+      tail_seen_ = f->tail.load(std::memory_order_acquire);
+      if (head_ - tail_seen_ >= slots) break;
+    }
+    Op& op = sendq_[next_post_];
+    unsigned char* s = slot(f, head_);
+    SlotHeader h{op.bytes, op.offset, 0, 0};
+    bool single_copy = cma_ && op.bytes >= ep_.cma_threshold && op.bytes > 0;
+    if (single_copy) {
+      h.source_address = reinterpret_cast<uint64_t>(op.data);
+      h.fragment_bytes = op.bytes;
+      op.aux = cma_posted_++;
+      op.offset = op.bytes;
+    } else {
+      h.fragment_bytes = std::min<uint64_t>(slot_size, op.bytes - op.offset);
+      if (h.fragment_bytes) std::memcpy(s + sizeof(SlotHeader), op.data + op.offset, h.fragment_bytes);
+      op.offset += h.fragment_bytes;
+      op.aux = UINT64_MAX;
+    }
+    op.started = true;
+    std::memcpy(s, &h, sizeof(h));
+    f->head.store(++head_, std::memory_order_release);
+    ring(*ep_.peer_bell);
+    moved = true;
+    if (op.offset == op.bytes) ++next_post_;
+  }
+  // Completion in order: inline messages are done once fully posted (the data lives in the FIFO),
+  // single-copy ones once the receiver has read them.
+  while (next_post_ > 0) {
+    Op& op = sendq_.front();
+    if (op.aux != UINT64_MAX && f->cma_done.load(std::memory_order_acquire) <= op.aux) break;
+    sendq_.pop_front();
+    --next_post_;
+    ++sends_completed_;
+    moved = true;
+  }
+  return moved;
+}
+
+void ShmConnection::copy_from_peer(unsigned char* dst, uint64_t src, size_t bytes) {
+  if (ep_.same_process) {
+    std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
+    return;
+  }
+  size_t done = 0;
+  while (done < bytes) {
+    iovec local{dst + done, bytes - done};
+    iovec remote{reinterpret_cast<void*>(src + done), bytes - done};
+    ssize_t k = process_vm_readv(ep_.peer_pid, &local, 1, &remote, 1, 0);
+    if (k <= 0) {
+      if (k < 0 && errno == EINTR) continue;
+      throw RemoteError(fmt::format("{}: single-copy read of {} bytes from pid {} failed: {}", where(), bytes,
+                                    ep_.peer_pid, k < 0 ? std::strerror(errno) : "no progress"));
+    }
+    done += static_cast<size_t>(k);
+  }
+}
+
+bool ShmConnection::progress_recv() {
+  FifoControl* f = ep_.in;
+  bool moved = false;
+  while (!recvq_.empty()) {
+    if (tail_ == head_seen_) {
+      head_seen_ = f->head.load(std::memory_order_acquire);
+      if (tail_ == head_seen_) break;
+    }
+    Op& op = recvq_.front();
+    unsigned char* s = slot(f, tail_);
+    SlotHeader h;
+    std::memcpy(&h, s, sizeof(h));
+    if (h.message_bytes != op.bytes)
+      throw RemoteError(fmt::format("{}: message size mismatch: the peer sent {} bytes, the receive was posted for {}",
+                                    where(), h.message_bytes, op.bytes));
+    if (h.offset != op.offset || h.fragment_bytes > op.bytes - op.offset)
+      throw RemoteError(fmt::format("{}: corrupt shared-memory slot (offset {}, fragment {}, expected offset {})",
+                                    where(), h.offset, h.fragment_bytes, op.offset));
+    if (h.source_address) {
+      copy_from_peer(op.data, h.source_address, h.fragment_bytes);
+      op.offset = op.bytes;
+      f->tail.store(++tail_, std::memory_order_release);
+      f->cma_done.fetch_add(1, std::memory_order_release);
+    } else {
+      if (h.fragment_bytes) std::memcpy(op.data + op.offset, s + sizeof(SlotHeader), h.fragment_bytes);
+      op.offset += h.fragment_bytes;
+      f->tail.store(++tail_, std::memory_order_release);
+    }
+    ring(*ep_.peer_bell);
+    moved = true;
+    if (op.offset == op.bytes) {
+      recvq_.pop_front();
+      ++recvs_completed_;
+    }
+  }
+  return moved;
+}
+
+}  // namespace tutti

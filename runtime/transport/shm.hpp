@@ -1,0 +1,85 @@
+#pragma once
+// Shared-memory transport between ranks of one host (processes or threads).
+//
+// Each direction of a connection is a FIFO of `slots` slots of `slot_size` bytes that lives in the
+// receiver's segment. Small messages are copied through the slots (split over several when large);
+// messages of at least `cma_threshold` bytes travel by single copy: the sender publishes its
+// buffer's address in one slot and the receiver copies straight from the sender's memory with
+// process_vm_readv (memcpy when both ranks are threads of one process), then acknowledges.
+// Single copy is probed at setup and replaced by the FIFO when the kernel forbids it.
+//
+// Memory ordering (per FIFO):
+// - sender: write slot header and payload; head.store(h + 1, release); ring the receiver's doorbell.
+// - receiver: head.load(acquire); read the slot; tail.store(t + 1, release); ring the sender's.
+// - sender: tail.load(acquire) before it reuses a slot, so the receiver's reads happened first.
+// - single copy: receiver finishes reading, then cma_done.fetch_add(1, release); the sender's
+//   buffer is reported done only after cma_done.load(acquire) passes the message's number.
+
+#include <atomic>
+#include <cstdint>
+
+#include "runtime/comm_state.hpp"
+#include "runtime/doorbell.hpp"
+#include "runtime/transport/connection.hpp"
+
+namespace tutti {
+
+struct alignas(64) FifoControl {
+  alignas(64) std::atomic<uint64_t> head;      // slots published by the sender
+  alignas(64) std::atomic<uint64_t> tail;      // slots released by the receiver
+  alignas(64) std::atomic<uint64_t> cma_done;  // single-copy messages the receiver finished
+  alignas(64) uint32_t cma_ok;                 // receiver can read the sender's memory (set at setup)
+  uint32_t slots;
+  uint64_t slot_size;
+};
+
+struct SlotHeader {
+  uint64_t message_bytes;  // whole message size (checked against the receive)
+  uint64_t offset;         // where this fragment goes
+  uint64_t fragment_bytes;
+  uint64_t source_address;  // single copy: sender's buffer address; 0 for inline fragments
+};
+
+struct FifoLayout {
+  uint32_t slots;
+  uint64_t slot_size;
+  size_t stride() const { return (sizeof(SlotHeader) + slot_size + 63) / 64 * 64; }
+  size_t bytes() const { return sizeof(FifoControl) + slots * stride(); }
+};
+
+// Initialises a FIFO in freshly zeroed memory.
+void init_fifo(void* at, const FifoLayout& layout, bool cma_ok);
+// Whether this process can read `bytes` at `address` in process `pid` with process_vm_readv and
+// finds `expect` there.
+bool probe_single_copy(int pid, uint64_t address, uint64_t expect);
+
+struct ShmEndpoint {
+  FifoControl* out;  // FIFO to the peer (in the peer's segment)
+  FifoControl* in;   // FIFO from the peer (in this rank's segment)
+  Doorbell* peer_bell;
+  int peer_pid;
+  bool same_process;
+  uint64_t cma_threshold;
+};
+
+class ShmConnection : public Connection {
+ public:
+  ShmConnection(int rank, int peer, int channel, ShmEndpoint ep);
+  const char* kind() const override { return "shm"; }
+  bool progress() override;
+
+ private:
+  bool progress_send();
+  bool progress_recv();
+  unsigned char* slot(FifoControl* f, uint64_t index) const;
+  void copy_from_peer(unsigned char* dst, uint64_t src, size_t bytes);
+
+  ShmEndpoint ep_;
+  bool cma_;
+  uint64_t head_ = 0, tail_seen_ = 0;  // sender side
+  uint64_t tail_ = 0, head_seen_ = 0;  // receiver side
+  uint64_t cma_posted_ = 0;
+  size_t next_post_ = 0;  // index into sendq_ of the first message not fully posted
+};
+
+}  // namespace tutti

@@ -1,0 +1,103 @@
+#include "runtime/unique_id.hpp"
+
+#include <sys/random.h>
+
+#include <cstring>
+
+#include "core/env.hpp"
+#include "core/error.hpp"
+
+namespace tutti {
+namespace {
+
+// Layout inside the 128 bytes: magic, version, secret, address length, sockaddr.
+struct Layout {
+  uint32_t magic;
+  uint32_t version;
+  uint64_t secret;
+  uint32_t addr_len;
+  uint32_t reserved;
+  unsigned char addr[sizeof(sockaddr_in6)];
+};
+static_assert(sizeof(Layout) <= UniqueId::kBytes);
+constexpr uint32_t kIdMagic = 0x54555454;  // "TTUT"
+constexpr uint32_t kIdVersion = 1;
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+Layout layout_of(const UniqueId& id) {
+  Layout l;
+  std::memcpy(&l, id.bytes.data(), sizeof(l));
+  return l;
+}
+
+}  // namespace
+
+uint64_t UniqueId::random_secret() {
+  uint64_t s = 0;
+  while (getrandom(&s, sizeof(s), 0) != sizeof(s)) {
+  }
+  return s;
+}
+
+UniqueId UniqueId::make(const SocketAddress& root, uint64_t secret) {
+  Layout l{};
+  l.magic = kIdMagic;
+  l.version = kIdVersion;
+  l.secret = secret;
+  TUTTI_CHECK(root.length <= sizeof(l.addr), InvalidArgument, "root address too long");
+  l.addr_len = root.length;
+  std::memcpy(l.addr, &root.storage, root.length);
+  UniqueId id;
+  std::memcpy(id.bytes.data(), &l, sizeof(l));
+  return id;
+}
+
+bool UniqueId::valid() const {
+  Layout l = layout_of(*this);
+  return l.magic == kIdMagic && l.version == kIdVersion && l.addr_len > 0 && l.addr_len <= sizeof(l.addr);
+}
+
+SocketAddress UniqueId::root() const {
+  TUTTI_CHECK(valid(), InvalidArgument, "unique id is not valid (wrong magic or version: not made by tutti?)");
+  Layout l = layout_of(*this);
+  SocketAddress a;
+  std::memcpy(&a.storage, l.addr, l.addr_len);
+  a.length = l.addr_len;
+  return a;
+}
+
+uint64_t UniqueId::secret() const { return layout_of(*this).secret; }
+
+std::string UniqueId::hex() const {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s;
+  for (unsigned char b : bytes) s += kDigits[b >> 4], s += kDigits[b & 15];
+  return s;
+}
+
+UniqueId UniqueId::parse(const std::string& text) {
+  if (text.size() == 2 * kBytes && text.find(':') == std::string::npos) {
+    UniqueId id;
+    for (size_t i = 0; i < kBytes; ++i) {
+      auto nib = [&](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        throw InvalidArgument(fmt::format("comm id: '{}' is not a hex digit", c));
+      };
+      id.bytes[i] = static_cast<unsigned char>(nib(text[2 * i]) << 4 | nib(text[2 * i + 1]));
+    }
+    TUTTI_CHECK(id.valid(), InvalidArgument, "comm id (hex form) is not a tutti unique id");
+    return id;
+  }
+  SocketAddress root = SocketAddress::parse(text);
+  std::string secret = env::get_string("TUTTI_COMM_SECRET");
+  return make(root, fnv1a(secret.empty() ? "tutti:" + text : secret));
+}
+
+}  // namespace tutti

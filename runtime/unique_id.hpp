@@ -1,0 +1,30 @@
+#pragma once
+// The 128-byte unique id of a communicator (NCCL's ncclUniqueId size): where the rendezvous root
+// listens and the random 64-bit secret every connection must present.
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "runtime/socket.hpp"
+
+namespace tutti {
+
+struct UniqueId {
+  static constexpr size_t kBytes = 128;
+  std::array<unsigned char, kBytes> bytes{};
+
+  // Root address + a fresh random secret.
+  static UniqueId make(const SocketAddress& root, uint64_t secret);
+  static uint64_t random_secret();
+  // From TUTTI_COMM_ID/NCCL_COMM_ID text: 256 hex digits (tutti-run's form) or host:port, whose
+  // secret comes from TUTTI_COMM_SECRET or, failing that, is derived from the text.
+  static UniqueId parse(const std::string& text);
+
+  SocketAddress root() const;
+  uint64_t secret() const;
+  bool valid() const;  // magic and version check
+  std::string hex() const;
+};
+
+}  // namespace tutti
