@@ -4,6 +4,6 @@
 
 namespace tutti {
 
-std::string Connection::where() const { return fmt::format("rank {}, peer {}, channel {}", rank_, peer_, channel_); }
+std::string Connection::where() const { return fmt::format("rank {}, connection to rank {} on channel {}", rank_, peer_, channel_); }
 
 }  // namespace tutti

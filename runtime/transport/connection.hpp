@@ -62,7 +62,7 @@ class Connection {
     bool started = false;  // first fragment seen/sent
     uint64_t aux = 0;      // transport-specific (single-copy sequence number, segments left)
   };
-  std::string where() const;  // "rank R, peer P, channel C" for messages
+  std::string where() const;  // "rank R, connection to rank P on channel C", for messages
 
   int rank_, peer_, channel_;
   std::deque<Op> sendq_, recvq_;

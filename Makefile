@@ -1,0 +1,29 @@
+# Thin wrapper over CMake so the README's two commands stay two commands.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+.PHONY: all deps build demo test bench clean
+
+all: build
+
+deps:
+	bash .ci/install-deps.sh
+
+build: deps
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The main job: 4 ranks as processes bootstrap, connect and exchange data.
+demo: build
+	$(BUILD)/bin/tutti-run -n 4 $(BUILD)/bin/tutti-demo
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# Transport benchmark for docs/PERFORMANCE.md.
+bench: build
+	bash tools/bench/transport_report.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)
