@@ -9,6 +9,7 @@
 
 #include "core/env.hpp"
 #include "core/log.hpp"
+#include "core/reduce.hpp"
 #include "runtime/rendezvous.hpp"
 #include "runtime/transport/shm.hpp"
 #include "runtime/transport/tcp.hpp"
@@ -114,8 +115,16 @@ std::unique_ptr<Communicator> Communicator::create_from_env(const CommOptions& o
 Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommOptions& options, uint64_t generation)
     : options_(options), state_(std::make_shared<CommState>(rank, nranks)) {
   log::set_thread_rank(rank);
-  static std::once_flag swept;
-  std::call_once(swept, [] { sweep_stale_segments(); });
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // NCCL prints its version at NCCL_DEBUG=VERSION, and among the INFO lines otherwise.
+    if (log::settings().level == log::Level::kVersion) {
+      TUTTI_LOG(kVersion, log::kInit, "tutti version {}", TUTTI_VERSION_STRING);
+    } else {
+      TUTTI_INFO(log::kInit, "tutti version {}, reductions on {}", TUTTI_VERSION_STRING, reduce_target_name());
+    }
+    sweep_stale_segments();
+  });
   control_ = ShmSegment::create("ctl", sizeof(Doorbell));
   state_->set_doorbell(new (control_.data()) Doorbell());
   bootstrap_ = std::make_unique<Bootstrap>(state_, id.secret(), options_.timeout_s);

@@ -3,9 +3,12 @@
 // through tutti-test-rank under tutti-run (see CMakeLists.txt).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <exception>
 #include <thread>
 
+#include "runtime/transport/shm.hpp"
 #include "tests/support/exchange.hpp"
 
 using namespace tutti;
@@ -133,4 +136,16 @@ TEST(Transport, MoreChannelsAreIndependentStreams) {
   EXPECT_EQ(rb, 2);
 }
 
+}  // namespace
+
+namespace {
+// Single copy is chosen per peer by a probe at setup; when the kernel refuses the read the FIFO is
+// used instead. The probe must say no, not crash, for every kind of refusal.
+TEST(Transport, SingleCopyProbeDetectsForbiddenReads) {
+  static uint64_t word = 0x1234567890abcdefull;
+  EXPECT_TRUE(probe_single_copy(getpid(), reinterpret_cast<uint64_t>(&word), word));
+  EXPECT_FALSE(probe_single_copy(getpid(), reinterpret_cast<uint64_t>(&word), word + 1));  // wrong content
+  EXPECT_FALSE(probe_single_copy(getpid(), 16, word));                                      // unmapped address
+  EXPECT_FALSE(probe_single_copy(0x3fffffff, reinterpret_cast<uint64_t>(&word), word));     // no such process
+}
 }  // namespace
