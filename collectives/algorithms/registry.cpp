@@ -1,0 +1,70 @@
+#include "collectives/algorithms/registry.hpp"
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+
+namespace tutti::algorithms {
+
+const std::vector<Builtin>& builtins() {
+  static const std::vector<Builtin> all = [] {
+    std::vector<Builtin> v;
+    register_allreduce(v);
+    register_allgather(v);
+    register_reducescatter(v);
+    register_rooted(v);
+    register_alltoall(v);
+    return v;
+  }();
+  return all;
+}
+
+const Builtin& find_builtin(const std::string& name) {
+  std::string names;
+  for (const Builtin& b : builtins()) {
+    if (b.name == name) return b;
+    names += (names.empty() ? "" : ", ") + b.name;
+  }
+  throw InvalidArgument(fmt::format("no built-in algorithm '{}' (there are: {})", name, names));
+}
+
+Params resolve(const Builtin& b, int nranks, const Params& given) {
+  TUTTI_CHECK(nranks >= 1, InvalidArgument, "{}: {} ranks", b.name, nranks);
+  Params p;
+  for (const Param& d : b.params) p[d.name] = d.fallback;
+  for (auto& [k, v] : given) {
+    TUTTI_CHECK(p.count(k), InvalidArgument, "{} has no parameter '{}'", b.name, k);
+    p[k] = v;
+  }
+  std::string why = b.supports ? b.supports(nranks, p) : std::string();
+  TUTTI_CHECK(why.empty(), InvalidArgument, "{} does not support {} ranks with these parameters: {}", b.name, nranks, why);
+  return p;
+}
+
+dsl::Program build(const std::string& name, int nranks, const Params& given) {
+  const Builtin& b = find_builtin(name);
+  return b.build(nranks, resolve(b, nranks, given));
+}
+
+dsl::CollectiveSpec spec_of(dsl::Collective c, int nranks, int chunk_factor, bool inplace, int root) {
+  dsl::CollectiveSpec s;
+  s.kind = c;
+  s.nranks = nranks;
+  s.chunk_factor = chunk_factor;
+  s.inplace = inplace;
+  s.root = root;
+  return s;
+}
+
+void copy_input_to_output(dsl::Program& p) {
+  if (p.spec().inplace) return;
+  int n = std::min(p.spec().input_chunks(), p.spec().output_chunks());
+  for (int r = 0; r < p.nranks(); ++r) p.chunk(r, dsl::Buffer::input(), 0, n).copy(r, dsl::Buffer::output(), 0);
+}
+
+std::string needs_divisor(int nranks, int local, const char* param) {
+  if (local < 1 || nranks % local != 0) return fmt::format("{}={} must divide the rank count {}", param, local, nranks);
+  return {};
+}
+
+}  // namespace tutti::algorithms

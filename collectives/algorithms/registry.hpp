@@ -1,0 +1,53 @@
+#pragma once
+// Built-in algorithms, written with the DSL. Each has a name (used by tutti-compile and the
+// dispatcher), the collective it implements, integer parameters with defaults, and a check of the
+// rank counts it supports.
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dsl/program.hpp"
+
+namespace tutti::algorithms {
+
+struct Param {
+  std::string name;
+  int fallback;
+  std::string meaning;
+};
+
+using Params = std::map<std::string, int>;
+
+struct Builtin {
+  std::string name;
+  dsl::Collective collective;
+  std::string description;
+  std::vector<Param> params;
+  // Empty when nranks/params are supported, else the reason.
+  std::function<std::string(int nranks, const Params&)> supports;
+  std::function<dsl::Program(int nranks, const Params&)> build;
+};
+
+const std::vector<Builtin>& builtins();
+const Builtin& find_builtin(const std::string& name);  // throws InvalidArgument listing the names
+
+// Fills defaults, rejects unknown parameters and unsupported rank counts (InvalidArgument naming them).
+Params resolve(const Builtin& b, int nranks, const Params& given);
+dsl::Program build(const std::string& name, int nranks, const Params& given = {});
+
+// Families (one file each).
+void register_allreduce(std::vector<Builtin>& out);
+void register_allgather(std::vector<Builtin>& out);
+void register_reducescatter(std::vector<Builtin>& out);
+void register_rooted(std::vector<Builtin>& out);  // broadcast, reduce
+void register_alltoall(std::vector<Builtin>& out);
+
+// Helpers shared by the algorithms.
+dsl::CollectiveSpec spec_of(dsl::Collective c, int nranks, int chunk_factor, bool inplace, int root = 0);
+// Out-of-place: copies every rank's input into its output at the same index (0 when in-place).
+void copy_input_to_output(dsl::Program& p);
+std::string needs_divisor(int nranks, int local, const char* param);
+
+}  // namespace tutti::algorithms

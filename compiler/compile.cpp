@@ -1,0 +1,457 @@
+#include "compiler/compile.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "core/error.hpp"
+
+namespace tutti::plan {
+namespace {
+
+using dsl::Content;
+
+struct LInstr {
+  Instruction ins;
+  int channel = 0;
+  int block_hint = -1;
+  bool dead = false;
+  std::vector<Content> value;  // what it receives (recv-type) or sends (send): for cross-index fusion
+  std::vector<int> deps;       // indices into the rank's list
+};
+
+Instruction make(Opcode op, std::vector<Ref> srcs, std::optional<Ref> dst) {
+  Instruction in;
+  in.op = op;
+  in.srcs = std::move(srcs);
+  in.dst = std::move(dst);
+  return in;
+}
+
+struct UnionFind {
+  std::vector<int> parent;
+  int add() {
+    parent.push_back(static_cast<int>(parent.size()));
+    return parent.back();
+  }
+  int find(int x) { return parent[x] == x ? x : parent[x] = find(parent[x]); }
+  void unite(int a, int b) { parent[find(a)] = find(b); }
+};
+
+class Lowering {
+ public:
+  explicit Lowering(const dsl::Program& p) : prog_(p), spec_(p.spec()), lists_(p.nranks()) {
+    // Scratch buffers are laid out one after another on each rank.
+    auto names = p.scratch_names();
+    offsets_.resize(p.nranks());
+    scratch_total_.assign(p.nranks(), 0);
+    for (int r = 0; r < p.nranks(); ++r)
+      for (auto& n : names) {
+        offsets_[r][n] = scratch_total_[r];
+        scratch_total_[r] += p.scratch_chunks(r, n);
+      }
+  }
+
+  Plan run(bool fuse) {
+    replay();
+    if (fuse)
+      for (int r = 0; r < prog_.nranks(); ++r) fuse_rank(r);
+    Plan plan;
+    plan.name = prog_.name();
+    plan.collective = spec_.kind;
+    plan.nranks = spec_.nranks;
+    plan.chunk_factor = spec_.chunk_factor;
+    plan.inplace = spec_.inplace;
+    plan.root = spec_.root;
+    for (int r = 0; r < prog_.nranks(); ++r) plan.ranks.push_back(build_rank(r));
+    return plan;
+  }
+
+ private:
+  Ref ref(const dsl::ChunkLoc& l) const {
+    Ref r{l.buffer.kind, l.index, l.count};
+    if (l.buffer.kind == dsl::BufferKind::kScratch) r.index += offsets_[l.rank].at(l.buffer.scratch_name);
+    return r;
+  }
+
+  // Canonical (buffer, index) keys of a ref on a rank.
+  std::vector<std::pair<int, int64_t>> cells(int rank, const Ref& r) const {
+    std::vector<std::pair<int, int64_t>> v;
+    for (int64_t k = 0; k < r.count; ++k) {
+      dsl::Location l = spec_.canonical(rank, r.buffer, static_cast<int>(r.index + k));
+      v.push_back({static_cast<int>(l.buffer), l.index});
+    }
+    return v;
+  }
+
+  // Replays the program, emitting instructions and remembering the data each message carries.
+  void replay() {
+    std::vector<std::map<std::pair<int, int64_t>, Content>> state(prog_.nranks());
+    for (int r = 0; r < prog_.nranks(); ++r)
+      for (int i = 0; i < spec_.input_chunks(); ++i) {
+        auto c = cells(r, Ref{dsl::BufferKind::kInput, i, 1})[0];
+        state[r][c] = spec_.precondition(r, i);
+      }
+    auto read = [&](int rank, const Ref& r) {
+      std::vector<Content> v;
+      for (auto& c : cells(rank, r)) v.push_back(state[rank][c]);
+      return v;
+    };
+    auto write = [&](int rank, const Ref& r, const std::vector<Content>& v) {
+      auto cs = cells(rank, r);
+      for (size_t k = 0; k < cs.size(); ++k) state[rank][cs[k]] = v[k];
+    };
+    for (const dsl::Op& op : prog_.ops()) {
+      Ref src = ref(op.src), dst = ref(op.dst);
+      int a = op.src.rank, b = op.dst.rank;
+      int ch = std::max(op.annotations.channel, 0);
+      auto emit = [&](int rank, Instruction in, std::vector<Content> value) {
+        LInstr li;
+        li.ins = std::move(in);
+        li.channel = ch;
+        li.block_hint = op.annotations.block;
+        li.value = std::move(value);
+        lists_[rank].push_back(std::move(li));
+      };
+      auto data = read(a, src);
+      if (op.kind == dsl::OpKind::kCompute) {
+        Instruction in = make(Opcode::kCompute, {src}, dst);
+        in.kernel = static_cast<int>(op.kernel);
+        in.kernel_arg = op.kernel_arg;
+        for (auto& c : data) c.kernels.push_back(in.kernel);
+        emit(a, in, data);
+        write(a, dst, data);
+      } else if (a == b) {
+        if (op.kind == dsl::OpKind::kCopy) {
+          emit(a, make(Opcode::kCopy, {src}, dst), data);
+          write(a, dst, data);
+        } else {
+          auto mine = read(b, dst);
+          for (size_t k = 0; k < mine.size(); ++k) mine[k].merge(data[k]);
+          emit(a, make(Opcode::kReduce, {dst, src}, dst), mine);
+          write(a, dst, mine);
+        }
+      } else {
+        Instruction s = make(Opcode::kSend, {src}, std::nullopt);
+        s.send_peer = b;
+        s.remote = dst;
+        emit(a, s, data);
+        Instruction rcv;
+        rcv.recv_peer = a;
+        rcv.remote = src;
+        rcv.dst = dst;
+        if (op.kind == dsl::OpKind::kCopy) {
+          rcv.op = Opcode::kRecv;
+          emit(b, rcv, data);
+          write(b, dst, data);
+        } else {
+          rcv.op = Opcode::kRecvReduceCopy;
+          rcv.srcs = {dst};
+          auto mine = read(b, dst);
+          for (size_t k = 0; k < mine.size(); ++k) mine[k].merge(data[k]);
+          emit(b, rcv, data);
+          write(b, dst, mine);
+        }
+      }
+    }
+  }
+
+  bool checked_at_end(int rank, std::pair<int, int64_t> cell) const {
+    if (cell.first != static_cast<int>(dsl::BufferKind::kOutput)) {
+      // An input cell is checked only when it doubles as output (in-place).
+      if (cell.first == static_cast<int>(dsl::BufferKind::kScratch)) return false;
+      for (int i = 0; i < spec_.output_chunks(); ++i) {
+        dsl::Location l = spec_.canonical(rank, dsl::BufferKind::kOutput, i);
+        if (static_cast<int>(l.buffer) == cell.first && l.index == cell.second) return spec_.postcondition(rank, i).has_value();
+      }
+      return false;
+    }
+    return spec_.postcondition(rank, static_cast<int>(cell.second)).has_value();
+  }
+
+  void fuse_rank(int r) {
+    auto& L = lists_[r];
+    std::map<std::pair<int, int64_t>, int> last_write;
+    auto writes_of = [&](const LInstr& li) { return li.ins.dst ? cells(r, *li.ins.dst) : decltype(cells(r, {})){}; };
+    for (int j = 0; j < static_cast<int>(L.size()); ++j) {
+      LInstr& s = L[j];
+      if (s.ins.op == Opcode::kSend) {
+        int target = -1;
+        auto cs = cells(r, s.ins.srcs[0]);
+        auto w = last_write.find(cs[0]);
+        auto fusable = [&](int i) {
+          const LInstr& rv = L[i];
+          if (rv.dead || rv.channel != s.channel || rv.block_hint != s.block_hint) return false;
+          if (rv.ins.op != Opcode::kRecv && rv.ins.op != Opcode::kRecvReduceCopy) return false;
+          auto rc = cells(r, *rv.ins.dst);
+          if (rc.size() != cs.size()) return false;
+          for (auto& c : rc)
+            if (last_write.at(c) != i) return false;  // overwritten since
+          // Moving the send back to i must not reorder it with other sends on its connection.
+          for (int k = i + 1; k < j; ++k)
+            if (!L[k].dead && sends(L[k].ins.op) && L[k].ins.send_peer == s.ins.send_peer && L[k].channel == s.channel)
+              return false;
+          return true;
+        };
+        if (w != last_write.end() && fusable(w->second) && L[w->second].ins.dst == s.ins.srcs[0]) {
+          target = w->second;
+        } else {
+          // Across indices: a received location that still holds exactly the data this send carries.
+          for (int i = j - 1; i >= 0 && target < 0; --i)
+            if (receives(L[i].ins.op) && L[i].ins.dst && fusable(i)) {
+              // Only a plain recv stores exactly what arrived, which is what `value` records.
+              if (L[i].ins.op == Opcode::kRecv && L[i].value == s.value) target = i;
+            }
+          if (target >= 0) s.ins.srcs[0] = *L[target].ins.dst;
+        }
+        if (target >= 0) {
+          LInstr& rv = L[target];
+          rv.ins.op = rv.ins.op == Opcode::kRecv ? Opcode::kRecvCopySend : Opcode::kRecvReduceCopySend;
+          rv.ins.send_peer = s.ins.send_peer;
+          s.dead = true;
+        }
+      }
+      if (!s.dead)
+        for (auto& c : writes_of(s)) last_write[c] = j;
+    }
+    // recv_reduce_copy_send whose stored value is never read before being overwritten.
+    for (int i = 0; i < static_cast<int>(L.size()); ++i) {
+      LInstr& rv = L[i];
+      if (rv.dead || rv.ins.op != Opcode::kRecvReduceCopySend) continue;
+      bool unused = true;
+      for (auto& c : cells(r, *rv.ins.dst)) {
+        bool decided = false;
+        for (int k = i + 1; k < static_cast<int>(L.size()) && !decided; ++k) {
+          if (L[k].dead) continue;
+          for (auto& s : L[k].ins.srcs)
+            for (auto& sc : cells(r, s))
+              if (sc == c) unused = false, decided = true;
+          if (decided) break;
+          if (L[k].ins.dst)
+            for (auto& dc : cells(r, *L[k].ins.dst))
+              if (dc == c) decided = true;
+        }
+        if (!decided && checked_at_end(r, c)) unused = false;
+      }
+      if (unused) {
+        rv.ins.op = Opcode::kRecvReduceSend;
+        rv.ins.dst.reset();
+      }
+    }
+  }
+
+  RankPlan build_rank(int r) {
+    auto& L = lists_[r];
+    std::vector<int> live;
+    for (int i = 0; i < static_cast<int>(L.size()); ++i)
+      if (!L[i].dead) live.push_back(i);
+    // Dependencies from data flow in program order.
+    std::map<std::pair<int, int64_t>, int> last_write;
+    std::map<std::pair<int, int64_t>, std::vector<int>> readers;
+    for (int i : live) {
+      LInstr& li = L[i];
+      std::vector<int> deps;
+      for (auto& s : li.ins.srcs)
+        for (auto& c : cells(r, s))
+          if (last_write.count(c)) deps.push_back(last_write[c]);
+      if (li.ins.dst)
+        for (auto& c : cells(r, *li.ins.dst)) {
+          if (last_write.count(c)) deps.push_back(last_write[c]);
+          for (int rd : readers[c]) deps.push_back(rd);
+        }
+      std::sort(deps.begin(), deps.end());
+      deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+      std::erase(deps, i);
+      li.deps = deps;
+      for (auto& s : li.ins.srcs)
+        for (auto& c : cells(r, s)) readers[c].push_back(i);
+      if (li.ins.dst)
+        for (auto& c : cells(r, *li.ins.dst)) {
+          last_write[c] = i;
+          readers[c].clear();
+        }
+    }
+    // Blocks: union of the keys each instruction uses.
+    UnionFind uf;
+    std::map<std::tuple<char, int, int>, int> keys;
+    auto key = [&](char kind, int a, int b) {
+      auto it = keys.find({kind, a, b});
+      if (it != keys.end()) return it->second;
+      int id = uf.add();
+      keys[{kind, a, b}] = id;
+      return id;
+    };
+    std::vector<int> rep(L.size(), -1);
+    for (int i : live) {
+      LInstr& li = L[i];
+      std::vector<int> ks;
+      if (li.block_hint >= 0) ks.push_back(key('b', li.block_hint, 0));
+      if (li.ins.send_peer >= 0) ks.push_back(key('s', li.ins.send_peer, li.channel));
+      if (li.ins.recv_peer >= 0) ks.push_back(key('r', li.ins.recv_peer, li.channel));
+      if (ks.empty()) ks.push_back(key('l', li.channel, 0));
+      for (size_t k = 1; k < ks.size(); ++k) uf.unite(ks[k], ks[0]);
+      rep[i] = ks[0];
+    }
+    RankPlan rp;
+    rp.input_chunks = spec_.input_chunks();
+    rp.output_chunks = spec_.output_chunks();
+    rp.scratch_chunks = scratch_total_[r];
+    std::map<int, int> block_of_root;
+    std::vector<std::pair<int, int>> where(L.size(), {-1, -1});
+    for (int i : live) {
+      int root = uf.find(rep[i]);
+      auto [it, fresh] = block_of_root.try_emplace(root, static_cast<int>(rp.blocks.size()));
+      if (fresh) {
+        Block b;
+        b.id = it->second;
+        b.channel = L[i].channel;
+        rp.blocks.push_back(b);
+      }
+      Block& b = rp.blocks[it->second];
+      TUTTI_CHECK(b.channel == L[i].channel, InvalidArgument,
+                  "program '{}': rank {}: block {} would mix channels {} and {} (conflicting annotations)", prog_.name(), r,
+                  b.id, b.channel, L[i].channel);
+      where[i] = {it->second, static_cast<int>(b.steps.size())};
+      Instruction in = L[i].ins;
+      for (int d : L[i].deps)
+        if (where[d].first != it->second) in.deps.push_back({where[d].first, where[d].second});
+      std::sort(in.deps.begin(), in.deps.end());
+      in.deps.erase(std::unique(in.deps.begin(), in.deps.end()), in.deps.end());
+      b.steps.push_back(std::move(in));
+    }
+    return rp;
+  }
+
+  const dsl::Program& prog_;
+  dsl::CollectiveSpec spec_;
+  std::vector<std::vector<LInstr>> lists_;
+  std::vector<std::map<std::string, int64_t>> offsets_;
+  std::vector<int64_t> scratch_total_;
+};
+
+}  // namespace
+
+Plan lower(const dsl::Program& program, bool fuse) { return Lowering(program).run(fuse); }
+
+int64_t minimise_dependencies(Plan& plan) {
+  int64_t removed = 0;
+  for (auto& rp : plan.ranks) {
+    const size_t B = rp.blocks.size();
+    std::map<int64_t, size_t> index;
+    for (size_t b = 0; b < B; ++b) index[rp.blocks[b].id] = b;
+    // Local vector clocks, computed in a topological order of program order + dependencies.
+    std::vector<std::vector<std::vector<int64_t>>> vc(B);
+    for (size_t b = 0; b < B; ++b) vc[b].assign(rp.blocks[b].steps.size(), std::vector<int64_t>(B, 0));
+    std::vector<size_t> pc(B, 0);
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      for (size_t b = 0; b < B; ++b) {
+        auto& steps = rp.blocks[b].steps;
+        while (pc[b] < steps.size()) {
+          Instruction& in = steps[pc[b]];
+          bool ready = true;
+          for (auto& d : in.deps) {
+            auto it = index.find(d.block);
+            if (it == index.end() || pc[it->second] <= static_cast<size_t>(d.step)) ready = false;
+          }
+          if (!ready) break;
+          auto clock_of = [&](const Dep& d) -> const std::vector<int64_t>& { return vc[index.at(d.block)][d.step]; };
+          std::vector<int64_t> base(B, 0);
+          if (pc[b] > 0) base = vc[b][pc[b] - 1];
+          std::vector<Dep> kept;
+          for (size_t k = 0; k < in.deps.size(); ++k) {
+            std::vector<int64_t> cover = base;
+            for (size_t m = 0; m < in.deps.size(); ++m) {
+              if (m == k) continue;
+              bool still = m < k ? std::find(kept.begin(), kept.end(), in.deps[m]) != kept.end() : true;
+              if (!still) continue;
+              const auto& o = clock_of(in.deps[m]);
+              for (size_t x = 0; x < B; ++x) cover[x] = std::max(cover[x], o[x]);
+            }
+            const Dep& d = in.deps[k];
+            if (cover[index.at(d.block)] > d.step) ++removed;
+            else kept.push_back(d);
+          }
+          in.deps = kept;
+          std::vector<int64_t> mine = base;
+          for (auto& d : in.deps) {
+            const auto& o = clock_of(d);
+            for (size_t x = 0; x < B; ++x) mine[x] = std::max(mine[x], o[x]);
+          }
+          mine[b] = static_cast<int64_t>(pc[b]) + 1;
+          vc[b][pc[b]] = std::move(mine);
+          ++pc[b];
+          progress = true;
+        }
+      }
+    }
+  }
+  return removed;
+}
+
+Plan replicate(const Plan& plan, int instances, InstancePolicy policy) {
+  TUTTI_CHECK(instances >= 1, InvalidArgument, "instances must be at least 1, not {}", instances);
+  if (instances == 1) return plan;
+  Plan out = plan;
+  out.chunk_factor = plan.chunk_factor * instances;
+  const int channels = std::max(plan.channels(), 1);
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    const RankPlan& src = plan.ranks[r];
+    RankPlan& dst = out.ranks[r];
+    dst.input_chunks = src.input_chunks * instances;
+    dst.output_chunks = src.output_chunks * instances;
+    dst.scratch_chunks = src.scratch_chunks * instances;
+    dst.blocks.clear();
+    int64_t next_id = 0;
+    for (int j = 0; j < instances; ++j) {
+      std::map<int64_t, int64_t> ids;
+      for (auto& b : src.blocks) ids[b.id] = next_id++;
+      auto map_ref = [&](Ref x) {
+        int64_t size = x.buffer == dsl::BufferKind::kInput ? src.input_chunks
+                       : x.buffer == dsl::BufferKind::kOutput ? src.output_chunks
+                                                              : src.scratch_chunks;
+        x.index = policy == InstancePolicy::kInterleaved ? x.index * instances + j * x.count : j * size + x.index;
+        return x;
+      };
+      for (auto& b : src.blocks) {
+        Block nb;
+        nb.id = ids[b.id];
+        nb.channel = b.channel * instances + j;
+        (void)channels;
+        for (auto in : b.steps) {
+          for (auto& s : in.srcs) s = map_ref(s);
+          if (in.dst) in.dst = map_ref(*in.dst);
+          // `remote` names a peer's location; its buffer sizes are the same on every rank here.
+          if (in.remote) in.remote = map_ref(*in.remote);
+          for (auto& d : in.deps) d.block = ids.at(d.block);
+          nb.steps.push_back(std::move(in));
+        }
+        dst.blocks.push_back(std::move(nb));
+      }
+    }
+  }
+  return out;
+}
+
+Compiled compile(const dsl::Program& program, const CompileOptions& options) {
+  program.check_postcondition();
+  Compiled c;
+  {
+    Plan raw = lower(program, false);
+    c.steps_before_fusion = raw.steps();
+    c.blocks_before_fusion = raw.blocks();
+  }
+  c.plan = lower(program, options.fuse);
+  minimise_dependencies(c.plan);
+  c.plan = replicate(c.plan, options.instances, options.policy);
+  c.plan.protocol = options.protocol;
+  c.plan.min_bytes = options.min_bytes;
+  c.plan.max_bytes = options.max_bytes;
+  c.report = verify(c.plan, options.verify);
+  return c;
+}
+
+}  // namespace tutti::plan

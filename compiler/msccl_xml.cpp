@@ -1,0 +1,317 @@
+#include "compiler/msccl_xml.hpp"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <pugixml.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace tutti::plan {
+namespace {
+
+struct Source {
+  const std::string& text;
+  int line(ptrdiff_t offset) const {
+    int l = 1;
+    for (ptrdiff_t i = 0; i < offset && i < static_cast<ptrdiff_t>(text.size()); ++i) l += text[i] == '\n';
+    return l;
+  }
+  int line(const pugi::xml_node& n) const { return line(n.offset_debug()); }
+};
+
+int64_t int_attr(const Source& src, const pugi::xml_node& n, const char* name, bool required, int64_t fallback = 0) {
+  pugi::xml_attribute a = n.attribute(name);
+  if (!a) {
+    TUTTI_CHECK(!required, InvalidArgument, "MSCCL XML line {}: <{}> lacks attribute {}", src.line(n), n.name(), name);
+    return fallback;
+  }
+  std::string v = a.value();
+  try {
+    size_t used = 0;
+    long long x = std::stoll(v, &used, 10);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgument(fmt::format("MSCCL XML line {}: <{}> attribute {}='{}' is not an integer", src.line(n), n.name(), name, v));
+}
+
+uint64_t size_attr(const Source& src, const pugi::xml_node& n, const char* name, uint64_t fallback) {
+  pugi::xml_attribute a = n.attribute(name);
+  if (!a) return fallback;
+  std::string v = a.value();
+  try {
+    size_t used = 0;
+    if (!v.empty() && v[0] != '-') {
+      unsigned long long x = std::stoull(v, &used, 10);
+      if (used == v.size()) return x;
+    }
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgument(fmt::format("MSCCL XML line {}: <{}> attribute {}='{}' is not a byte count", src.line(n), n.name(), name, v));
+}
+
+dsl::BufferKind buffer_attr(const Source& src, const pugi::xml_node& n, const char* name) {
+  std::string v = n.attribute(name).value();
+  if (v == "i") return dsl::BufferKind::kInput;
+  if (v == "o") return dsl::BufferKind::kOutput;
+  if (v == "s") return dsl::BufferKind::kScratch;
+  throw InvalidArgument(fmt::format("MSCCL XML line {}: <step> {}='{}' is not i, o or s", src.line(n), name, v));
+}
+
+void report_unknown(const Source& src, const pugi::xml_node& n, std::set<std::string> known,
+                    std::vector<std::string>* warnings) {
+  if (!warnings) return;
+  for (auto a : n.attributes())
+    if (!known.count(a.name()))
+      warnings->push_back(fmt::format("line {}: unknown attribute {}=\"{}\" on <{}> ignored", src.line(n), a.name(),
+                                      a.value(), n.name()));
+}
+
+char buffer_letter(dsl::BufferKind b) { return b == dsl::BufferKind::kInput ? 'i' : b == dsl::BufferKind::kOutput ? 'o' : 's'; }
+
+}  // namespace
+
+Plan import_msccl_xml(const std::string& text, std::vector<std::string>* warnings) {
+  Source src{text};
+  pugi::xml_document doc;
+  pugi::xml_parse_result res = doc.load_string(text.c_str());
+  if (!res)
+    throw InvalidArgument(fmt::format("MSCCL XML line {}: malformed XML: {}", src.line(res.offset), res.description()));
+  pugi::xml_node algo = doc.child("algo");
+  TUTTI_CHECK(algo, InvalidArgument, "MSCCL XML: no <algo> element at the top");
+  for (auto n : doc.children())
+    if (n.type() == pugi::node_element && std::string(n.name()) != "algo" && warnings)
+      warnings->push_back(fmt::format("line {}: unknown element <{}> ignored", src.line(n), n.name()));
+  report_unknown(src, algo,
+                 {"name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace", "outofplace", "minBytes",
+                  "maxBytes", "redop", "nthreads"},
+                 warnings);
+  Plan p;
+  p.name = algo.attribute("name").value();
+  std::string coll = algo.attribute("coll").value();
+  auto c = dsl::parse_collective(coll);
+  TUTTI_CHECK(c.has_value() && *c != dsl::Collective::kCustom, InvalidArgument,
+              "MSCCL XML line {}: unknown collective coll='{}'", src.line(algo), coll);
+  p.collective = *c;
+  p.nranks = static_cast<int>(int_attr(src, algo, "ngpus", true));
+  TUTTI_CHECK(p.nranks >= 1, InvalidArgument, "MSCCL XML line {}: ngpus={}", src.line(algo), p.nranks);
+  int64_t per_loop = int_attr(src, algo, "nchunksperloop", true);
+  bool divided = p.collective == dsl::Collective::kAllGather || p.collective == dsl::Collective::kReduceScatter ||
+                 p.collective == dsl::Collective::kAllToAll || p.collective == dsl::Collective::kGather ||
+                 p.collective == dsl::Collective::kScatter;
+  TUTTI_CHECK(!divided || per_loop % p.nranks == 0, InvalidArgument,
+              "MSCCL XML line {}: nchunksperloop={} is not a multiple of ngpus={} for {}", src.line(algo), per_loop,
+              p.nranks, coll);
+  p.chunk_factor = static_cast<int>(divided ? per_loop / p.nranks : per_loop);
+  bool inplace = int_attr(src, algo, "inplace", false, 0) != 0;
+  if (algo.attribute("outofplace")) {
+    bool oop = int_attr(src, algo, "outofplace", false) != 0;
+    TUTTI_CHECK(inplace != oop, InvalidArgument, "MSCCL XML line {}: inplace={} and outofplace={} contradict (this "
+                "importer reads one variant per file)", src.line(algo), inplace, oop);
+  }
+  p.inplace = inplace;
+  std::string proto = algo.attribute("proto").value();
+  p.protocol = proto == "LL" ? dsl::Protocol::kLL : proto == "LL128" ? dsl::Protocol::kLL128 : dsl::Protocol::kSimple;
+  if (!proto.empty() && proto != "LL" && proto != "LL128" && proto != "Simple" && warnings)
+    warnings->push_back(fmt::format("line {}: unknown proto '{}', using Simple", src.line(algo), proto));
+  p.min_bytes = size_attr(src, algo, "minBytes", 0);
+  p.max_bytes = size_attr(src, algo, "maxBytes", UINT64_MAX);
+  p.ranks.resize(p.nranks);
+  std::vector<bool> seen(p.nranks, false);
+  for (auto gpu : algo.children()) {
+    if (gpu.type() != pugi::node_element) continue;
+    if (std::string(gpu.name()) != "gpu") {
+      if (warnings) warnings->push_back(fmt::format("line {}: unknown element <{}> ignored", src.line(gpu), gpu.name()));
+      continue;
+    }
+    report_unknown(src, gpu, {"id", "i_chunks", "o_chunks", "s_chunks"}, warnings);
+    int id = static_cast<int>(int_attr(src, gpu, "id", true));
+    TUTTI_CHECK(id >= 0 && id < p.nranks, InvalidArgument, "MSCCL XML line {}: <gpu id={}> outside 0..{}", src.line(gpu), id,
+                p.nranks - 1);
+    TUTTI_CHECK(!seen[id], InvalidArgument, "MSCCL XML line {}: <gpu id={}> appears twice", src.line(gpu), id);
+    seen[id] = true;
+    RankPlan& rp = p.ranks[id];
+    rp.input_chunks = int_attr(src, gpu, "i_chunks", true);
+    rp.output_chunks = int_attr(src, gpu, "o_chunks", true);
+    rp.scratch_chunks = int_attr(src, gpu, "s_chunks", true);
+    for (auto tb : gpu.children()) {
+      if (tb.type() != pugi::node_element) continue;
+      if (std::string(tb.name()) != "tb") {
+        if (warnings) warnings->push_back(fmt::format("line {}: unknown element <{}> ignored", src.line(tb), tb.name()));
+        continue;
+      }
+      report_unknown(src, tb, {"id", "send", "recv", "chan"}, warnings);
+      Block b;
+      b.id = int_attr(src, tb, "id", true);
+      b.channel = static_cast<int>(int_attr(src, tb, "chan", true));
+      int send = static_cast<int>(int_attr(src, tb, "send", true));
+      int recv = static_cast<int>(int_attr(src, tb, "recv", true));
+      for (auto st : tb.children()) {
+        if (st.type() != pugi::node_element) continue;
+        if (std::string(st.name()) != "step") {
+          if (warnings) warnings->push_back(fmt::format("line {}: unknown element <{}> ignored", src.line(st), st.name()));
+          continue;
+        }
+        report_unknown(src, st, {"s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep"},
+                       warnings);
+        int64_t s = int_attr(src, st, "s", true);
+        TUTTI_CHECK(s == static_cast<int64_t>(b.steps.size()), InvalidArgument,
+                    "MSCCL XML line {}: step s={} in tb {} of gpu {}, expected s={}", src.line(st), s, b.id, id, b.steps.size());
+        std::string type = st.attribute("type").value();
+        int64_t cnt = int_attr(src, st, "cnt", true);
+        Instruction in;
+        auto sref = [&] { return Ref{buffer_attr(src, st, "srcbuf"), int_attr(src, st, "srcoff", true), cnt}; };
+        auto dref = [&] { return Ref{buffer_attr(src, st, "dstbuf"), int_attr(src, st, "dstoff", true), cnt}; };
+        if (type == "nop") {
+          in.op = Opcode::kNop;
+        } else if (type == "s") {
+          in.op = Opcode::kSend;
+          in.srcs = {sref()};
+          in.remote = dref();
+        } else if (type == "r" || type == "rcs") {
+          in.op = type == "r" ? Opcode::kRecv : Opcode::kRecvCopySend;
+          in.dst = dref();
+          in.remote = sref();
+        } else if (type == "rrs") {
+          in.op = Opcode::kRecvReduceSend;
+          in.srcs = {sref()};
+        } else if (type == "rrc" || type == "rrcs") {
+          in.op = type == "rrc" ? Opcode::kRecvReduceCopy : Opcode::kRecvReduceCopySend;
+          in.srcs = {sref()};
+          in.dst = dref();
+        } else if (type == "cpy") {
+          in.op = Opcode::kCopy;
+          in.srcs = {sref()};
+          in.dst = dref();
+        } else if (type == "re") {
+          in.op = Opcode::kReduce;
+          in.srcs = {dref(), sref()};
+          in.dst = dref();
+        } else {
+          throw InvalidArgument(fmt::format("MSCCL XML line {}: unknown step type '{}'", src.line(st), type));
+        }
+        if (sends(in.op)) {
+          TUTTI_CHECK(send >= 0, InvalidArgument, "MSCCL XML line {}: step '{}' sends but tb {} has send=-1", src.line(st),
+                      type, b.id);
+          in.send_peer = send;
+        }
+        if (receives(in.op)) {
+          TUTTI_CHECK(recv >= 0, InvalidArgument, "MSCCL XML line {}: step '{}' receives but tb {} has recv=-1",
+                      src.line(st), type, b.id);
+          in.recv_peer = recv;
+        }
+        int64_t depid = int_attr(src, st, "depid", false, -1), deps = int_attr(src, st, "deps", false, -1);
+        if (depid >= 0) in.deps.push_back({depid, deps});
+        b.steps.push_back(std::move(in));
+      }
+      rp.blocks.push_back(std::move(b));
+    }
+  }
+  for (int r = 0; r < p.nranks; ++r)
+    TUTTI_CHECK(seen[r], InvalidArgument, "MSCCL XML: no <gpu id={}> although ngpus={}", r, p.nranks);
+  return p;
+}
+
+std::string export_msccl_xml(const Plan& p) {
+  TUTTI_CHECK(p.collective != dsl::Collective::kCustom && p.collective != dsl::Collective::kSendRecv, InvalidArgument,
+              "MSCCL XML has no collective for '{}'", dsl::to_string(p.collective));
+  bool divided = p.collective == dsl::Collective::kAllGather || p.collective == dsl::Collective::kReduceScatter ||
+                 p.collective == dsl::Collective::kAllToAll || p.collective == dsl::Collective::kGather ||
+                 p.collective == dsl::Collective::kScatter;
+  std::ostringstream o;
+  const char* proto = p.protocol == dsl::Protocol::kLL ? "LL" : p.protocol == dsl::Protocol::kLL128 ? "LL128" : "Simple";
+  o << fmt::format(
+      "<algo name=\"{}\" proto=\"{}\" nchannels=\"{}\" nchunksperloop=\"{}\" ngpus=\"{}\" coll=\"{}\" inplace=\"{}\" "
+      "outofplace=\"{}\" minBytes=\"{}\" maxBytes=\"{}\">\n",
+      p.name, proto, std::max(p.channels(), 1), divided ? p.chunk_factor * p.nranks : p.chunk_factor, p.nranks,
+      dsl::to_string(p.collective), p.inplace ? 1 : 0, p.inplace ? 0 : 1, p.min_bytes,
+      p.max_bytes == UINT64_MAX ? std::string("18446744073709551615") : std::to_string(p.max_bytes));
+  for (int r = 0; r < p.nranks; ++r) {
+    const RankPlan& rp = p.ranks[r];
+    // New step numbers after nop chains and re chains are inserted; hasdep per (block, new step).
+    std::map<int64_t, std::vector<int64_t>> renumber;  // block id -> old step -> new step (its last emitted step)
+    for (auto& b : rp.blocks) {
+      int64_t n = 0;
+      auto& v = renumber[b.id];
+      for (auto& in : b.steps) {
+        n += in.deps.size() > 1 ? static_cast<int64_t>(in.deps.size()) - 1 : 0;
+        n += in.op == Opcode::kReduce ? static_cast<int64_t>(in.srcs.size()) - 2 : 0;
+        v.push_back(n++);
+      }
+    }
+    std::set<std::pair<int64_t, int64_t>> has_dep;
+    for (auto& b : rp.blocks)
+      for (auto& in : b.steps)
+        for (auto& d : in.deps) has_dep.insert({d.block, renumber.at(d.block).at(d.step)});
+    o << fmt::format("  <gpu id=\"{}\" i_chunks=\"{}\" o_chunks=\"{}\" s_chunks=\"{}\">\n", r, rp.input_chunks,
+                     rp.output_chunks, rp.scratch_chunks);
+    for (auto& b : rp.blocks) {
+      int send = -1, recv = -1;
+      for (auto& in : b.steps) {
+        TUTTI_CHECK(in.op != Opcode::kCompute, InvalidArgument, "rank {} block {}: compute steps have no MSCCL XML form", r, b.id);
+        if (in.send_peer >= 0) {
+          TUTTI_CHECK(send < 0 || send == in.send_peer, InvalidArgument,
+                      "rank {} block {} sends to ranks {} and {}; an MSCCL threadblock has one send peer", r, b.id, send,
+                      in.send_peer);
+          send = in.send_peer;
+        }
+        if (in.recv_peer >= 0) {
+          TUTTI_CHECK(recv < 0 || recv == in.recv_peer, InvalidArgument,
+                      "rank {} block {} receives from ranks {} and {}; an MSCCL threadblock has one receive peer", r, b.id,
+                      recv, in.recv_peer);
+          recv = in.recv_peer;
+        }
+      }
+      o << fmt::format("    <tb id=\"{}\" send=\"{}\" recv=\"{}\" chan=\"{}\">\n", b.id, send, recv, b.channel);
+      int64_t s = 0;
+      auto step = [&](const char* type, const Ref& sr, const Ref& dr, int64_t cnt, const Dep* dep) {
+        int64_t depid = dep ? dep->block : -1;
+        int64_t deps = dep ? renumber.at(dep->block).at(dep->step) : -1;
+        o << fmt::format(
+            "      <step s=\"{}\" type=\"{}\" srcbuf=\"{}\" srcoff=\"{}\" dstbuf=\"{}\" dstoff=\"{}\" cnt=\"{}\" depid=\"{}\" "
+            "deps=\"{}\" hasdep=\"{}\"/>\n",
+            s, type, buffer_letter(sr.buffer), sr.index, buffer_letter(dr.buffer), dr.index, cnt, depid, deps,
+            has_dep.count({b.id, s}) ? 1 : 0);
+        ++s;
+      };
+      for (auto& in : b.steps) {
+        const Ref none{dsl::BufferKind::kInput, -1, 0};
+        for (size_t k = 0; k + 1 < in.deps.size(); ++k) step("nop", none, Ref{dsl::BufferKind::kOutput, -1, 0}, 0, &in.deps[k]);
+        const Dep* last = in.deps.empty() ? nullptr : &in.deps.back();
+        int64_t cnt = in.count();
+        switch (in.op) {
+          case Opcode::kNop: step("nop", none, Ref{dsl::BufferKind::kOutput, -1, 0}, 0, last); break;
+          case Opcode::kSend: step("s", in.srcs[0], in.remote.value_or(in.srcs[0]), cnt, last); break;
+          case Opcode::kRecv: step("r", in.remote.value_or(*in.dst), *in.dst, cnt, last); break;
+          case Opcode::kRecvCopySend: step("rcs", in.remote.value_or(*in.dst), *in.dst, cnt, last); break;
+          case Opcode::kRecvReduceSend: step("rrs", in.srcs[0], in.srcs[0], cnt, last); break;
+          case Opcode::kRecvReduceCopy: step("rrc", in.srcs[0], *in.dst, cnt, last); break;
+          case Opcode::kRecvReduceCopySend: step("rrcs", in.srcs[0], *in.dst, cnt, last); break;
+          case Opcode::kCopy: step("cpy", in.srcs[0], *in.dst, cnt, last); break;
+          case Opcode::kReduce: {
+            // MSCCL's re is dst = dst (+) src: the first source must be dst; more become a re chain.
+            std::vector<Ref> others;
+            bool dst_first = in.srcs[0] == *in.dst;
+            TUTTI_CHECK(dst_first || in.srcs.size() == 1, InvalidArgument,
+                        "rank {} block {}: reduce into {} that is not its first operand has no MSCCL XML form", r, b.id,
+                        in.dst->describe());
+            for (size_t k = dst_first ? 1 : 0; k < in.srcs.size(); ++k) others.push_back(in.srcs[k]);
+            TUTTI_CHECK(!others.empty(), InvalidArgument, "rank {} block {}: reduce of one operand", r, b.id);
+            for (size_t k = 0; k < others.size(); ++k) step("re", others[k], *in.dst, cnt, k + 1 == others.size() ? last : nullptr);
+            break;
+          }
+          case Opcode::kCompute: break;
+        }
+      }
+      o << "    </tb>\n";
+    }
+    o << "  </gpu>\n";
+  }
+  o << "</algo>\n";
+  return o.str();
+}
+
+}  // namespace tutti::plan

@@ -1,0 +1,283 @@
+#include "compiler/plan.hpp"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "compiler/msccl_xml.hpp"
+#include "core/error.hpp"
+
+namespace tutti::plan {
+
+using nlohmann::json;
+
+namespace {
+constexpr const char* kOpNames[] = {"nop",  "send",   "recv",           "copy",
+                                    "reduce", "recv_copy_send", "recv_reduce_send", "recv_reduce_copy",
+                                    "recv_reduce_copy_send", "compute"};
+}
+
+const char* to_string(Opcode op) { return kOpNames[static_cast<int>(op)]; }
+
+std::optional<Opcode> parse_opcode(const std::string& text) {
+  for (int i = 0; i < static_cast<int>(std::size(kOpNames)); ++i)
+    if (text == kOpNames[i]) return static_cast<Opcode>(i);
+  return std::nullopt;
+}
+
+bool sends(Opcode op) {
+  return op == Opcode::kSend || op == Opcode::kRecvCopySend || op == Opcode::kRecvReduceSend ||
+         op == Opcode::kRecvReduceCopySend;
+}
+bool receives(Opcode op) {
+  return op == Opcode::kRecv || op == Opcode::kRecvCopySend || op == Opcode::kRecvReduceSend ||
+         op == Opcode::kRecvReduceCopy || op == Opcode::kRecvReduceCopySend;
+}
+bool stores(Opcode op) {
+  return op == Opcode::kRecv || op == Opcode::kCopy || op == Opcode::kReduce || op == Opcode::kRecvCopySend ||
+         op == Opcode::kRecvReduceCopy || op == Opcode::kRecvReduceCopySend || op == Opcode::kCompute;
+}
+
+std::string Ref::describe() const {
+  if (count == 1) return fmt::format("{}[{}]", dsl::to_string(buffer), index);
+  return fmt::format("{}[{}..{})", dsl::to_string(buffer), index, index + count);
+}
+
+int64_t Instruction::count() const {
+  if (dst) return dst->count;
+  if (!srcs.empty()) return srcs[0].count;
+  return 0;
+}
+
+dsl::CollectiveSpec Plan::spec() const {
+  dsl::CollectiveSpec s;
+  s.kind = collective;
+  s.nranks = nranks;
+  s.chunk_factor = chunk_factor;
+  s.inplace = inplace;
+  s.root = root;
+  return s;
+}
+
+int Plan::channels() const {
+  int c = 0;
+  for (auto& r : ranks)
+    for (auto& b : r.blocks) c = std::max(c, b.channel + 1);
+  return c;
+}
+
+int64_t Plan::steps() const {
+  int64_t n = 0;
+  for (auto& r : ranks)
+    for (auto& b : r.blocks) n += static_cast<int64_t>(b.steps.size());
+  return n;
+}
+
+int64_t Plan::blocks() const {
+  int64_t n = 0;
+  for (auto& r : ranks) n += static_cast<int64_t>(r.blocks.size());
+  return n;
+}
+
+namespace {
+
+json ref_json(const Ref& r) { return json::array({dsl::to_string(r.buffer), r.index, r.count}); }
+
+Ref parse_ref(const json& j, const std::string& where) {
+  TUTTI_CHECK(j.is_array() && j.size() == 3 && j[0].is_string() && j[1].is_number_integer() && j[2].is_number_integer(),
+              InvalidArgument, "plan JSON: {}: a chunk reference is [\"input|output|scratch\", index, count]", where);
+  Ref r;
+  std::string b = j[0];
+  if (b == "input") r.buffer = dsl::BufferKind::kInput;
+  else if (b == "output") r.buffer = dsl::BufferKind::kOutput;
+  else if (b == "scratch") r.buffer = dsl::BufferKind::kScratch;
+  else throw InvalidArgument(fmt::format("plan JSON: {}: unknown buffer '{}'", where, b));
+  r.index = j[1];
+  r.count = j[2];
+  return r;
+}
+
+void check_keys(const json& j, std::initializer_list<const char*> known, const std::string& where) {
+  TUTTI_CHECK(j.is_object(), InvalidArgument, "plan JSON: {} must be an object", where);
+  for (auto& [k, v] : j.items()) {
+    bool ok = false;
+    for (const char* n : known) ok |= k == n;
+    TUTTI_CHECK(ok, InvalidArgument, "plan JSON: {}: unknown field '{}'", where, k);
+  }
+}
+
+template <class T>
+T field(const json& j, const char* key, const std::string& where) {
+  TUTTI_CHECK(j.contains(key), InvalidArgument, "plan JSON: {}: missing field '{}'", where, key);
+  try {
+    return j.at(key).get<T>();
+  } catch (const json::exception&) {
+    throw InvalidArgument(fmt::format("plan JSON: {}: field '{}' has the wrong type", where, key));
+  }
+}
+
+}  // namespace
+
+std::string to_json(const Plan& p) {
+  json j;
+  j["format"] = "tutti-plan";
+  j["version"] = Plan::kVersion;
+  j["name"] = p.name;
+  j["collective"] = dsl::to_string(p.collective);
+  j["nranks"] = p.nranks;
+  j["chunk_factor"] = p.chunk_factor;
+  j["inplace"] = p.inplace;
+  j["root"] = p.root;
+  j["protocol"] = dsl::to_string(p.protocol);
+  j["min_bytes"] = p.min_bytes;
+  j["max_bytes"] = p.max_bytes;
+  j["topology"] = p.topology;
+  json ranks = json::array();
+  for (auto& r : p.ranks) {
+    json jr;
+    jr["input_chunks"] = r.input_chunks;
+    jr["output_chunks"] = r.output_chunks;
+    jr["scratch_chunks"] = r.scratch_chunks;
+    json blocks = json::array();
+    for (auto& b : r.blocks) {
+      json jb;
+      jb["id"] = b.id;
+      jb["channel"] = b.channel;
+      json steps = json::array();
+      for (auto& s : b.steps) {
+        json js;
+        js["op"] = to_string(s.op);
+        if (!s.srcs.empty()) {
+          json srcs = json::array();
+          for (auto& r2 : s.srcs) srcs.push_back(ref_json(r2));
+          js["srcs"] = srcs;
+        }
+        if (s.dst) js["dst"] = ref_json(*s.dst);
+        if (s.send_peer >= 0) js["send_peer"] = s.send_peer;
+        if (s.recv_peer >= 0) js["recv_peer"] = s.recv_peer;
+        if (s.remote) js["remote"] = ref_json(*s.remote);
+        if (!s.deps.empty()) {
+          json deps = json::array();
+          for (auto& d : s.deps) deps.push_back(json::array({d.block, d.step}));
+          js["deps"] = deps;
+        }
+        if (s.op == Opcode::kCompute) {
+          js["kernel"] = s.kernel;
+          js["kernel_arg"] = s.kernel_arg;
+        }
+        steps.push_back(js);
+      }
+      jb["steps"] = steps;
+      blocks.push_back(jb);
+    }
+    jr["blocks"] = blocks;
+    ranks.push_back(jr);
+  }
+  j["ranks"] = ranks;
+  return j.dump(1);
+}
+
+Plan parse_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw InvalidArgument(fmt::format("plan JSON: not valid JSON: {}", e.what()));
+  }
+  check_keys(j, {"format", "version", "name", "collective", "nranks", "chunk_factor", "inplace", "root", "protocol",
+                 "min_bytes", "max_bytes", "topology", "ranks"},
+             "top level");
+  TUTTI_CHECK(field<std::string>(j, "format", "top level") == "tutti-plan", InvalidArgument,
+              "plan JSON: format is not 'tutti-plan'");
+  int version = field<int>(j, "version", "top level");
+  TUTTI_CHECK(version == Plan::kVersion, InvalidArgument, "plan JSON: version {} is not supported (this build reads {})",
+              version, Plan::kVersion);
+  Plan p;
+  p.name = field<std::string>(j, "name", "top level");
+  std::string coll = field<std::string>(j, "collective", "top level");
+  auto c = dsl::parse_collective(coll);
+  TUTTI_CHECK(c.has_value(), InvalidArgument, "plan JSON: unknown collective '{}'", coll);
+  p.collective = *c;
+  p.nranks = field<int>(j, "nranks", "top level");
+  p.chunk_factor = field<int>(j, "chunk_factor", "top level");
+  p.inplace = field<bool>(j, "inplace", "top level");
+  p.root = field<int>(j, "root", "top level");
+  std::string proto = field<std::string>(j, "protocol", "top level");
+  if (proto == "Simple") p.protocol = dsl::Protocol::kSimple;
+  else if (proto == "LL") p.protocol = dsl::Protocol::kLL;
+  else if (proto == "LL128") p.protocol = dsl::Protocol::kLL128;
+  else if (proto == "auto") p.protocol = dsl::Protocol::kAuto;
+  else throw InvalidArgument(fmt::format("plan JSON: unknown protocol '{}'", proto));
+  p.min_bytes = field<uint64_t>(j, "min_bytes", "top level");
+  p.max_bytes = field<uint64_t>(j, "max_bytes", "top level");
+  p.topology = field<std::string>(j, "topology", "top level");
+  const json& ranks = j.at("ranks");
+  TUTTI_CHECK(ranks.is_array() && static_cast<int>(ranks.size()) == p.nranks, InvalidArgument,
+              "plan JSON: 'ranks' must list {} ranks", p.nranks);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    std::string where = fmt::format("rank {}", r);
+    check_keys(ranks[r], {"input_chunks", "output_chunks", "scratch_chunks", "blocks"}, where);
+    RankPlan rp;
+    rp.input_chunks = field<int64_t>(ranks[r], "input_chunks", where);
+    rp.output_chunks = field<int64_t>(ranks[r], "output_chunks", where);
+    rp.scratch_chunks = field<int64_t>(ranks[r], "scratch_chunks", where);
+    for (const json& jb : ranks[r].at("blocks")) {
+      std::string bw = fmt::format("rank {} block {}", r, rp.blocks.size());
+      check_keys(jb, {"id", "channel", "steps"}, bw);
+      Block b;
+      b.id = field<int64_t>(jb, "id", bw);
+      b.channel = field<int>(jb, "channel", bw);
+      for (const json& js : jb.at("steps")) {
+        std::string sw = fmt::format("{} step {}", bw, b.steps.size());
+        check_keys(js, {"op", "srcs", "dst", "send_peer", "recv_peer", "remote", "deps", "kernel", "kernel_arg"}, sw);
+        Instruction in;
+        std::string op = field<std::string>(js, "op", sw);
+        auto code = parse_opcode(op);
+        TUTTI_CHECK(code.has_value(), InvalidArgument, "plan JSON: {}: unknown op '{}'", sw, op);
+        in.op = *code;
+        if (js.contains("srcs"))
+          for (const json& s : js["srcs"]) in.srcs.push_back(parse_ref(s, sw));
+        if (js.contains("dst")) in.dst = parse_ref(js["dst"], sw);
+        if (js.contains("send_peer")) in.send_peer = field<int>(js, "send_peer", sw);
+        if (js.contains("recv_peer")) in.recv_peer = field<int>(js, "recv_peer", sw);
+        if (js.contains("remote")) in.remote = parse_ref(js["remote"], sw);
+        if (js.contains("deps"))
+          for (const json& d : js["deps"]) {
+            TUTTI_CHECK(d.is_array() && d.size() == 2, InvalidArgument, "plan JSON: {}: a dependency is [block, step]", sw);
+            in.deps.push_back({d[0].get<int64_t>(), d[1].get<int64_t>()});
+          }
+        if (js.contains("kernel")) in.kernel = field<int>(js, "kernel", sw);
+        if (js.contains("kernel_arg")) in.kernel_arg = field<double>(js, "kernel_arg", sw);
+        b.steps.push_back(std::move(in));
+      }
+      rp.blocks.push_back(std::move(b));
+    }
+    p.ranks.push_back(std::move(rp));
+  }
+  return p;
+}
+
+Plan load_file(const std::string& path) {
+  std::ifstream in(path);
+  TUTTI_CHECK(in.good(), InvalidArgument, "cannot open plan file {}", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    if (path.size() >= 4 && path.substr(path.size() - 4) == ".xml") return import_msccl_xml(ss.str());
+    return parse_json(ss.str());
+  } catch (const Error& e) {
+    rethrow_with_context(e, path);
+  }
+}
+
+void save_file(const Plan& plan, const std::string& path) {
+  std::ofstream out(path);
+  TUTTI_CHECK(out.good(), InvalidArgument, "cannot write plan file {}", path);
+  if (path.size() >= 4 && path.substr(path.size() - 4) == ".xml") out << export_msccl_xml(plan);
+  else out << to_json(plan) << "\n";
+}
+
+}  // namespace tutti::plan

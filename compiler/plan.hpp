@@ -1,0 +1,120 @@
+#pragma once
+// The Plan: what the compiler hands the runtime. Per rank, a list of blocks; each block is an ordered
+// list of instructions run by one worker (a CPU worker or a CUDA thread block). Instructions name
+// their local chunks explicitly, their peers and channel explicitly, and any number of dependencies
+// on steps of other blocks of the same rank. No field has a fixed cap.
+//
+// Instruction semantics (on `count` consecutive chunks):
+//   send                  send srcs[0] to send_peer
+//   recv                  dst = data from recv_peer
+//   copy                  dst = srcs[0]
+//   reduce                dst = srcs[0] (+) srcs[1] (+) ...      (n-ary; dst may be one of srcs)
+//   recv_copy_send        dst = data from recv_peer; send dst to send_peer
+//   recv_reduce_send      send (data from recv_peer (+) srcs[0]) to send_peer, store nothing
+//   recv_reduce_copy      dst = data from recv_peer (+) srcs[0]
+//   recv_reduce_copy_send dst = data from recv_peer (+) srcs[0]; send dst to send_peer
+//   compute               dst = kernel(srcs[0])
+//   nop                   nothing (carries dependencies)
+// Messages on one connection (sender, receiver, channel) are matched in order: the k-th send meets
+// the k-th receive. `remote` records where the data comes from or goes to on the peer; it is
+// informational (MSCCL XML stores the sender's offsets on receives, tutti never relies on them).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsl/collective.hpp"
+#include "dsl/program.hpp"
+
+namespace tutti::plan {
+
+enum class Opcode : uint8_t {
+  kNop,
+  kSend,
+  kRecv,
+  kCopy,
+  kReduce,
+  kRecvCopySend,
+  kRecvReduceSend,
+  kRecvReduceCopy,
+  kRecvReduceCopySend,
+  kCompute,
+};
+const char* to_string(Opcode op);
+std::optional<Opcode> parse_opcode(const std::string& text);
+bool sends(Opcode op);
+bool receives(Opcode op);
+bool stores(Opcode op);  // writes dst
+
+struct Ref {
+  dsl::BufferKind buffer = dsl::BufferKind::kInput;
+  int64_t index = 0;
+  int64_t count = 1;
+  bool operator==(const Ref&) const = default;
+  std::string describe() const;  // "input[3..5)"
+};
+
+struct Dep {
+  int64_t block;
+  int64_t step;
+  bool operator==(const Dep&) const = default;
+  auto operator<=>(const Dep&) const = default;
+};
+
+struct Instruction {
+  Opcode op = Opcode::kNop;
+  std::vector<Ref> srcs;
+  std::optional<Ref> dst;
+  int send_peer = -1;
+  int recv_peer = -1;
+  std::optional<Ref> remote;
+  std::vector<Dep> deps;
+  int kernel = 0;        // compute
+  double kernel_arg = 1;  // compute
+  bool operator==(const Instruction&) const = default;
+  int64_t count() const;
+};
+
+struct Block {
+  int64_t id = 0;
+  int channel = 0;
+  std::vector<Instruction> steps;
+  bool operator==(const Block&) const = default;
+};
+
+struct RankPlan {
+  int64_t input_chunks = 0, output_chunks = 0, scratch_chunks = 0;
+  std::vector<Block> blocks;
+  bool operator==(const RankPlan&) const = default;
+};
+
+struct Plan {
+  static constexpr int kVersion = 1;
+  std::string name;
+  dsl::Collective collective = dsl::Collective::kAllReduce;
+  int nranks = 1;
+  int chunk_factor = 1;
+  bool inplace = false;
+  int root = 0;
+  dsl::Protocol protocol = dsl::Protocol::kSimple;
+  uint64_t min_bytes = 0;
+  uint64_t max_bytes = UINT64_MAX;
+  std::string topology;  // what it was made or tuned for ("" = generic)
+  std::vector<RankPlan> ranks;
+  bool operator==(const Plan&) const = default;
+
+  dsl::CollectiveSpec spec() const;
+  int channels() const;       // 1 + highest channel used
+  int64_t steps() const;      // instructions over all ranks
+  int64_t blocks() const;     // blocks over all ranks
+};
+
+// Versioned JSON. parse_json throws InvalidArgument naming the field (and unknown fields).
+std::string to_json(const Plan& plan);
+Plan parse_json(const std::string& text);
+
+Plan load_file(const std::string& path);  // .json or .xml (MSCCL)
+void save_file(const Plan& plan, const std::string& path);
+
+}  // namespace tutti::plan

@@ -1,0 +1,158 @@
+#include "dsl/collective.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace tutti::dsl {
+
+const char* to_string(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce: return "allreduce";
+    case Collective::kAllGather: return "allgather";
+    case Collective::kReduceScatter: return "reducescatter";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kReduce: return "reduce";
+    case Collective::kAllToAll: return "alltoall";
+    case Collective::kGather: return "gather";
+    case Collective::kScatter: return "scatter";
+    case Collective::kSendRecv: return "sendrecv";
+    case Collective::kCustom: return "custom";
+  }
+  return "?";
+}
+
+std::optional<Collective> parse_collective(const std::string& text) {
+  std::string s;
+  for (char c : text)
+    if (c != '_' && c != '-') s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter, Collective::kBroadcast,
+                       Collective::kReduce, Collective::kAllToAll, Collective::kGather, Collective::kScatter,
+                       Collective::kSendRecv, Collective::kCustom})
+    if (s == to_string(c)) return c;
+  return std::nullopt;
+}
+
+const char* to_string(BufferKind b) {
+  switch (b) {
+    case BufferKind::kInput: return "input";
+    case BufferKind::kOutput: return "output";
+    case BufferKind::kScratch: return "scratch";
+  }
+  return "?";
+}
+
+void Content::merge(const Content& other) {
+  std::vector<Contribution> merged;
+  std::merge(parts.begin(), parts.end(), other.parts.begin(), other.parts.end(), std::back_inserter(merged));
+  parts = std::move(merged);
+  kernels.insert(kernels.end(), other.kernels.begin(), other.kernels.end());
+}
+
+std::string Content::describe() const {
+  if (parts.empty()) return "{empty}";
+  std::string s = "{";
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i == 8 && parts.size() > 10) {
+      s += fmt::format(", ... {} more", parts.size() - 8);
+      break;
+    }
+    s += fmt::format("{}r{}:i{}", i ? ", " : "", parts[i].rank, parts[i].index);
+  }
+  if (!kernels.empty()) s += fmt::format(" after {} kernel(s)", kernels.size());
+  return s + "}";
+}
+
+int CollectiveSpec::input_chunks() const {
+  const int C = chunk_factor, n = nranks;
+  switch (kind) {
+    case Collective::kReduceScatter:
+    case Collective::kAllToAll:
+    case Collective::kScatter: return n * C;
+    case Collective::kCustom: return custom_input_chunks;
+    default: return C;
+  }
+}
+
+int CollectiveSpec::output_chunks() const {
+  const int C = chunk_factor, n = nranks;
+  switch (kind) {
+    case Collective::kAllGather:
+    case Collective::kAllToAll:
+    case Collective::kGather: return n * C;
+    case Collective::kCustom: return custom_output_chunks;
+    default: return C;
+  }
+}
+
+bool CollectiveSpec::has_root() const {
+  return kind == Collective::kBroadcast || kind == Collective::kReduce || kind == Collective::kGather ||
+         kind == Collective::kScatter;
+}
+
+Location CollectiveSpec::canonical(int rank, BufferKind buffer, int index) const {
+  if (!inplace || buffer == BufferKind::kScratch) return {buffer, index};
+  const int C = chunk_factor;
+  switch (kind) {
+    case Collective::kAllGather:
+    case Collective::kGather:
+      // The input is the rank's own slice of the output.
+      if (buffer == BufferKind::kInput) return {BufferKind::kOutput, rank * C + index};
+      return {BufferKind::kOutput, index};
+    case Collective::kReduceScatter:
+    case Collective::kScatter:
+      // The output is the rank's own slice of the input.
+      if (buffer == BufferKind::kOutput) return {BufferKind::kInput, rank * C + index};
+      return {BufferKind::kInput, index};
+    default:
+      return {BufferKind::kInput, index};  // one buffer serves as both
+  }
+}
+
+Content CollectiveSpec::precondition(int rank, int input_index) const {
+  if (kind == Collective::kCustom) {
+    if (custom_pre) {
+      auto c = custom_pre(rank, input_index);
+      return c ? *c : Content{};
+    }
+    return Content::of(rank, input_index);
+  }
+  return Content::of(rank, input_index);
+}
+
+std::optional<Content> CollectiveSpec::postcondition(int rank, int index) const {
+  const int C = chunk_factor, n = nranks;
+  auto sum_over_ranks = [&](int input_index) {
+    Content c;
+    for (int q = 0; q < n; ++q) c.parts.push_back({q, input_index});
+    return c;
+  };
+  switch (kind) {
+    case Collective::kAllReduce: return sum_over_ranks(index);
+    case Collective::kAllGather: return Content::of(index / C, index % C);
+    case Collective::kReduceScatter: return sum_over_ranks(rank * C + index);
+    case Collective::kBroadcast: return Content::of(root, index);
+    case Collective::kReduce:
+      if (rank != root) return std::nullopt;
+      return sum_over_ranks(index);
+    case Collective::kAllToAll: return Content::of(index / C, rank * C + index % C);
+    case Collective::kGather:
+      if (rank != root) return std::nullopt;
+      return Content::of(index / C, index % C);
+    case Collective::kScatter: return Content::of(root, rank * C + index);
+    case Collective::kSendRecv: return Content::of((rank + n - 1) % n, index);
+    case Collective::kCustom: return custom_post ? custom_post(rank, index) : std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::string CollectiveSpec::describe() const {
+  std::string s = fmt::format("{}, {} ranks, {} chunk(s) per rank piece, {}", to_string(kind), nranks, chunk_factor,
+                              inplace ? "in-place" : "out-of-place");
+  if (has_root()) s += fmt::format(", root {}", root);
+  return s;
+}
+
+}  // namespace tutti::dsl

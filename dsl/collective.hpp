@@ -1,0 +1,72 @@
+#pragma once
+// What a collective means, symbolically: which chunks each rank starts with (precondition) and which
+// multiset of contributions each output chunk must hold at the end (postcondition). Both the DSL's
+// own symbolic execution and the compiler's plan verifier check against this one definition.
+//
+// A contribution is (origin rank, origin input index). A chunk's content is a sorted multiset of
+// contributions: a copy moves it, a reduction merges two multisets. Compute kernels append their id
+// to the content, so a standard collective whose data passed through a kernel is reported as wrong
+// unless the collective is Custom and expects it.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tutti::dsl {
+
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kReduce, kAllToAll, kGather, kScatter, kSendRecv, kCustom };
+const char* to_string(Collective c);
+// Accepts our names and MSCCL's (allreduce, allgather, reduce_scatter/reducescatter, alltoall, ...).
+std::optional<Collective> parse_collective(const std::string& text);
+
+enum class BufferKind : uint8_t { kInput = 0, kOutput = 1, kScratch = 2 };
+const char* to_string(BufferKind b);
+
+struct Contribution {
+  int rank;
+  int index;
+  auto operator<=>(const Contribution&) const = default;
+};
+
+struct Content {
+  std::vector<Contribution> parts;  // sorted; empty means "nothing written"
+  std::vector<int> kernels;         // compute kernels applied, in order
+  bool empty() const { return parts.empty(); }
+  bool operator==(const Content&) const = default;
+  static Content of(int rank, int index) { return Content{{{rank, index}}, {}}; }
+  void merge(const Content& other);  // reduction
+  std::string describe() const;      // "{r0:i1, r2:i1}"
+};
+
+// A storage location after in-place aliasing is resolved.
+struct Location {
+  BufferKind buffer;
+  int index;
+  auto operator<=>(const Location&) const = default;
+};
+
+struct CollectiveSpec {
+  Collective kind = Collective::kAllReduce;
+  int nranks = 1;
+  int chunk_factor = 1;  // chunks per rank-sized piece (C)
+  bool inplace = false;
+  int root = 0;          // Broadcast, Reduce, Gather, Scatter
+  // Custom collectives only.
+  int custom_input_chunks = 0, custom_output_chunks = 0;
+  std::function<std::optional<Content>(int rank, int index)> custom_pre;   // input content
+  std::function<std::optional<Content>(int rank, int index)> custom_post;  // nullopt: not checked
+
+  int input_chunks() const;
+  int output_chunks() const;
+  bool has_root() const;
+  // Where (buffer, index) of `rank` really lives: in-place collectives alias output and input.
+  Location canonical(int rank, BufferKind buffer, int index) const;
+  Content precondition(int rank, int input_index) const;
+  // Expected content of output chunk `index` on `rank`; nullopt when the collective leaves it unspecified.
+  std::optional<Content> postcondition(int rank, int output_index) const;
+  std::string describe() const;  // "allreduce, 8 ranks, 8 chunks, in-place"
+};
+
+}  // namespace tutti::dsl

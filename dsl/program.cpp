@@ -1,0 +1,205 @@
+#include "dsl/program.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace tutti::dsl {
+
+std::string Buffer::describe() const {
+  return kind == BufferKind::kScratch ? fmt::format("scratch '{}'", scratch_name) : to_string(kind);
+}
+
+const char* to_string(Protocol p) {
+  switch (p) {
+    case Protocol::kAuto: return "auto";
+    case Protocol::kSimple: return "Simple";
+    case Protocol::kLL: return "LL";
+    case Protocol::kLL128: return "LL128";
+  }
+  return "?";
+}
+
+const char* to_string(Kernel k) {
+  switch (k) {
+    case Kernel::kIdentity: return "identity";
+    case Kernel::kScale: return "scale";
+  }
+  return "?";
+}
+
+ChunkRef ChunkRef::copy(int dst_rank, const Buffer& buffer, int index, Annotations a) const {
+  return program_->record(Op{OpKind::kCopy, loc_, ChunkLoc{dst_rank, buffer, index, loc_.count}, a});
+}
+
+ChunkRef ChunkRef::reduce(const ChunkRef& src, Annotations a) const {
+  return program_->record(Op{OpKind::kReduce, src.loc_, loc_, a});
+}
+
+ChunkRef ChunkRef::apply(Kernel kernel, double arg, Annotations a) const {
+  Op op{OpKind::kCompute, loc_, loc_, a};
+  op.kernel = kernel;
+  op.kernel_arg = arg;
+  return program_->record(op);
+}
+
+std::vector<ChunkRef> ChunkRef::split(int parts) const {
+  TUTTI_CHECK(parts >= 1 && loc_.count % parts == 0, InvalidArgument,
+              "split: {} chunks of rank {} {} cannot be split into {} equal parts", loc_.count, loc_.rank,
+              loc_.buffer.describe(), parts);
+  std::vector<ChunkRef> out;
+  int each = loc_.count / parts;
+  for (int i = 0; i < parts; ++i) {
+    ChunkLoc l = loc_;
+    l.index += i * each;
+    l.count = each;
+    out.push_back(ChunkRef(program_, l));
+  }
+  return out;
+}
+
+ChunkRef ChunkRef::operator[](int i) const {
+  TUTTI_CHECK(i >= 0 && i < loc_.count, InvalidArgument, "chunk [{}] of a {}-chunk reference (rank {} {}[{}])", i,
+              loc_.count, loc_.rank, loc_.buffer.describe(), loc_.index);
+  ChunkLoc l = loc_;
+  l.index += i;
+  l.count = 1;
+  return ChunkRef(program_, l);
+}
+
+Program::Program(std::string name, CollectiveSpec spec) : name_(std::move(name)), spec_(std::move(spec)) {
+  TUTTI_CHECK(spec_.nranks >= 1, InvalidArgument, "program '{}': {} ranks", name_, spec_.nranks);
+  TUTTI_CHECK(spec_.chunk_factor >= 1, InvalidArgument, "program '{}': chunk factor {}", name_, spec_.chunk_factor);
+  TUTTI_CHECK(!spec_.has_root() || (spec_.root >= 0 && spec_.root < spec_.nranks), InvalidArgument,
+              "program '{}': root {} is not a rank of {}", name_, spec_.root, spec_.nranks);
+  state_.resize(spec_.nranks);
+  for (int r = 0; r < spec_.nranks; ++r) {
+    state_[r].input.resize(spec_.input_chunks());
+    state_[r].output.resize(spec_.output_chunks());
+    for (int i = 0; i < spec_.input_chunks(); ++i) slot(r, Buffer::input(), i) = spec_.precondition(r, i);
+  }
+}
+
+ChunkRef Program::chunk(int rank, const Buffer& buffer, int index, int count) {
+  ChunkLoc loc{rank, buffer, index, count};
+  TUTTI_CHECK(rank >= 0 && rank < nranks(), InvalidArgument, "program '{}': chunk on rank {}, which does not exist ({} ranks)",
+              name_, rank, nranks());
+  check_range(loc, "chunk", buffer.kind == BufferKind::kScratch);
+  return ChunkRef(this, loc);
+}
+
+ChunkRef Program::group(const std::vector<ChunkRef>& refs) {
+  TUTTI_CHECK(!refs.empty(), InvalidArgument, "group of no chunks");
+  ChunkLoc l = refs[0].loc();
+  for (size_t i = 1; i < refs.size(); ++i) {
+    const ChunkLoc& n = refs[i].loc();
+    TUTTI_CHECK(n.rank == l.rank && n.buffer == l.buffer && n.index == l.index + l.count, InvalidArgument,
+                "group: rank {} {}[{}] does not follow rank {} {}[{}..{}) contiguously", n.rank, n.buffer.describe(),
+                n.index, l.rank, l.buffer.describe(), l.index, l.index + l.count);
+    l.count += n.count;
+  }
+  return ChunkRef(this, l);
+}
+
+void Program::check_range(const ChunkLoc& loc, const char* what, bool growing) const {
+  TUTTI_CHECK(loc.count >= 1, InvalidArgument, "program '{}': {} of {} chunks on rank {}", name_, what, loc.count, loc.rank);
+  if (growing) {
+    TUTTI_CHECK(loc.index >= 0, InvalidArgument, "program '{}': {}: rank {} {} index {} is negative", name_, what,
+                loc.rank, loc.buffer.describe(), loc.index);
+    return;
+  }
+  int size = loc.buffer.kind == BufferKind::kInput ? spec_.input_chunks() : spec_.output_chunks();
+  TUTTI_CHECK(loc.index >= 0 && loc.index + loc.count <= size, InvalidArgument,
+              "program '{}': {}: rank {} {}[{}..{}) is out of range: the {} has {} chunks", name_, what, loc.rank,
+              loc.buffer.describe(), loc.index, loc.index + loc.count, loc.buffer.describe(), size);
+}
+
+Content& Program::slot(int rank, const Buffer& buffer, int index) {
+  RankState& st = state_[rank];
+  if (buffer.kind == BufferKind::kScratch) {
+    auto it = std::find(scratch_names_.begin(), scratch_names_.end(), buffer.scratch_name);
+    size_t id = static_cast<size_t>(it - scratch_names_.begin());
+    if (it == scratch_names_.end()) scratch_names_.push_back(buffer.scratch_name);
+    for (auto& rs : state_)
+      if (rs.scratch.size() <= id) rs.scratch.resize(id + 1);
+    auto& v = st.scratch[id];
+    if (static_cast<int>(v.size()) <= index) v.resize(index + 1);
+    return v[index];
+  }
+  Location l = spec_.canonical(rank, buffer.kind, index);
+  return l.buffer == BufferKind::kInput ? st.input.at(l.index) : st.output.at(l.index);
+}
+
+const Content& Program::content(int rank, const Buffer& buffer, int index) const {
+  return const_cast<Program*>(this)->slot(rank, buffer, index);
+}
+
+int Program::scratch_chunks(int rank, const std::string& name) const {
+  auto it = std::find(scratch_names_.begin(), scratch_names_.end(), name);
+  if (it == scratch_names_.end()) return 0;
+  const auto& s = state_.at(rank).scratch;
+  size_t id = static_cast<size_t>(it - scratch_names_.begin());
+  return id < s.size() ? static_cast<int>(s[id].size()) : 0;
+}
+
+std::string Program::op_name(const Op& op) const {
+  const char* kind = op.kind == OpKind::kCopy ? "copy" : op.kind == OpKind::kReduce ? "reduce" : "compute";
+  return fmt::format("program '{}' op #{} ({} rank {} {}[{}] -> rank {} {}[{}], {} chunk(s))", name_, op.id, kind,
+                     op.src.rank, op.src.buffer.describe(), op.src.index, op.dst.rank, op.dst.buffer.describe(),
+                     op.dst.index, op.src.count);
+}
+
+ChunkRef Program::record(Op op) {
+  op.id = static_cast<int>(ops_.size());
+  std::string what = op_name(op);
+  TUTTI_CHECK(op.dst.rank >= 0 && op.dst.rank < nranks(), InvalidArgument, "{}: destination rank {} does not exist ({} ranks)",
+              what, op.dst.rank, nranks());
+  TUTTI_CHECK(op.src.rank >= 0 && op.src.rank < nranks(), InvalidArgument, "{}: source rank {} does not exist ({} ranks)",
+              what, op.src.rank, nranks());
+  TUTTI_CHECK(op.src.count == op.dst.count, InvalidArgument,
+              "{}: reduce of chunks with different counts (destination {}, source {})", what, op.dst.count, op.src.count);
+  check_range(op.src, what.c_str(), op.src.buffer.kind == BufferKind::kScratch);
+  check_range(op.dst, what.c_str(), op.dst.buffer.kind == BufferKind::kScratch);
+  std::vector<Content> incoming;
+  for (int k = 0; k < op.src.count; ++k) {
+    const Content& c = slot(op.src.rank, op.src.buffer, op.src.index + k);
+    TUTTI_CHECK(!c.empty(), InvalidArgument, "{}: reads rank {} {}[{}], which is empty (nothing was written there)", what,
+                op.src.rank, op.src.buffer.describe(), op.src.index + k);
+    incoming.push_back(c);
+  }
+  if (op.kind == OpKind::kReduce) {
+    for (int k = 0; k < op.dst.count; ++k) {
+      TUTTI_CHECK(!(op.src.rank == op.dst.rank &&
+                    spec_.canonical(op.src.rank, op.src.buffer.kind, op.src.index + k) ==
+                        spec_.canonical(op.dst.rank, op.dst.buffer.kind, op.dst.index + k) &&
+                    op.src.buffer == op.dst.buffer),
+                  InvalidArgument, "{}: reduces a chunk with itself", what);
+      Content& d = slot(op.dst.rank, op.dst.buffer, op.dst.index + k);
+      TUTTI_CHECK(!d.empty(), InvalidArgument, "{}: reduces into rank {} {}[{}], which is empty", what, op.dst.rank,
+                  op.dst.buffer.describe(), op.dst.index + k);
+      d.merge(incoming[k]);
+    }
+  } else if (op.kind == OpKind::kCompute) {
+    for (int k = 0; k < op.dst.count; ++k) slot(op.dst.rank, op.dst.buffer, op.dst.index + k).kernels.push_back(static_cast<int>(op.kernel));
+  } else {
+    for (int k = 0; k < op.dst.count; ++k) slot(op.dst.rank, op.dst.buffer, op.dst.index + k) = incoming[k];
+  }
+  ops_.push_back(op);
+  return ChunkRef(this, op.dst);
+}
+
+void Program::check_postcondition() const {
+  for (int r = 0; r < nranks(); ++r)
+    for (int i = 0; i < spec_.output_chunks(); ++i) {
+      auto want = spec_.postcondition(r, i);
+      if (!want) continue;
+      const Content& got = content(r, Buffer::output(), i);
+      TUTTI_CHECK(got == *want, InvalidArgument,
+                  "program '{}' ({}): postcondition fails at rank {} output[{}]: holds {}, should hold {}", name_,
+                  spec_.describe(), r, i, got.describe(), want->describe());
+    }
+}
+
+}  // namespace tutti::dsl

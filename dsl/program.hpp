@@ -1,0 +1,142 @@
+#pragma once
+// The embedded DSL: a Program records chunk operations between ranks and executes them symbolically
+// as it goes, so a mistake is reported at the operation that makes it (which op, which rank and
+// chunk, why), and the final state can be checked against the collective's postcondition.
+//
+//   dsl::Program p("ring_allreduce", {dsl::Collective::kAllReduce, n, n});
+//   auto c = p.chunk(r, dsl::Buffer::input(), i);   // a reference to a chunk
+//   c = c.copy(next, dsl::Buffer::input(), i);      // returns the new location: dataflow style
+//   c = p.chunk(next, dsl::Buffer::input(), i).reduce(c);  // dst = dst (+) src, returns dst
+//
+// Programs are plain C++: loops, functions and parameters build them. Operations are kept in the
+// order they were issued; that order is one valid sequential execution, which lowering preserves.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dsl/collective.hpp"
+
+namespace tutti::dsl {
+
+// A buffer of a rank: input, output, or a named scratch buffer (which grows as indices are used).
+struct Buffer {
+  BufferKind kind = BufferKind::kInput;
+  std::string scratch_name;  // scratch only
+  static Buffer input() { return {BufferKind::kInput, {}}; }
+  static Buffer output() { return {BufferKind::kOutput, {}}; }
+  static Buffer scratch(std::string name = "scratch") { return {BufferKind::kScratch, std::move(name)}; }
+  bool operator==(const Buffer&) const = default;
+  std::string describe() const;
+};
+
+enum class Protocol { kAuto, kSimple, kLL, kLL128 };
+const char* to_string(Protocol p);
+
+// Optional scheduling hints; -1 / kAuto leave the choice to the compiler.
+struct Annotations {
+  int channel = -1;
+  int block = -1;  // block (worker) on both the sending and the receiving rank
+  Protocol protocol = Protocol::kAuto;
+  int priority = 0;
+};
+
+// Registered compute kernels (for the compute path; more come with fused kernels).
+enum class Kernel : int { kIdentity = 0, kScale = 1 };
+const char* to_string(Kernel k);
+
+enum class OpKind { kCopy, kReduce, kCompute };
+
+struct ChunkLoc {
+  int rank;
+  Buffer buffer;
+  int index;
+  int count;
+};
+
+struct Op {
+  OpKind kind;
+  ChunkLoc src;  // kReduce: the incoming operand
+  ChunkLoc dst;  // kReduce: the operand that receives the result
+  Annotations annotations;
+  Kernel kernel = Kernel::kIdentity;
+  double kernel_arg = 1.0;
+  int id = 0;  // position in program order
+};
+
+class Program;
+
+// A reference to `count` consecutive chunks of one rank's buffer.
+class ChunkRef {
+ public:
+  int rank() const { return loc_.rank; }
+  const Buffer& buffer() const { return loc_.buffer; }
+  int index() const { return loc_.index; }
+  int count() const { return loc_.count; }
+  const ChunkLoc& loc() const { return loc_; }
+
+  // Copies these chunks to (dst_rank, buffer, index); returns the destination reference.
+  ChunkRef copy(int dst_rank, const Buffer& buffer, int index, Annotations a = {}) const;
+  // this = this (+) src, element-wise over the chunks; returns this. src may be on another rank.
+  ChunkRef reduce(const ChunkRef& src, Annotations a = {}) const;
+  // Applies a registered kernel in place; returns this.
+  ChunkRef apply(Kernel kernel, double arg = 1.0, Annotations a = {}) const;
+  // The chunks one by one, or in k equal parts (count must divide).
+  std::vector<ChunkRef> split(int parts) const;
+  // The single chunk at offset i of this range.
+  ChunkRef operator[](int i) const;
+
+ private:
+  friend class Program;
+  ChunkRef(Program* p, ChunkLoc loc) : program_(p), loc_(std::move(loc)) {}
+  Program* program_;
+  ChunkLoc loc_;
+};
+
+class Program {
+ public:
+  Program(std::string name, CollectiveSpec spec);
+  Program(const Program&) = delete;
+  Program& operator=(const Program&) = delete;
+  Program(Program&&) = default;
+
+  const std::string& name() const { return name_; }
+  const CollectiveSpec& spec() const { return spec_; }
+  int nranks() const { return spec_.nranks; }
+
+  // A reference to existing chunks; throws InvalidArgument if out of range.
+  ChunkRef chunk(int rank, const Buffer& buffer, int index, int count = 1);
+  // Contiguous chunks as one reference: they must be adjacent in one buffer of one rank.
+  ChunkRef group(const std::vector<ChunkRef>& refs);
+
+  const std::vector<Op>& ops() const { return ops_; }
+  // Chunks of the named scratch buffer used on `rank` (its size).
+  int scratch_chunks(int rank, const std::string& name) const;
+  std::vector<std::string> scratch_names() const { return scratch_names_; }
+
+  // Content of a chunk now (after all operations so far).
+  const Content& content(int rank, const Buffer& buffer, int index) const;
+  // Throws InvalidArgument naming the first output chunk that does not hold what the collective
+  // promises. Called by the compiler; useful in tests of hand-written programs.
+  void check_postcondition() const;
+
+ private:
+  friend class ChunkRef;
+  ChunkRef record(Op op);
+  void check_range(const ChunkLoc& loc, const char* what, bool growing) const;
+  Content& slot(int rank, const Buffer& buffer, int index);
+  std::string op_name(const Op& op) const;
+
+  std::string name_;
+  CollectiveSpec spec_;
+  std::vector<Op> ops_;
+  std::vector<std::string> scratch_names_;
+  // State per rank: input, output and scratch (by name) contents, in canonical form.
+  struct RankState {
+    std::vector<Content> input, output;
+    std::vector<std::vector<Content>> scratch;  // by scratch name index
+  };
+  std::vector<RankState> state_;
+};
+
+}  // namespace tutti::dsl
