@@ -450,7 +450,9 @@ Compiled compile(const dsl::Program& program, const CompileOptions& options) {
   c.plan.protocol = options.protocol;
   c.plan.min_bytes = options.min_bytes;
   c.plan.max_bytes = options.max_bytes;
-  c.report = verify(c.plan, options.verify);
+  VerifyOptions vo = options.verify;
+  if (options.instances == 1 && !vo.spec) vo.spec = &program.spec();
+  c.report = verify(c.plan, vo);
   return c;
 }
 

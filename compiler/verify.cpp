@@ -36,7 +36,7 @@ struct Connection {
 
 class Checker {
  public:
-  Checker(const Plan& p) : p_(p), spec_(p.spec()) {}
+  Checker(const Plan& p, const dsl::CollectiveSpec* spec) : p_(p), spec_(spec ? *spec : p.spec()) {}
 
   VerifyReport run(const VerifyOptions& opt) {
     index();
@@ -458,7 +458,7 @@ class Checker {
 
 }  // namespace
 
-VerifyReport verify(const Plan& plan, const VerifyOptions& options) { return Checker(plan).run(options); }
+VerifyReport verify(const Plan& plan, const VerifyOptions& options) { return Checker(plan, options.spec).run(options); }
 
 std::string VerifyReport::summary(const Plan& plan) const {
   return fmt::format(

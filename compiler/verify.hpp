@@ -24,6 +24,9 @@ namespace tutti::plan {
 struct VerifyOptions {
   int64_t fifo_depth = 0;  // 0: find the smallest depth that works (and fail only if none does)
   bool check_hazards = true;
+  // The collective to check against; default: plan.spec(). Custom collectives pass theirs (the
+  // plan cannot carry C++ pre/postconditions).
+  const dsl::CollectiveSpec* spec = nullptr;
 };
 
 struct VerifyReport {

@@ -1,0 +1,355 @@
+// Lowering, passes, built-ins, verification failures (mutation tests) and random programs
+// (property tests against a naive reference interpreter).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "collectives/algorithms/registry.hpp"
+#include "compiler/compile.hpp"
+#include "core/error.hpp"
+
+#include <fmt/format.h>
+
+using namespace tutti;
+using namespace tutti::plan;
+using dsl::Buffer;
+
+namespace {
+
+std::string verify_error(const Plan& p) {
+  try {
+    verify(p);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "(verified)";
+}
+
+int64_t count_ops(const Plan& p, Opcode op) {
+  int64_t n = 0;
+  for (auto& r : p.ranks)
+    for (auto& b : r.blocks)
+      for (auto& s : b.steps) n += s.op == op;
+  return n;
+}
+
+TEST(Builtins, EveryBuiltinVerifiesForOneToSixteenRanks) {
+  for (const auto& b : algorithms::builtins()) {
+    int verified = 0;
+    for (int n = 1; n <= 16; ++n) {
+      std::vector<algorithms::Params> variants = {{}};
+      for (auto& prm : b.params) {
+        if (prm.name == "inplace") variants.push_back({{"inplace", 1 - prm.fallback}});
+        if (prm.name == "channels") variants.push_back({{"channels", 2}});
+        if (prm.name == "local") variants.push_back({{"local", n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1}});
+        if (prm.name == "root" && n > 1) variants.push_back({{"root", n - 1}});
+      }
+      for (auto& v : variants) {
+        const auto& params = algorithms::resolve(b, n, v);
+        dsl::Program program = b.build(n, params);
+        Compiled c = compile(program);
+        EXPECT_EQ(c.plan.nranks, n);
+        ++verified;
+      }
+    }
+    EXPECT_GE(verified, 16) << b.name;
+  }
+  EXPECT_EQ(algorithms::builtins().size(), 14u);
+}
+
+TEST(Builtins, UnknownNamesAndParametersAreRejected) {
+  EXPECT_THROW(algorithms::build("warp_allreduce", 4), InvalidArgument);
+  EXPECT_THROW(algorithms::build("ring_allreduce", 4, {{"rings", 2}}), InvalidArgument);
+  try {
+    algorithms::build("hier_allreduce", 6, {{"local", 4}});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("local=4 must divide the rank count 6"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Passes, RingAllReduceFusesLikeMscclRing) {
+  Compiled c = compile(algorithms::build("ring_allreduce", 8));
+  EXPECT_EQ(c.steps_before_fusion, 224);
+  EXPECT_EQ(c.blocks_before_fusion, 16);
+  EXPECT_EQ(c.plan.steps(), 120);
+  EXPECT_EQ(c.plan.blocks(), 8);
+  // Per rank: 1 send, 6 recv_reduce_send, 1 recv_reduce_copy_send, 6 recv_copy_send, 1 recv.
+  EXPECT_EQ(count_ops(c.plan, Opcode::kSend), 8);
+  EXPECT_EQ(count_ops(c.plan, Opcode::kRecvReduceSend), 48);
+  EXPECT_EQ(count_ops(c.plan, Opcode::kRecvReduceCopySend), 8);
+  EXPECT_EQ(count_ops(c.plan, Opcode::kRecvCopySend), 48);
+  EXPECT_EQ(count_ops(c.plan, Opcode::kRecv), 8);
+  CompileOptions raw;
+  raw.fuse = false;
+  EXPECT_EQ(compile(algorithms::build("ring_allreduce", 8), raw).plan.steps(), 224);
+}
+
+TEST(Passes, FusionAcrossBufferIndicesWhenTheContentsSayItIsLegal) {
+  dsl::CollectiveSpec s;
+  s.kind = dsl::Collective::kBroadcast;
+  s.nranks = 3;
+  dsl::Program p("relay via scratch", s);
+  p.chunk(0, Buffer::input(), 0).copy(0, Buffer::output(), 0);
+  auto staged = p.chunk(0, Buffer::input(), 0).copy(1, Buffer::scratch("staging"), 0);  // recv into scratch
+  staged.copy(1, Buffer::output(), 0);                                                   // local copy
+  p.chunk(1, Buffer::output(), 0).copy(2, Buffer::output(), 0);                          // send of the copy
+  Compiled c = compile(p);
+  bool found = false;
+  for (auto& b : c.plan.ranks[1].blocks)
+    for (auto& st : b.steps)
+      if (st.op == Opcode::kRecvCopySend && st.dst->buffer == dsl::BufferKind::kScratch && st.send_peer == 2) found = true;
+  EXPECT_TRUE(found) << to_json(c.plan);
+  EXPECT_EQ(count_ops(c.plan, Opcode::kSend), 1);  // only rank 0's
+}
+
+TEST(Passes, MinimiseDependenciesDropsImpliedOnes) {
+  Plan p;
+  p.name = "deps";
+  p.collective = dsl::Collective::kAllReduce;
+  p.nranks = 1;
+  p.ranks.resize(1);
+  RankPlan& r = p.ranks[0];
+  r.input_chunks = 1;
+  r.output_chunks = 1;
+  r.scratch_chunks = 2;
+  Instruction a, b, c;
+  a.op = b.op = c.op = Opcode::kCopy;
+  a.srcs = {Ref{dsl::BufferKind::kInput, 0, 1}};
+  a.dst = Ref{dsl::BufferKind::kScratch, 0, 1};
+  b.srcs = {Ref{dsl::BufferKind::kScratch, 0, 1}};
+  b.dst = Ref{dsl::BufferKind::kScratch, 1, 1};
+  b.deps = {{0, 0}};
+  c.srcs = {Ref{dsl::BufferKind::kScratch, 1, 1}};
+  c.dst = Ref{dsl::BufferKind::kOutput, 0, 1};
+  c.deps = {{0, 0}, {1, 0}};  // the first is implied by the second
+  r.blocks = {Block{0, 0, {a}}, Block{1, 0, {b}}, Block{2, 0, {c}}};
+  EXPECT_EQ(minimise_dependencies(p), 1);
+  EXPECT_EQ(p.ranks[0].blocks[2].steps[0].deps, (std::vector<Dep>{{1, 0}}));
+}
+
+TEST(Passes, InstancesReplicateAndStillVerify) {
+  for (auto policy : {InstancePolicy::kInterleaved, InstancePolicy::kBatched}) {
+    CompileOptions o;
+    o.instances = 3;
+    o.policy = policy;
+    Compiled c = compile(algorithms::build("ring_allreduce", 4), o);
+    EXPECT_EQ(c.plan.chunk_factor, 12);
+    EXPECT_EQ(c.plan.channels(), 3);
+    EXPECT_EQ(c.plan.steps(), 3 * compile(algorithms::build("ring_allreduce", 4)).plan.steps());
+  }
+  CompileOptions o;
+  o.instances = 2;
+  EXPECT_NO_THROW(compile(algorithms::build("ring_allgather", 5), o));
+}
+
+// --- mutation tests: a verified plan, changed in one place, must fail with the right message ---
+
+Plan ring4() { return compile(algorithms::build("ring_allreduce", 4)).plan; }
+
+TEST(Mutations, ChangedOffsetBreaksThePostcondition) {
+  Plan p = ring4();
+  // Rank 1's plain recv (the last step of the all-gather) writes a different chunk.
+  for (auto& b : p.ranks[1].blocks)
+    for (auto& s : b.steps)
+      if (s.op == Opcode::kRecv) s.dst->index = (s.dst->index + 1) % 4;
+  std::string e = verify_error(p);
+  EXPECT_TRUE(e.find("verification failed: postcondition: rank 1 output[") != std::string::npos ||
+              e.find("verification failed: hazard: rank 1") != std::string::npos)
+      << e;
+}
+
+TEST(Mutations, DroppedStepBreaksMatching) {
+  Plan p = ring4();
+  int peer = -1;
+  for (auto& b : p.ranks[2].blocks)
+    for (size_t i = 0; i < b.steps.size() && peer < 0; ++i)
+      if (b.steps[i].op == Opcode::kSend) {
+        peer = b.steps[i].send_peer;
+        b.steps.erase(b.steps.begin() + static_cast<long>(i));
+      }
+  ASSERT_GE(peer, 0);
+  std::string e = verify_error(p);
+  EXPECT_NE(e.find(fmt::format("verification failed: matching: rank 2 sends 5 message(s) to rank {} on channel 0, rank {} "
+                               "receives 6",
+                               peer, peer)),
+            std::string::npos)
+      << e;
+}
+
+TEST(Mutations, SwappedSendsAreCaught) {
+  Plan q = compile(algorithms::build("chain_broadcast", 3, {{"chunks", 2}})).plan;
+  Block* sender = nullptr;
+  for (auto& b : q.ranks[0].blocks)
+    if (!b.steps.empty() && b.steps[0].op == Opcode::kSend) sender = &b;
+  ASSERT_NE(sender, nullptr);
+  ASSERT_EQ(sender->steps.size(), 2u);
+  std::swap(sender->steps[0], sender->steps[1]);  // chunk 1 now travels first and lands in chunk 0's place
+  std::string e = verify_error(q);
+  EXPECT_NE(e.find("verification failed: postcondition: rank 1 output[0] ends up holding {r0:i1}"), std::string::npos) << e;
+}
+
+TEST(Mutations, CrossedDependenciesDeadlockWithTheCycleNamed) {
+  Plan p = ring4();
+  // Make rank 0's only block wait on its own last step from its first step: a dependency cycle.
+  auto& blk = p.ranks[0].blocks[0];
+  Instruction nop;
+  nop.op = Opcode::kNop;
+  Block waiter{99, 0, {nop}};
+  waiter.steps[0].deps = {{blk.id, static_cast<int64_t>(blk.steps.size() - 1)}};
+  blk.steps[0].deps.push_back({99, 0});
+  p.ranks[0].blocks.push_back(waiter);
+  std::string e = verify_error(p);
+  EXPECT_NE(e.find("verification failed: deadlock"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 0 block 0 step 0 (send to rank 1) waits for its dependency on step 0 of block 99"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("rank 0 block 99 step 0 (nop) waits for its dependency"), std::string::npos) << e;
+}
+
+TEST(Mutations, RacesAreReportedAsHazards) {
+  Plan p = compile(algorithms::build("chain_broadcast", 3, {{"chunks", 1}})).plan;
+  // A local copy over the chunk rank 1 forwards, in a block of its own without dependencies.
+  Instruction clobber;
+  clobber.op = Opcode::kCopy;
+  clobber.srcs = {Ref{dsl::BufferKind::kOutput, 0, 1}};
+  clobber.dst = Ref{dsl::BufferKind::kOutput, 0, 1};
+  p.ranks[1].blocks.push_back(Block{42, 0, {clobber}});
+  std::string e = verify_error(p);
+  EXPECT_NE(e.find("verification failed: "), std::string::npos) << e;
+  EXPECT_TRUE(e.find("hazard: rank 1 output[0]") != std::string::npos || e.find("data: rank 1 block 42") != std::string::npos)
+      << e;
+}
+
+TEST(Mutations, SmallFifosDeadlockWhereLargerOnesDoNot) {
+  // Everyone first sends to everyone, then receives: needs FIFOs as deep as the messages in flight.
+  Plan p;
+  p.name = "eager";
+  p.collective = dsl::Collective::kAllGather;
+  p.nranks = 2;
+  p.chunk_factor = 2;
+  for (int r = 0; r < 2; ++r) {
+    RankPlan rp;
+    rp.input_chunks = 2;
+    rp.output_chunks = 4;
+    Block b{0, 0, {}};
+    for (int k = 0; k < 2; ++k) {
+      Instruction c;
+      c.op = Opcode::kCopy;
+      c.srcs = {Ref{dsl::BufferKind::kInput, k, 1}};
+      c.dst = Ref{dsl::BufferKind::kOutput, r * 2 + k, 1};
+      b.steps.push_back(c);
+    }
+    for (int k = 0; k < 2; ++k) {
+      Instruction s;
+      s.op = Opcode::kSend;
+      s.srcs = {Ref{dsl::BufferKind::kInput, k, 1}};
+      s.send_peer = 1 - r;
+      b.steps.push_back(s);
+    }
+    for (int k = 0; k < 2; ++k) {
+      Instruction v;
+      v.op = Opcode::kRecv;
+      v.dst = Ref{dsl::BufferKind::kOutput, (1 - r) * 2 + k, 1};
+      v.recv_peer = 1 - r;
+      b.steps.push_back(v);
+    }
+    rp.blocks.push_back(b);
+    p.ranks.push_back(rp);
+  }
+  VerifyReport rep = verify(p);
+  EXPECT_EQ(rep.fifo_depth_needed, 2);
+  VerifyOptions one;
+  one.fifo_depth = 1;
+  try {
+    verify(p, one);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("deadlock: with FIFOs of 1 message(s)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("waits for room in the full FIFO to rank"), std::string::npos) << e.what();
+  }
+}
+
+// --- property tests ---------------------------------------------------------------------------
+
+// The naive reference: apply the operations in order to a map of contents.
+struct Reference {
+  std::map<std::tuple<int, int, std::string, int>, dsl::Content> cells;  // (rank, kind, scratch name, index)
+  static std::tuple<int, int, std::string, int> key(const dsl::ChunkLoc& l, int k) {
+    return {l.rank, static_cast<int>(l.buffer.kind), l.buffer.scratch_name, l.index + k};
+  }
+};
+
+TEST(Properties, RandomProgramsFailWithAMessageOrMatchTheReference) {
+  std::mt19937 rng(2024);
+  int verified = 0, rejected = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    const int n = 2 + static_cast<int>(rng() % 3), chunks = 4;
+    Reference ref;
+    for (int r = 0; r < n; ++r)
+      for (int i = 0; i < chunks; ++i) ref.cells[{r, 0, "", i}] = dsl::Content::of(r, i);
+    auto ops = std::make_shared<std::vector<dsl::Op>>();
+    dsl::CollectiveSpec s;
+    s.kind = dsl::Collective::kCustom;
+    s.nranks = n;
+    s.custom_input_chunks = chunks;
+    s.custom_output_chunks = chunks;
+    // The postcondition is whatever the reference computes for the output.
+    auto expected = std::make_shared<std::map<std::pair<int, int>, dsl::Content>>();
+    s.custom_post = [expected](int rank, int index) -> std::optional<dsl::Content> {
+      auto it = expected->find({rank, index});
+      if (it == expected->end() || it->second.empty()) return std::nullopt;
+      return it->second;
+    };
+    dsl::Program p("random", s);
+    std::string error;
+    auto pick_buffer = [&] {
+      switch (rng() % 5) {
+        case 3:
+        case 4:
+        case 0: return Buffer::input();
+        case 1: return Buffer::output();
+        default: return Buffer::scratch("s");
+      }
+    };
+    int nops = 1 + static_cast<int>(rng() % 8);
+    try {
+      for (int k = 0; k < nops; ++k) {
+        int count = 1 + static_cast<int>(rng() % 2);
+        dsl::ChunkLoc src{static_cast<int>(rng() % n), pick_buffer(), static_cast<int>(rng() % (chunks - 1)), count};
+        dsl::ChunkLoc dst{static_cast<int>(rng() % n), pick_buffer(), static_cast<int>(rng() % (chunks - 1)), count};
+        if (dst.buffer.kind == dsl::BufferKind::kInput) dst.buffer = Buffer::output();
+        bool reduce = rng() % 2;
+        auto sref = p.chunk(src.rank, src.buffer, src.index, count);
+        if (reduce) p.chunk(dst.rank, dst.buffer, dst.index, count).reduce(sref);
+        else sref.copy(dst.rank, dst.buffer, dst.index);
+        // Reference semantics, applied only if the DSL accepted the op.
+        std::vector<dsl::Content> in;
+        for (int c = 0; c < count; ++c) in.push_back(ref.cells[Reference::key(src, c)]);
+        for (int c = 0; c < count; ++c) {
+          auto& cell = ref.cells[Reference::key(dst, c)];
+          if (reduce) cell.merge(in[c]);
+          else cell = in[c];
+        }
+      }
+    } catch (const InvalidArgument& e) {
+      error = e.what();
+    }
+    if (!error.empty()) {
+      EXPECT_NE(error.find("program 'random'"), std::string::npos) << error;
+      ++rejected;
+      continue;
+    }
+    for (int r = 0; r < n; ++r)
+      for (int i = 0; i < chunks; ++i) (*expected)[{r, i}] = ref.cells[{r, 1, "", i}];
+    // The plan's symbolic execution must reproduce the reference (verify checks the postcondition).
+    Compiled c = compile(p);
+    EXPECT_GT(c.plan.steps(), 0);
+    ++verified;
+  }
+  EXPECT_GT(verified, 30);
+  EXPECT_GT(rejected, 30);
+}
+
+}  // namespace
