@@ -36,6 +36,8 @@ constexpr Variable kVariables[] = {
     {"TUTTI_TCP_NSOCKS", "", "2", "TCP sockets per peer and channel; large messages are striped across them."},
     {"TUTTI_TCP_STRIPE_THRESHOLD", "", "256K", "Smallest TCP message striped across all sockets of a peer."},
     {"TUTTI_SPIN", "", "2000", "Polls of an idle wait before it sleeps on a futex (or in poll())."},
+    {"TUTTI_TILE_SIZE", "", "512K", "Largest piece a plan instruction moves at once; larger chunks are pipelined in tiles."},
+    {"TUTTI_PIPELINE_DEPTH", "", "4", "Tiles in flight per reducing receive (staging slots per block)."},
 };
 
 const Variable& lookup(std::string_view name) {

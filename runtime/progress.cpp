@@ -34,10 +34,23 @@ bool ProgressEngine::progress() {
 }
 
 void ProgressEngine::wait(const std::function<bool()>& done, const std::function<std::string()>& what) {
+  run(
+      [&](bool& finished) {
+        finished = done();
+        return false;
+      },
+      what);
+}
+
+void ProgressEngine::run(const std::function<bool(bool& done)>& step, const std::function<std::string()>& what) {
+  bool done = false;
+  uint64_t rounds = 0;
   for (int i = 0; i < spin_; ++i) {
-    progress();
-    if (done()) return;
-    if ((i & 63) == 63) state_->check(what());
+    bool moved = progress();
+    moved |= step(done);
+    if (done) return;
+    if ((++rounds & 63) == 0) state_->check(what());
+    if (moved) i = 0;  // keep spinning while work flows
     cpu_relax();
   }
   Deadline deadline = Deadline::after(timeout_s_);
@@ -47,8 +60,12 @@ void ProgressEngine::wait(const std::function<bool()>& done, const std::function
     state_->check(what());
     uint32_t seen = bell ? bell->seq.load(std::memory_order_acquire) : 0;
     bool moved = progress();
-    if (done()) return;
-    if (moved) continue;
+    moved |= step(done);
+    if (done) return;
+    if (moved) {
+      deadline = Deadline::after(timeout_s_);
+      continue;
+    }
     if (deadline.expired())
       throw Timeout(fmt::format("rank {}: timed out after {} s (TUTTI_TIMEOUT) {}", state_->rank(), timeout_s_, what()));
     if (has_tcp_) {
@@ -62,5 +79,4 @@ void ProgressEngine::wait(const std::function<bool()>& done, const std::function
     }
   }
 }
-
 }  // namespace tutti

@@ -23,6 +23,9 @@ class ProgressEngine {
   bool progress();
   // Blocks until done() is true. `what` is called only to build an error message.
   void wait(const std::function<bool()>& done, const std::function<std::string()>& what);
+  // Drives a state machine: step() advances it (after the connections moved) and returns whether it
+  // made progress, setting `done` when finished. Sleeps only when neither moved.
+  void run(const std::function<bool(bool& done)>& step, const std::function<std::string()>& what);
 
  private:
   std::shared_ptr<CommState> state_;

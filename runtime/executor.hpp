@@ -1,0 +1,54 @@
+#pragma once
+// The CPU plan interpreter. Each rank runs every block of its part of a Plan as a state machine,
+// all driven by the communicator's progress engine on the calling thread: an instruction starts when
+// its dependencies are done, posts its transfers tile by tile (so a chunk moving through several
+// ranks is pipelined), and completes when its last tile is through. No block waiting for a peer
+// stops another block from running, so a verified plan cannot deadlock on worker scheduling.
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "compiler/plan.hpp"
+#include "core/reduce.hpp"
+#include "runtime/communicator.hpp"
+
+namespace tutti {
+
+// A plan prepared for execution (computed once, reused by every call).
+struct PreparedPlan {
+  plan::Plan plan;
+  dsl::CollectiveSpec spec;
+  // True when every transfer and local operation moves chunks between equal sub-indices, so the plan
+  // works for any element count; otherwise it needs count % chunk_factor == 0.
+  bool any_count = true;
+  static std::shared_ptr<const PreparedPlan> make(plan::Plan plan);
+};
+
+struct ExecArgs {
+  const void* input = nullptr;  // sendbuff
+  void* output = nullptr;       // recvbuff
+  int64_t count = 0;            // elements per rank piece (NCCL's count)
+  Reduction reduction;          // op and type (type also for pure data movement)
+};
+
+class Executor {
+ public:
+  explicit Executor(Communicator& comm);
+  // Runs the plan for this rank. Collective: every rank runs the same plan with the same count.
+  // Throws InvalidArgument for a count the plan cannot split, and the communicator's error if a
+  // peer fails or the wait times out.
+  void run(const PreparedPlan& plan, const ExecArgs& args);
+  int64_t tile_bytes() const { return tile_; }
+
+ private:
+  Communicator& comm_;
+  int64_t tile_;
+  int staging_slots_;
+  std::vector<unsigned char> scratch_;
+  std::vector<std::vector<unsigned char>> staging_;  // per block, grown on demand
+};
+
+}  // namespace tutti

@@ -1,0 +1,74 @@
+#pragma once
+// What a Plan instruction does to bytes, written once for every executor: the CPU interpreter
+// (runtime/executor.cpp) and, later, the CUDA kernel include this header. Host/device neutral:
+// no exceptions, no allocation, plain integer arithmetic.
+//
+// Chunk geometry. A call moves `count` elements per rank piece (NCCL's count: the allreduce count,
+// the allgather sendcount, the reduce-scatter recvcount). A buffer is a sequence of pieces of `count`
+// elements (one piece, or nranks pieces for an allgather output / reduce-scatter input / alltoall),
+// and each piece is cut into C = chunk_factor chunks. Chunk j lies in piece j / C; its sub-index
+// k = j % C covers elements [floor(k*count/C), floor((k+1)*count/C)) of the piece. Any count works:
+// when C does not divide it, chunks differ by one element, and two chunks with the same sub-index
+// always have the same size, which is what a message between them needs. Scratch buffers use the
+// same geometry.
+//
+// Tiles. A transfer of B bytes is cut into ceil(B / tile) tiles (at least one, so zero-byte chunks
+// still exchange an empty message and both sides agree on the message count); the tile size is a
+// multiple of the element size, so reductions never split an element.
+
+#include <cstdint>
+
+#include "core/element.hpp"  // TUTTI_HD
+
+namespace tutti::exec {
+
+struct Geometry {
+  int64_t count = 0;         // elements per piece
+  int64_t chunk_factor = 1;  // chunks per piece
+  int64_t elem_size = 1;
+
+  TUTTI_HD int64_t chunk_begin(int64_t chunk) const {
+    int64_t piece = chunk / chunk_factor, k = chunk % chunk_factor;
+    return piece * count + (k * count) / chunk_factor;
+  }
+  TUTTI_HD int64_t chunk_end(int64_t chunk) const {
+    int64_t piece = chunk / chunk_factor, k = chunk % chunk_factor;
+    return piece * count + ((k + 1) * count) / chunk_factor;
+  }
+  // Byte offset and length of chunks [index, index + n).
+  TUTTI_HD int64_t offset(int64_t index) const { return chunk_begin(index) * elem_size; }
+  TUTTI_HD int64_t bytes(int64_t index, int64_t n) const {
+    return (chunk_end(index + n - 1) - chunk_begin(index)) * elem_size;
+  }
+};
+
+TUTTI_HD int64_t tile_count(int64_t bytes, int64_t tile) { return bytes <= 0 ? 1 : (bytes + tile - 1) / tile; }
+TUTTI_HD int64_t tile_begin(int64_t t, int64_t tile) { return t * tile; }
+TUTTI_HD int64_t tile_bytes(int64_t t, int64_t bytes, int64_t tile) {
+  int64_t b = bytes - t * tile;
+  return b < 0 ? 0 : (b < tile ? b : tile);
+}
+
+// How each opcode uses the connection and the local operands. The numeric opcode values are those
+// of plan::Opcode.
+struct OpShape {
+  bool recv;          // takes a message from recv_peer
+  bool send;          // gives a message to send_peer
+  bool reduce_local;  // combines the message with srcs[0]
+  bool store;         // writes dst
+  bool staging;       // the message must land apart from dst (dst is also an operand, or nothing is stored)
+};
+
+TUTTI_HD OpShape shape_of(int opcode) {
+  switch (opcode) {
+    case 1: return {false, true, false, false, false};  // send
+    case 2: return {true, false, false, true, false};   // recv
+    case 5: return {true, true, false, true, false};    // recv_copy_send
+    case 6: return {true, true, true, false, true};     // recv_reduce_send
+    case 7: return {true, false, true, true, true};     // recv_reduce_copy
+    case 8: return {true, true, true, true, true};      // recv_reduce_copy_send
+    default: return {false, false, false, opcode == 3 || opcode == 4 || opcode == 9, false};  // local
+  }
+}
+
+}  // namespace tutti::exec
