@@ -37,6 +37,13 @@ constexpr Variable kVariables[] = {
     {"TUTTI_TCP_STRIPE_THRESHOLD", "", "256K", "Smallest TCP message striped across all sockets of a peer."},
     {"TUTTI_SPIN", "", "2000", "Polls of an idle wait before it sleeps on a futex (or in poll())."},
     {"TUTTI_TILE_SIZE", "", "512K", "Largest piece a plan instruction moves at once; larger chunks are pipelined in tiles."},
+    {"TUTTI_ALGO", "NCCL_ALGO", "",
+     "Force an algorithm: a built-in name (ring_allreduce) or its family (ring, rhd, allpairs, tree, hier, rd, bruck, "
+     "chain, pairwise), or the name of a loaded plan."},
+    {"TUTTI_PLAN_DIR", "", "", "Directory of tutti JSON plans (and MSCCL XML) to load, verify and use in their size windows."},
+    {"MSCCL_XML_FILES", "", "", "Colon-separated MSCCL algorithm XML files to load, verify and use (MSCCL's variable)."},
+    {"MSCCL_ALGO_DIR", "", "", "Directory of MSCCL algorithm XML files to load (MSCCL's variable)."},
+    {"TUTTI_CHECK", "", "0", "1: every collective first checks that all ranks called it with the same arguments."},
     {"TUTTI_PIPELINE_DEPTH", "", "4", "Tiles in flight per reducing receive (staging slots per block)."},
 };
 

@@ -88,7 +88,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
   const plan::RankPlan& rp = p.ranks[rank];
   size_t scratch_bytes = rp.scratch_chunks > 0 ? static_cast<size_t>(g.chunk_end(rp.scratch_chunks - 1) * esize) : 0;
   if (scratch_.size() < scratch_bytes) scratch_.resize(scratch_bytes);
-  comm_.ensure_channels(std::max(p.channels(), 1));
+  comm_.ensure_channels(std::max(p.channels(), 1) + kPlanChannelBase);
 
   auto pointer = [&](const plan::Ref& ref) -> unsigned char* {
     dsl::Location l = pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index));
@@ -154,8 +154,8 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
       default: break;
     }
     r.tiles = exec::tile_count(r.bytes, tile_);
-    if (r.shape.recv) r.rconn = &comm_.connection(in.recv_peer, r.block->channel);
-    if (r.shape.send) r.sconn = &comm_.connection(in.send_peer, r.block->channel);
+    if (r.shape.recv) r.rconn = &comm_.connection(in.recv_peer, r.block->channel + kPlanChannelBase);
+    if (r.shape.send) r.sconn = &comm_.connection(in.send_peer, r.block->channel + kPlanChannelBase);
     r.local = in.srcs.empty() ? nullptr : pointer(in.srcs[0]);
     if (r.shape.staging) {
       r.slot_bytes = std::min<int64_t>(tile_, std::max<int64_t>(r.bytes, 1));

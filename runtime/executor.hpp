@@ -36,6 +36,10 @@ struct ExecArgs {
 
 class Executor {
  public:
+  // Plan channel c runs on communicator channel c + 1: channel 0 carries point-to-point traffic
+  // (ncclSend/ncclRecv), which must never interleave with a plan's messages on one connection.
+  static constexpr int kPlanChannelBase = 1;
+
   explicit Executor(Communicator& comm);
   // Runs the plan for this rank. Collective: every rank runs the same plan with the same count.
   // Throws InvalidArgument for a count the plan cannot split, and the communicator's error if a

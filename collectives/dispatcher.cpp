@@ -1,0 +1,246 @@
+#include "collectives/dispatcher.hpp"
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "collectives/algorithms/registry.hpp"
+#include "compiler/compile.hpp"
+#include "compiler/msccl_xml.hpp"
+#include "core/env.hpp"
+#include "core/log.hpp"
+#include "runtime/wire.hpp"
+
+namespace tutti {
+namespace {
+
+using dsl::Collective;
+
+bool rooted(Collective c) { return c == Collective::kBroadcast || c == Collective::kReduce; }
+
+int64_t input_elems(Collective c, int64_t count, int n) { return c == Collective::kReduceScatter ? count * n : count; }
+int64_t output_elems(Collective c, int64_t count, int n) { return c == Collective::kAllGather ? count * n : count; }
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), ::tolower);
+  return s;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(sep, start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+void load_into(std::vector<std::shared_ptr<const PreparedPlan>>& out, const std::string& path) {
+  try {
+    plan::Plan p = plan::load_file(path);
+    plan::verify(p);
+    TUTTI_INFO(log::kTuning, "loaded plan '{}' ({} for {} ranks, {}..{} bytes) from {}", p.name, dsl::to_string(p.collective),
+               p.nranks, p.min_bytes, p.max_bytes, path);
+    out.push_back(PreparedPlan::make(std::move(p)));
+  } catch (const Error& e) {
+    TUTTI_WARN("ignoring plan {}: {}", path, e.what());
+  }
+}
+
+void load_dir(std::vector<std::shared_ptr<const PreparedPlan>>& out, const std::string& dir, bool json_too) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) {
+    TUTTI_WARN("plan directory {} cannot be read", dir);
+    return;
+  }
+  std::vector<std::string> files;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    auto ends = [&](const char* x) { return name.size() > strlen(x) && name.substr(name.size() - strlen(x)) == x; };
+    if (ends(".xml") || (json_too && ends(".json"))) files.push_back(dir + "/" + name);
+  }
+  closedir(d);
+  std::sort(files.begin(), files.end());
+  for (auto& f : files) load_into(out, f);
+}
+
+}  // namespace
+
+const std::vector<std::shared_ptr<const PreparedPlan>>& Dispatcher::loaded_plans() {
+  static const std::vector<std::shared_ptr<const PreparedPlan>> plans = [] {
+    std::vector<std::shared_ptr<const PreparedPlan>> v;
+    if (auto dir = env::raw("TUTTI_PLAN_DIR")) load_dir(v, *dir, true);
+    if (auto files = env::raw("MSCCL_XML_FILES"))
+      for (auto& f : split(*files, ':')) load_into(v, f);
+    if (auto dir = env::raw("MSCCL_ALGO_DIR")) load_dir(v, *dir, false);
+    return v;
+  }();
+  return plans;
+}
+
+Dispatcher::Dispatcher(Communicator& comm) : comm_(comm), executor_(comm) {}
+
+std::shared_ptr<const PreparedPlan> Dispatcher::builtin(const std::string& name, std::map<std::string, int> params) {
+  std::string key = name;
+  for (auto& [k, v] : params) key += fmt::format(" {}={}", k, v);
+  auto it = cache_.find(key);
+  if (it != cache_.end()) return it->second;
+  plan::Compiled c = plan::compile(algorithms::build(name, comm_.size(), params));
+  auto prepared = PreparedPlan::make(std::move(c.plan));
+  cache_[key] = prepared;
+  return prepared;
+}
+
+std::shared_ptr<const PreparedPlan> Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count) {
+  const int n = comm_.size();
+  auto applicable = [&](const PreparedPlan& pp) {
+    const plan::Plan& p = pp.plan;
+    if (p.collective != c || p.nranks != n) return false;
+    if (rooted(c) && (p.root != root || p.inplace)) return false;
+    if (!pp.any_count && count % p.chunk_factor != 0) return false;
+    // An in-place plan serves an out-of-place reduce-scatter only with a larger output: never.
+    if (c == Collective::kReduceScatter && p.inplace && !inplace) return false;
+    return true;
+  };
+  auto params_for = [&](const std::string& name) {
+    const algorithms::Builtin& b = algorithms::find_builtin(name);
+    std::map<std::string, int> prm;
+    for (auto& p : b.params) {
+      if (p.name == "inplace") prm["inplace"] = rooted(c) ? 0 : inplace;
+      if (p.name == "root") prm["root"] = root;
+      if (p.name == "chunks" && name == "chain_broadcast")
+        prm["chunks"] = static_cast<int>(std::clamp<uint64_t>(bytes >> 20, 1, 16));
+    }
+    return prm;
+  };
+  auto try_builtin = [&](const std::string& name) -> std::shared_ptr<const PreparedPlan> {
+    for (const auto& b : algorithms::builtins())
+      if (b.name == name && b.collective == c) {
+        auto prm = params_for(name);
+        std::map<std::string, int> full;
+        try {
+          full = algorithms::resolve(b, n, prm);
+        } catch (const InvalidArgument&) {
+          return nullptr;  // not for this rank count
+        }
+        auto pp = builtin(name, full);
+        if (applicable(*pp)) return pp;
+      }
+    return nullptr;
+  };
+  if (auto forced = env::raw("TUTTI_ALGO")) {
+    std::string want = lower(*forced);
+    for (auto& pp : loaded_plans())
+      if (lower(pp->plan.name) == want && applicable(*pp)) return pp;
+    std::string coll = dsl::to_string(c);
+    for (const std::string& name : {want, want + "_" + coll})
+      if (auto pp = try_builtin(name)) return pp;
+    static std::once_flag warned;
+    std::call_once(warned, [&] { TUTTI_INFO(log::kTuning, "TUTTI_ALGO={} does not apply to {}; using the default", *forced, coll); });
+  }
+  for (auto& pp : loaded_plans())
+    if (applicable(*pp) && pp->plan.min_bytes <= bytes && bytes <= pp->plan.max_bytes) return pp;
+  // Built-in defaults for host memory: latency-bound sizes want few steps, bandwidth-bound ones
+  // want every byte to cross each link once.
+  std::string name;
+  switch (c) {
+    case Collective::kAllReduce:
+      name = n <= 2 || bytes > (512u << 10) ? "ring_allreduce" : bytes <= (32u << 10) ? "allpairs_allreduce" : "rhd_allreduce";
+      break;
+    case Collective::kAllGather: name = bytes <= (32u << 10) && n > 2 ? "bruck_allgather" : "ring_allgather"; break;
+    case Collective::kReduceScatter: name = "ring_reducescatter"; break;
+    case Collective::kBroadcast: name = bytes <= (64u << 10) ? "tree_broadcast" : "chain_broadcast"; break;
+    case Collective::kReduce: name = "tree_reduce"; break;
+    default: throw InvalidArgument(fmt::format("no built-in algorithm for {}", dsl::to_string(c)));
+  }
+  auto pp = try_builtin(name);
+  TUTTI_CHECK(pp != nullptr, InternalError, "built-in {} does not apply to {} ranks", name, n);
+  return pp;
+}
+
+void Dispatcher::check_consistent(const CollectiveCall& call) {
+  wire::Writer w;
+  w.put<int32_t>(static_cast<int32_t>(call.collective)).put<int64_t>(call.count);
+  w.put<int32_t>(static_cast<int32_t>(call.reduction.type)).put<int32_t>(static_cast<int32_t>(call.reduction.op));
+  w.put<int32_t>(call.root);
+  auto all = comm_.bootstrap().allgather(w.bytes());
+  for (int r = 0; r < comm_.size(); ++r) {
+    wire::Reader rd(all[r], "TUTTI_CHECK header");
+    auto coll = static_cast<Collective>(rd.get<int32_t>());
+    int64_t count = rd.get<int64_t>();
+    auto type = static_cast<DataType>(rd.get<int32_t>());
+    auto op = static_cast<RedOp>(rd.get<int32_t>());
+    int root = rd.get<int32_t>();
+    auto mismatch = [&](const char* what, const std::string& mine, const std::string& theirs) {
+      throw InvalidArgument(fmt::format("TUTTI_CHECK: rank {} calls {} with {} {} but rank {} with {} {}", comm_.rank(),
+                                        dsl::to_string(call.collective), what, mine, r, what, theirs));
+    };
+    if (coll != call.collective) mismatch("collective", dsl::to_string(call.collective), dsl::to_string(coll));
+    if (count != call.count) mismatch("count", std::to_string(call.count), std::to_string(count));
+    if (type != call.reduction.type) mismatch("datatype", std::string(name(call.reduction.type)), std::string(name(type)));
+    bool reduces = coll == Collective::kAllReduce || coll == Collective::kReduce || coll == Collective::kReduceScatter;
+    if (reduces && op != call.reduction.op) mismatch("op", std::string(name(call.reduction.op)), std::string(name(op)));
+    if (rooted(coll) && root != call.root) mismatch("root", std::to_string(call.root), std::to_string(root));
+  }
+}
+
+void Dispatcher::run(const CollectiveCall& call) {
+  const int n = comm_.size(), rank = comm_.rank();
+  const Collective c = call.collective;
+  const int64_t esize = static_cast<int64_t>(size_of(call.reduction.type));
+  const int64_t in_elems = input_elems(c, call.count, n), out_elems = output_elems(c, call.count, n);
+  if (env::get_bool("TUTTI_CHECK")) check_consistent(call);
+  const unsigned char* in = static_cast<const unsigned char*>(call.input);
+  unsigned char* out = static_cast<unsigned char*>(call.output);
+  bool inplace;
+  switch (c) {
+    case Collective::kAllGather: inplace = in == out + rank * call.count * esize; break;
+    case Collective::kReduceScatter: inplace = out == in + rank * call.count * esize; break;
+    default: inplace = in == out;
+  }
+  // Reduce: non-roots keep their receive buffer untouched (NCCL does not use it there).
+  if (c == Collective::kReduce && rank != call.root) {
+    temp_out_.resize(static_cast<size_t>(out_elems * esize));
+    out = temp_out_.data();
+  }
+  // premulsum: the scaled contribution replaces the input.
+  if (call.reduction.op == RedOp::kPreMulSum) {
+    temp_in_.resize(static_cast<size_t>(in_elems * esize));
+    scale(call.reduction.type, temp_in_.data(), in, call.reduction.scalar, static_cast<size_t>(in_elems));
+    in = temp_in_.data();
+    inplace = false;
+  }
+  const uint64_t bytes = static_cast<uint64_t>(std::max(in_elems, out_elems) * esize);
+  auto pp = choose(c, inplace, bytes, call.root, call.count);
+  last_plan_ = pp->plan.name;
+  ExecArgs args;
+  args.count = call.count;
+  args.reduction = call.reduction;
+  args.input = in;
+  args.output = out;
+  if (!rooted(c) && pp->plan.inplace && !inplace) {
+    // Out-of-place call, in-place plan: put the input where the plan expects it.
+    unsigned char* slot = c == Collective::kAllGather ? out + rank * call.count * esize : out;
+    if (call.count) std::memmove(slot, in, static_cast<size_t>(in_elems * esize));
+    args.input = slot;
+  } else if (!rooted(c) && !pp->plan.inplace && inplace) {
+    // In-place call, out-of-place plan: the plan must read an input it does not overwrite.
+    if (temp_in_.data() != in) {
+      temp_in_.resize(static_cast<size_t>(in_elems * esize));
+      if (in_elems) std::memcpy(temp_in_.data(), in, static_cast<size_t>(in_elems * esize));
+    }
+    args.input = temp_in_.data();
+  }
+  TUTTI_TRACE(log::kColl, "rank {}: {} count {} {} via plan '{}'", rank, dsl::to_string(c), call.count,
+              name(call.reduction.type), pp->plan.name);
+  executor_.run(*pp, args);
+  if (call.reduction.op == RedOp::kAvg && (c != Collective::kReduce || rank == call.root))
+    divide(call.reduction.type, out, out, static_cast<uint64_t>(n), static_cast<size_t>(out_elems));
+}
+
+}  // namespace tutti

@@ -1,0 +1,51 @@
+#pragma once
+// The dispatcher turns a collective call into a plan run: it picks a plan for (collective, ranks,
+// bytes, in-place), adapts the call to the plan (in-place vs out-of-place, avg, premulsum), and runs
+// it on the executor.
+//
+// Choice, in order: TUTTI_ALGO/NCCL_ALGO if it names an applicable plan; then loaded plans
+// (TUTTI_PLAN_DIR, MSCCL_XML_FILES, MSCCL_ALGO_DIR) whose size window [min_bytes, max_bytes] holds
+// the call; then the built-in defaults by size (see choose_builtin in dispatcher.cpp). "Bytes" is the
+// larger of the input and output buffer, nccl-tests' "size".
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/executor.hpp"
+
+namespace tutti {
+
+struct CollectiveCall {
+  dsl::Collective collective = dsl::Collective::kAllReduce;
+  const void* input = nullptr;
+  void* output = nullptr;
+  int64_t count = 0;  // NCCL's count (allgather: sendcount, reduce-scatter: recvcount)
+  Reduction reduction;
+  int root = 0;
+};
+
+class Dispatcher {
+ public:
+  explicit Dispatcher(Communicator& comm);
+  void run(const CollectiveCall& call);
+  // The plan the last run used (for logs and tests).
+  const std::string& last_plan() const { return last_plan_; }
+
+  // External plans of this process (loaded once from the environment).
+  static const std::vector<std::shared_ptr<const PreparedPlan>>& loaded_plans();
+
+ private:
+  std::shared_ptr<const PreparedPlan> choose(dsl::Collective c, bool inplace, uint64_t bytes, int root, int64_t count);
+  std::shared_ptr<const PreparedPlan> builtin(const std::string& name, std::map<std::string, int> params);
+  void check_consistent(const CollectiveCall& call);
+
+  Communicator& comm_;
+  Executor executor_;
+  std::map<std::string, std::shared_ptr<const PreparedPlan>> cache_;
+  std::vector<unsigned char> temp_in_, temp_out_;
+  std::string last_plan_;
+};
+
+}  // namespace tutti

@@ -1,0 +1,717 @@
+// The NCCL C API over tutti (libnccl.so.2). Every function converts tutti's typed errors into
+// ncclResult_t, records the message for ncclGetLastError and logs it at WARN; nothing throws across
+// the C boundary.
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "collectives/dispatcher.hpp"
+#include "collectives/include/nccl.h"
+#include "core/env.hpp"
+#include "core/log.hpp"
+#include "runtime/rendezvous.hpp"
+#include "runtime/shm_segment.hpp"
+#ifdef TUTTI_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "runtime/cuda/cuda_reduce.hpp"
+#endif
+
+#define NCCL_API(ret, func, ...)                                                                    \
+  extern "C" __attribute__((visibility("default"))) __attribute__((alias(#func))) ret p##func(__VA_ARGS__); \
+  extern "C" __attribute__((visibility("default"))) __attribute__((weak)) ret func(__VA_ARGS__)
+
+using namespace tutti;
+
+struct ncclComm {
+  static constexpr uint64_t kMagic = 0x74757474436f6d6dull;
+  uint64_t magic = kMagic;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Dispatcher> dispatcher;
+  bool blocking = true;
+  int cuda_dev = -1;
+  std::atomic<int> async{ncclSuccess};
+  std::thread worker;  // non-blocking init or group
+  std::mutex mu;
+  std::condition_variable cv;
+  int active = 0;  // calls in progress (abort waits for them to leave)
+  struct UserOp {
+    DataType type;
+    bool immediate;
+    unsigned char value[8];
+    const void* pointer;
+    bool live;
+  };
+  std::vector<UserOp> redops;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+std::mutex g_comms_mutex;
+std::set<ncclComm*> g_comms;
+
+ncclResult_t to_result(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kInvalidArgument: return ncclInvalidArgument;
+    case ErrorKind::kInvalidUsage: return ncclInvalidUsage;
+    case ErrorKind::kSystem: return ncclSystemError;
+    case ErrorKind::kRemote: return ncclRemoteError;
+    case ErrorKind::kTimeout: return ncclRemoteError;
+    case ErrorKind::kAborted: return ncclInvalidUsage;
+    case ErrorKind::kInternal: return ncclInternalError;
+  }
+  return ncclInternalError;
+}
+
+template <class F>
+ncclResult_t guard(const char* fn, F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    t_last_error = fmt::format("{}: {}", fn, e.what());
+    TUTTI_WARN("{}", t_last_error);
+    return to_result(e.kind());
+  } catch (const std::bad_alloc&) {
+    t_last_error = fmt::format("{}: out of memory", fn);
+    TUTTI_WARN("{}", t_last_error);
+    return ncclSystemError;
+  } catch (const std::exception& e) {
+    t_last_error = fmt::format("{}: internal error: {}", fn, e.what());
+    TUTTI_WARN("{}", t_last_error);
+    return ncclInternalError;
+  }
+}
+
+void register_comm(ncclComm* c) {
+  std::lock_guard lock(g_comms_mutex);
+  g_comms.insert(c);
+}
+bool unregister_comm(ncclComm* c) {
+  std::lock_guard lock(g_comms_mutex);
+  return g_comms.erase(c) > 0;
+}
+
+// Checks the handle and keeps the communicator alive for the duration of a call.
+class Use {
+ public:
+  Use(ncclComm* c, const char* fn) : c_(c) {
+    {
+      std::lock_guard lock(g_comms_mutex);
+      TUTTI_CHECK(c && g_comms.count(c) && c->magic == ncclComm::kMagic, InvalidArgument,
+                  "{}: the communicator is NULL, freed or aborted", fn);
+      std::lock_guard l2(c->mu);
+      ++c->active;
+    }
+    if (c->worker.joinable() && c->worker.get_id() != std::this_thread::get_id()) c->worker.join();
+    TUTTI_CHECK(c->comm != nullptr, InvalidUsage, "{}: the communicator failed to initialize: {}", fn,
+                ncclGetErrorString(static_cast<ncclResult_t>(c->async.load())));
+    log::set_thread_rank(c->comm->rank());
+  }
+  ~Use() {
+    std::lock_guard lock(c_->mu);
+    --c_->active;
+    c_->cv.notify_all();
+  }
+  ncclComm* operator->() const { return c_; }
+
+ private:
+  ncclComm* c_;
+};
+
+DataType to_type(ncclDataType_t t, const char* fn) {
+  TUTTI_CHECK(static_cast<int>(t) >= 0 && static_cast<int>(t) < ncclNumTypes, InvalidArgument,
+              "{}: invalid datatype {} (valid: 0..{})", fn, static_cast<int>(t), ncclNumTypes - 1);
+  return static_cast<DataType>(t);
+}
+
+Reduction to_reduction(ncclComm* c, ncclRedOp_t op, DataType type, const char* fn) {
+  Reduction r;
+  r.type = type;
+  int o = static_cast<int>(op);
+  if (o >= 0 && o < ncclNumOps) {
+    r.op = static_cast<RedOp>(o);
+    return r;
+  }
+  size_t user = static_cast<size_t>(o - ncclNumOps);
+  TUTTI_CHECK(o >= ncclNumOps && user < c->redops.size() && c->redops[user].live, InvalidArgument,
+              "{}: invalid reduction operator {} (not a built-in and not created on this communicator)", fn, o);
+  const auto& u = c->redops[user];
+  TUTTI_CHECK(u.type == type, InvalidArgument, "{}: operator {} was created for {}, the call uses {}", fn, o,
+              name(u.type), name(type));
+  r.op = RedOp::kPreMulSum;
+  std::memcpy(r.scalar, u.immediate ? u.value : u.pointer, size_of(type));
+  return r;
+}
+
+void check_host_memory(const void* p, const char* what, const char* fn) {
+#ifdef TUTTI_HAVE_CUDA
+  static const bool have_gpu = cuda::device_count() > 0;
+  if (!have_gpu || !p) return;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeDevice)
+    throw InvalidUsage(fmt::format("{}: {} is device memory; this build runs collectives on host memory only", fn, what));
+  cudaGetLastError();
+#else
+  (void)p, (void)what, (void)fn;
+#endif
+}
+
+void check_buffer(const void* p, size_t count, const char* what, const char* fn) {
+  TUTTI_CHECK(p || count == 0, InvalidArgument, "{}: {} is NULL with count {}", fn, what, count);
+  check_host_memory(p, what, fn);
+}
+
+// --- groups -------------------------------------------------------------------------------------
+
+struct PendingOp {
+  enum Kind { kCollective, kSend, kRecv } kind;
+  ncclComm* comm;
+  CollectiveCall call;
+  void* buffer = nullptr;
+  size_t bytes = 0;
+  int peer = -1;
+};
+
+thread_local int t_group_depth = 0;
+thread_local std::vector<PendingOp> t_ops;
+thread_local ncclResult_t t_group_error = ncclSuccess;
+
+void run_p2p(Communicator& comm, const std::vector<PendingOp>& ops) {
+  struct Posted {
+    Connection* c;
+    Ticket t;
+    bool send;
+  };
+  std::vector<Posted> posted;
+  std::vector<const PendingOp*> self_sends, self_recvs;
+  for (const PendingOp& op : ops) {
+    if (op.peer == comm.rank()) {
+      (op.kind == PendingOp::kSend ? self_sends : self_recvs).push_back(&op);
+      continue;
+    }
+    Connection& c = comm.connection(op.peer, 0);
+    posted.push_back(op.kind == PendingOp::kSend ? Posted{&c, c.send(op.buffer, op.bytes), true}
+                                                 : Posted{&c, c.recv(op.buffer, op.bytes), false});
+  }
+  TUTTI_CHECK(self_sends.size() == self_recvs.size(), InvalidUsage,
+              "rank {}: {} send(s) to itself but {} receive(s) from itself in one group", comm.rank(), self_sends.size(),
+              self_recvs.size());
+  for (size_t i = 0; i < self_sends.size(); ++i) {
+    TUTTI_CHECK(self_sends[i]->bytes == self_recvs[i]->bytes, InvalidUsage,
+                "rank {}: send to itself of {} bytes meets a receive of {} bytes", comm.rank(), self_sends[i]->bytes,
+                self_recvs[i]->bytes);
+    if (self_sends[i]->bytes) std::memmove(self_recvs[i]->buffer, self_sends[i]->buffer, self_sends[i]->bytes);
+  }
+  comm.engine().wait(
+      [&] {
+        for (auto& p : posted)
+          if (p.send ? !p.c->send_done(p.t) : !p.c->recv_done(p.t)) return false;
+        return true;
+      },
+      [&] { return fmt::format("waiting for {} point-to-point operation(s) of a group", posted.size()); });
+}
+
+void run_ops(ncclComm* c, const std::vector<PendingOp>& ops) {
+  log::set_thread_rank(c->comm->rank());
+  for (size_t i = 0; i < ops.size();) {
+    if (ops[i].kind == PendingOp::kCollective) {
+      c->dispatcher->run(ops[i].call);
+      ++i;
+      continue;
+    }
+    std::vector<PendingOp> p2p;
+    while (i < ops.size() && ops[i].kind != PendingOp::kCollective) p2p.push_back(ops[i++]);
+    run_p2p(*c->comm, p2p);
+  }
+}
+
+ncclResult_t execute(std::vector<PendingOp> ops) {
+  // Per communicator, in submission order; several communicators (one thread driving several ranks)
+  // run side by side, one thread each, as their ranks need each other.
+  std::vector<ncclComm*> order;
+  std::map<ncclComm*, std::vector<PendingOp>> by_comm;
+  for (auto& op : ops) {
+    if (!by_comm.count(op.comm)) order.push_back(op.comm);
+    by_comm[op.comm].push_back(op);
+  }
+  std::vector<std::unique_ptr<Use>> uses;
+  for (ncclComm* c : order) uses.push_back(std::make_unique<Use>(c, "ncclGroupEnd"));
+  bool async = false;
+  for (ncclComm* c : order) async |= !c->blocking;
+  if (async) {
+    for (ncclComm* c : order) {
+      c->async = ncclInProgress;
+      auto mine = by_comm[c];
+      c->worker = std::thread([c, mine] {
+        std::string err;
+        ncclResult_t rc = guard("ncclGroupEnd", [&] {
+          run_ops(c, mine);
+          return ncclSuccess;
+        });
+        c->async = rc;
+      });
+    }
+    return ncclInProgress;
+  }
+  if (order.size() == 1) {
+    run_ops(order[0], by_comm[order[0]]);
+    return ncclSuccess;
+  }
+  std::vector<std::thread> threads;
+  std::vector<ncclResult_t> results(order.size(), ncclSuccess);
+  std::vector<std::string> errors(order.size());
+  for (size_t k = 0; k < order.size(); ++k)
+    threads.emplace_back([&, k] {
+      results[k] = guard("ncclGroupEnd", [&] {
+        run_ops(order[k], by_comm[order[k]]);
+        return ncclSuccess;
+      });
+      if (results[k] != ncclSuccess) errors[k] = t_last_error;
+    });
+  for (auto& t : threads) t.join();
+  for (size_t k = 0; k < order.size(); ++k)
+    if (results[k] != ncclSuccess) {
+      t_last_error = errors[k];
+      return results[k];
+    }
+  return ncclSuccess;
+}
+
+ncclResult_t submit(PendingOp op) {
+  if (t_group_depth > 0) {
+    t_ops.push_back(std::move(op));
+    return ncclSuccess;
+  }
+  return execute({std::move(op)});
+}
+
+ncclResult_t collective(const char*, ncclComm_t comm, CollectiveCall call) {
+  PendingOp op{PendingOp::kCollective, comm, call};
+  return submit(op);
+}
+
+size_t read_config_int(const ncclConfig_t* cfg, size_t offset, int* out) {
+  if (cfg->size >= offset + sizeof(int)) std::memcpy(out, reinterpret_cast<const char*>(cfg) + offset, sizeof(int));
+  return 0;
+}
+
+void apply_config(ncclComm* c, const ncclConfig_t* cfg, const char* fn) {
+  if (!cfg) return;
+  TUTTI_CHECK(cfg->magic == 0xcafebeef, InvalidArgument,
+              "{}: config was not initialized with NCCL_CONFIG_INITIALIZER (magic {:#x})", fn, cfg->magic);
+  TUTTI_CHECK(cfg->size >= offsetof(ncclConfig_t, blocking) + sizeof(int), InvalidArgument, "{}: config size {} too small",
+              fn, cfg->size);
+  int blocking = NCCL_CONFIG_UNDEF_INT;
+  read_config_int(cfg, offsetof(ncclConfig_t, blocking), &blocking);
+  c->blocking = blocking == NCCL_CONFIG_UNDEF_INT ? true : blocking != 0;
+}
+
+}  // namespace
+
+// --- versions, ids, errors -----------------------------------------------------------------------
+
+NCCL_API(ncclResult_t, ncclGetVersion, int* version) {
+  return guard("ncclGetVersion", [&] {
+    TUTTI_CHECK(version, InvalidArgument, "ncclGetVersion: version is NULL");
+    *version = NCCL_VERSION_CODE;
+    return ncclSuccess;
+  });
+}
+
+NCCL_API(ncclResult_t, ncclGetUniqueId, ncclUniqueId* out) {
+  return guard("ncclGetUniqueId", [&] {
+    TUTTI_CHECK(out, InvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+    UniqueId id;
+    if (auto text = env::raw("TUTTI_COMM_ID")) id = UniqueId::parse(*text);  // rank 0 serves it at init
+    else id = create_unique_id();
+    static_assert(sizeof(out->internal) == UniqueId::kBytes);
+    std::memcpy(out->internal, id.bytes.data(), UniqueId::kBytes);
+    return ncclSuccess;
+  });
+}
+
+NCCL_API(const char*, ncclGetErrorString, ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the tutti developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+
+NCCL_API(const char*, ncclGetLastError, ncclComm_t comm) {
+  (void)comm;  // like NCCL: the calling thread's last error
+  return t_last_error.c_str();
+}
+
+// --- communicators ----------------------------------------------------------------------------
+
+NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* newcomm, int nranks, ncclUniqueId commId, int rank,
+         ncclConfig_t* config) {
+  return guard("ncclCommInitRankConfig", [&]() -> ncclResult_t {
+    TUTTI_CHECK(newcomm, InvalidArgument, "ncclCommInitRank: newcomm is NULL");
+    *newcomm = nullptr;
+    TUTTI_CHECK(nranks >= 1, InvalidArgument, "ncclCommInitRank: nranks {} must be at least 1", nranks);
+    TUTTI_CHECK(rank >= 0 && rank < nranks, InvalidArgument, "ncclCommInitRank: rank {} is out of range for {} ranks",
+                rank, nranks);
+    UniqueId id;
+    std::memcpy(id.bytes.data(), commId.internal, UniqueId::kBytes);
+    TUTTI_CHECK(id.valid(), InvalidArgument, "ncclCommInitRank: the unique id was not made by ncclGetUniqueId");
+    if (rank == 0)
+      if (auto text = env::raw("TUTTI_COMM_ID"))
+        if (text->find(':') != std::string::npos && UniqueId::parse(*text).bytes == id.bytes) ensure_persistent_root(id);
+    auto c = std::make_unique<ncclComm>();
+    apply_config(c.get(), config, "ncclCommInitRankConfig");
+    ncclComm* raw = c.release();
+    register_comm(raw);
+    *newcomm = raw;
+    auto init = [raw, id, nranks, rank] {
+      raw->comm = Communicator::create(id, nranks, rank);
+      raw->dispatcher = std::make_unique<Dispatcher>(*raw->comm);
+    };
+    if (!raw->blocking) {
+      raw->async = ncclInProgress;
+      raw->worker = std::thread([raw, init] {
+        raw->async = guard("ncclCommInitRankConfig", [&] {
+          init();
+          return ncclSuccess;
+        });
+      });
+      return ncclInProgress;
+    }
+    try {
+      init();
+    } catch (...) {
+      unregister_comm(raw);
+      delete raw;
+      *newcomm = nullptr;
+      throw;
+    }
+    return ncclSuccess;
+  });
+}
+
+NCCL_API(ncclResult_t, ncclCommInitRank, ncclComm_t* newcomm, int nranks, ncclUniqueId commId, int rank) {
+  return pncclCommInitRankConfig(newcomm, nranks, commId, rank, nullptr);
+}
+
+NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* devlist) {
+  return guard("ncclCommInitAll", [&] {
+    TUTTI_CHECK(comms, InvalidArgument, "ncclCommInitAll: comms is NULL");
+    TUTTI_CHECK(ndev >= 1, InvalidArgument, "ncclCommInitAll: ndev {} must be at least 1", ndev);
+    auto all = Communicator::create_local(ndev);
+    for (int r = 0; r < ndev; ++r) {
+      auto* c = new ncclComm();
+      c->cuda_dev = devlist ? devlist[r] : r;
+      c->comm = std::move(all[r]);
+      c->dispatcher = std::make_unique<Dispatcher>(*c->comm);
+      register_comm(c);
+      comms[r] = c;
+    }
+    return ncclSuccess;
+  });
+}
+
+NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  return guard("ncclCommSplit", [&] {
+    TUTTI_CHECK(newcomm, InvalidArgument, "ncclCommSplit: newcomm is NULL");
+    TUTTI_CHECK(color >= 0 || color == NCCL_SPLIT_NOCOLOR, InvalidArgument,
+                "ncclCommSplit: color {} must be non-negative or NCCL_SPLIT_NOCOLOR", color);
+    Use use(comm, "ncclCommSplit");
+    *newcomm = nullptr;
+    auto child = use->comm->split(color, key);
+    if (!child) return ncclSuccess;
+    auto* c = new ncclComm();
+    apply_config(c, config, "ncclCommSplit");
+    c->blocking = true;
+    c->cuda_dev = use->cuda_dev;
+    c->comm = std::move(child);
+    c->dispatcher = std::make_unique<Dispatcher>(*c->comm);
+    register_comm(c);
+    *newcomm = c;
+    return ncclSuccess;
+  });
+}
+
+NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) {
+  return guard("ncclCommFinalize", [&] {
+    Use use(comm, "ncclCommFinalize");  // waits for pending non-blocking work
+    return static_cast<ncclResult_t>(use->async.load() == ncclInProgress ? ncclSuccess : use->async.load());
+  });
+}
+
+namespace {
+ncclResult_t release(ncclComm_t comm, bool abort, const char* fn) {
+  return guard(fn, [&] {
+    {
+      std::lock_guard lock(g_comms_mutex);
+      TUTTI_CHECK(comm && g_comms.count(comm), InvalidArgument, "{}: the communicator is NULL, freed or aborted", fn);
+      g_comms.erase(comm);
+    }
+    if (abort && comm->comm) comm->comm->abort();
+    {
+      std::unique_lock lock(comm->mu);
+      comm->cv.wait(lock, [&] { return comm->active == 0; });
+    }
+    if (comm->worker.joinable()) comm->worker.join();
+    comm->magic = 0;
+    comm->dispatcher.reset();
+    comm->comm.reset();  // flushes (destroy) or just frees (abort)
+    delete comm;
+    return ncclSuccess;
+  });
+}
+}  // namespace
+
+NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) { return release(comm, false, "ncclCommDestroy"); }
+NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) { return release(comm, true, "ncclCommAbort"); }
+
+NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asyncError) {
+  return guard("ncclCommGetAsyncError", [&] {
+    TUTTI_CHECK(asyncError, InvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
+    {
+      std::lock_guard lock(g_comms_mutex);
+      TUTTI_CHECK(comm && g_comms.count(comm), InvalidArgument, "ncclCommGetAsyncError: the communicator is NULL, freed or aborted");
+    }
+    ncclResult_t r = static_cast<ncclResult_t>(comm->async.load());
+    if (r == ncclSuccess && comm->comm && comm->comm->state().failed()) r = ncclRemoteError;
+    *asyncError = r;
+    return ncclSuccess;
+  });
+}
+
+NCCL_API(ncclResult_t, ncclCommCount, const ncclComm_t comm, int* count) {
+  return guard("ncclCommCount", [&] {
+    TUTTI_CHECK(count, InvalidArgument, "ncclCommCount: count is NULL");
+    Use use(comm, "ncclCommCount");
+    *count = use->comm->size();
+    return ncclSuccess;
+  });
+}
+
+NCCL_API(ncclResult_t, ncclCommCuDevice, const ncclComm_t comm, int* device) {
+  return guard("ncclCommCuDevice", [&] {
+    TUTTI_CHECK(device, InvalidArgument, "ncclCommCuDevice: device is NULL");
+    Use use(comm, "ncclCommCuDevice");
+    *device = use->cuda_dev;
+    return ncclSuccess;
+  });
+}
+
+NCCL_API(ncclResult_t, ncclCommUserRank, const ncclComm_t comm, int* rank) {
+  return guard("ncclCommUserRank", [&] {
+    TUTTI_CHECK(rank, InvalidArgument, "ncclCommUserRank: rank is NULL");
+    Use use(comm, "ncclCommUserRank");
+    *rank = use->comm->rank();
+    return ncclSuccess;
+  });
+}
+
+// --- memory -----------------------------------------------------------------------------------
+
+namespace {
+std::mutex g_mem_mutex;
+std::map<void*, ShmSegment> g_mem;
+struct Registration {
+  void* buff;
+  size_t size;
+};
+}  // namespace
+
+NCCL_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
+  return guard("ncclMemAlloc", [&] {
+    TUTTI_CHECK(ptr, InvalidArgument, "ncclMemAlloc: ptr is NULL");
+    // A shared segment: peers on this host can map it by name.
+    ShmSegment seg = ShmSegment::create("mem", std::max<size_t>(size, 1));
+    *ptr = seg.data();
+    std::lock_guard lock(g_mem_mutex);
+    g_mem.emplace(*ptr, std::move(seg));
+    return ncclSuccess;
+  });
+}
+
+NCCL_API(ncclResult_t, ncclMemFree, void* ptr) {
+  return guard("ncclMemFree", [&] {
+    std::lock_guard lock(g_mem_mutex);
+    auto it = g_mem.find(ptr);
+    TUTTI_CHECK(it != g_mem.end(), InvalidArgument, "ncclMemFree: {} was not allocated by ncclMemAlloc", ptr);
+    g_mem.erase(it);
+    return ncclSuccess;
+  });
+}
+
+NCCL_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  return guard("ncclCommRegister", [&] {
+    Use use(comm, "ncclCommRegister");
+    TUTTI_CHECK(handle, InvalidArgument, "ncclCommRegister: handle is NULL");
+    check_buffer(buff, size, "buff", "ncclCommRegister");
+    *handle = new Registration{buff, size};
+    return ncclSuccess;
+  });
+}
+
+NCCL_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void* handle) {
+  return guard("ncclCommDeregister", [&] {
+    Use use(comm, "ncclCommDeregister");
+    TUTTI_CHECK(handle, InvalidArgument, "ncclCommDeregister: handle is NULL");
+    delete static_cast<Registration*>(handle);
+    return ncclSuccess;
+  });
+}
+
+// --- reduction operators ---------------------------------------------------------------------
+
+NCCL_API(ncclResult_t, ncclRedOpCreatePreMulSum, ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+         ncclScalarResidence_t residence, ncclComm_t comm) {
+  return guard("ncclRedOpCreatePreMulSum", [&] {
+    Use use(comm, "ncclRedOpCreatePreMulSum");
+    TUTTI_CHECK(op && scalar, InvalidArgument, "ncclRedOpCreatePreMulSum: op or scalar is NULL");
+    DataType type = to_type(datatype, "ncclRedOpCreatePreMulSum");
+    TUTTI_CHECK(residence == ncclScalarHostImmediate || residence == ncclScalarDevice, InvalidArgument,
+                "ncclRedOpCreatePreMulSum: invalid residence {}", static_cast<int>(residence));
+    ncclComm::UserOp u{type, residence == ncclScalarHostImmediate, {}, scalar, true};
+    if (u.immediate) std::memcpy(u.value, scalar, size_of(type));
+    use->redops.push_back(u);
+    *op = static_cast<ncclRedOp_t>(ncclNumOps + static_cast<int>(use->redops.size()) - 1);
+    return ncclSuccess;
+  });
+}
+
+NCCL_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm) {
+  return guard("ncclRedOpDestroy", [&] {
+    Use use(comm, "ncclRedOpDestroy");
+    size_t user = static_cast<size_t>(static_cast<int>(op) - ncclNumOps);
+    TUTTI_CHECK(static_cast<int>(op) >= ncclNumOps && user < use->redops.size() && use->redops[user].live, InvalidArgument,
+                "ncclRedOpDestroy: operator {} was not created on this communicator (or is destroyed)", static_cast<int>(op));
+    use->redops[user].live = false;
+    return ncclSuccess;
+  });
+}
+
+// --- collectives ---------------------------------------------------------------------------------
+
+NCCL_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+  return guard("ncclAllReduce", [&] {
+    Use use(comm, "ncclAllReduce");
+    CollectiveCall call{dsl::Collective::kAllReduce, sendbuff, recvbuff, static_cast<int64_t>(count), {}, 0};
+    call.reduction = to_reduction(comm, op, to_type(datatype, "ncclAllReduce"), "ncclAllReduce");
+    check_buffer(sendbuff, count, "sendbuff", "ncclAllReduce");
+    check_buffer(recvbuff, count, "recvbuff", "ncclAllReduce");
+    return collective("ncclAllReduce", comm, call);
+  });
+}
+
+NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         int root, ncclComm_t comm, cudaStream_t) {
+  return guard("ncclBroadcast", [&] {
+    Use use(comm, "ncclBroadcast");
+    TUTTI_CHECK(root >= 0 && root < use->comm->size(), InvalidArgument, "ncclBroadcast: root {} is out of range (0..{})",
+                root, use->comm->size() - 1);
+    CollectiveCall call{dsl::Collective::kBroadcast, sendbuff, recvbuff, static_cast<int64_t>(count), {}, root};
+    call.reduction.type = to_type(datatype, "ncclBroadcast");
+    if (use->comm->rank() == root) check_buffer(sendbuff, count, "sendbuff", "ncclBroadcast");
+    check_buffer(recvbuff, count, "recvbuff", "ncclBroadcast");
+    return collective("ncclBroadcast", comm, call);
+  });
+}
+
+NCCL_API(ncclResult_t, ncclBcast, void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+         cudaStream_t stream) {
+  return pncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+}
+
+NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t) {
+  return guard("ncclReduce", [&] {
+    Use use(comm, "ncclReduce");
+    TUTTI_CHECK(root >= 0 && root < use->comm->size(), InvalidArgument, "ncclReduce: root {} is out of range (0..{})", root,
+                use->comm->size() - 1);
+    CollectiveCall call{dsl::Collective::kReduce, sendbuff, recvbuff, static_cast<int64_t>(count), {}, root};
+    call.reduction = to_reduction(comm, op, to_type(datatype, "ncclReduce"), "ncclReduce");
+    check_buffer(sendbuff, count, "sendbuff", "ncclReduce");
+    if (use->comm->rank() == root) check_buffer(recvbuff, count, "recvbuff", "ncclReduce");
+    return collective("ncclReduce", comm, call);
+  });
+}
+
+NCCL_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+         ncclComm_t comm, cudaStream_t) {
+  return guard("ncclAllGather", [&] {
+    Use use(comm, "ncclAllGather");
+    CollectiveCall call{dsl::Collective::kAllGather, sendbuff, recvbuff, static_cast<int64_t>(sendcount), {}, 0};
+    call.reduction.type = to_type(datatype, "ncclAllGather");
+    check_buffer(sendbuff, sendcount, "sendbuff", "ncclAllGather");
+    check_buffer(recvbuff, sendcount, "recvbuff", "ncclAllGather");
+    return collective("ncclAllGather", comm, call);
+  });
+}
+
+NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, size_t recvcount,
+         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+  return guard("ncclReduceScatter", [&] {
+    Use use(comm, "ncclReduceScatter");
+    CollectiveCall call{dsl::Collective::kReduceScatter, sendbuff, recvbuff, static_cast<int64_t>(recvcount), {}, 0};
+    call.reduction = to_reduction(comm, op, to_type(datatype, "ncclReduceScatter"), "ncclReduceScatter");
+    check_buffer(sendbuff, recvcount, "sendbuff", "ncclReduceScatter");
+    check_buffer(recvbuff, recvcount, "recvbuff", "ncclReduceScatter");
+    return collective("ncclReduceScatter", comm, call);
+  });
+}
+
+NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+         cudaStream_t) {
+  return guard("ncclSend", [&] {
+    Use use(comm, "ncclSend");
+    DataType type = to_type(datatype, "ncclSend");
+    TUTTI_CHECK(peer >= 0 && peer < use->comm->size(), InvalidArgument, "ncclSend: peer {} is out of range (0..{})", peer,
+                use->comm->size() - 1);
+    check_buffer(sendbuff, count, "sendbuff", "ncclSend");
+    PendingOp op{PendingOp::kSend, comm, {}, const_cast<void*>(sendbuff), count * size_of(type), peer};
+    return submit(op);
+  });
+}
+
+NCCL_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+         cudaStream_t) {
+  return guard("ncclRecv", [&] {
+    Use use(comm, "ncclRecv");
+    DataType type = to_type(datatype, "ncclRecv");
+    TUTTI_CHECK(peer >= 0 && peer < use->comm->size(), InvalidArgument, "ncclRecv: peer {} is out of range (0..{})", peer,
+                use->comm->size() - 1);
+    check_buffer(recvbuff, count, "recvbuff", "ncclRecv");
+    PendingOp op{PendingOp::kRecv, comm, {}, recvbuff, count * size_of(type), peer};
+    return submit(op);
+  });
+}
+
+NCCL_API(ncclResult_t, ncclGroupStart) {
+  if (t_group_depth == 0) t_group_error = ncclSuccess;
+  ++t_group_depth;
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, ncclGroupEnd) {
+  return guard("ncclGroupEnd", [&] {
+    TUTTI_CHECK(t_group_depth > 0, InvalidUsage, "ncclGroupEnd without ncclGroupStart");
+    if (--t_group_depth > 0) return ncclSuccess;
+    std::vector<PendingOp> ops;
+    ops.swap(t_ops);
+    if (t_group_error != ncclSuccess) return t_group_error;
+    return execute(std::move(ops));
+  });
+}

@@ -1,0 +1,436 @@
+// tutti-perf: nccl-tests for tutti, through the NCCL API (libnccl.so.2).
+//
+//   tutti-perf COLL [-b 8] [-e 128M] [-f 2 | -i STEP] [-n 20] [-w 5] [-c 1] [-o sum|...|all]
+//              [-d float|...|all] [-r ROOT|-1] [-z 0] [-a 1] [-t THREADS]
+//   COLL: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv
+//
+// Runs under tutti-run -n N (one rank per process, times -t threads) or alone with -t N threads.
+// Prints nccl-tests' table (size, count, type, redop, root; time, algbw, busbw and #wrong for
+// out-of-place and in-place) and the "Avg bus bandwidth" footer. Data follows nccl-tests' idea:
+// small integers, so any reduction order is exact and results are compared bit for bit. The exit
+// status is non-zero if any element is wrong or a call fails.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "collectives/include/nccl.h"
+#include "core/datatype.hpp"
+#include "core/element.hpp"
+#include "core/env.hpp"
+#include "core/reduce.hpp"
+
+using namespace tutti;
+
+namespace {
+
+enum class Coll { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kReduce, kAllToAll, kSendRecv };
+
+struct Options {
+  Coll coll = Coll::kAllReduce;
+  std::string coll_name;
+  uint64_t min_bytes = 32 << 20, max_bytes = 32 << 20;
+  double factor = 2;
+  uint64_t step = 0;
+  int iters = 20, warmup = 5;
+  bool check = true;
+  std::vector<int> ops;        // ncclRedOp_t (5 = premulsum)
+  std::vector<DataType> types;
+  int root = 0;                // -1: all roots
+  bool blocking = true;
+  int average = 1;
+  int threads = 1;
+};
+
+[[noreturn]] void usage(const char* msg) {
+  std::fprintf(stderr,
+               "tutti-perf: %s\nusage: tutti-perf COLL [-b min] [-e max] [-f factor|-i step] [-n iters] [-w warmup] "
+               "[-c 0|1] [-o op|all] [-d type|all] [-r root|-1] [-z 0|1] [-a 0-3] [-t threads]\n"
+               "COLL: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv\n",
+               msg);
+  std::exit(2);
+}
+
+uint64_t parse_bytes(const char* s) {
+  try {
+    return env::parse_size(s);
+  } catch (const std::exception&) {
+    usage((std::string("bad size ") + s).c_str());
+  }
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  if (argc < 2) usage("missing collective");
+  o.coll_name = argv[1];
+  const std::pair<const char*, Coll> names[] = {{"all_reduce", Coll::kAllReduce},   {"all_gather", Coll::kAllGather},
+                                                {"reduce_scatter", Coll::kReduceScatter}, {"broadcast", Coll::kBroadcast},
+                                                {"reduce", Coll::kReduce},           {"alltoall", Coll::kAllToAll},
+                                                {"sendrecv", Coll::kSendRecv}};
+  bool found = false;
+  for (auto& [n, c] : names)
+    if (o.coll_name == n) o.coll = c, found = true;
+  if (!found) usage(("unknown collective " + o.coll_name).c_str());
+  std::string ops = "sum", types = "float";
+  for (int i = 2; i < argc; ++i) {
+    std::string f = argv[i];
+    if (i + 1 >= argc) usage(("missing value for " + f).c_str());
+    const char* v = argv[++i];
+    if (f == "-b") o.min_bytes = parse_bytes(v);
+    else if (f == "-e") o.max_bytes = parse_bytes(v);
+    else if (f == "-f") o.factor = std::atof(v);
+    else if (f == "-i") o.step = parse_bytes(v);
+    else if (f == "-n") o.iters = std::atoi(v);
+    else if (f == "-w") o.warmup = std::atoi(v);
+    else if (f == "-c") o.check = std::atoi(v) != 0;
+    else if (f == "-o") ops = v;
+    else if (f == "-d") types = v;
+    else if (f == "-r") o.root = std::atoi(v);
+    else if (f == "-z") o.blocking = std::atoi(v) == 0;
+    else if (f == "-a") o.average = std::atoi(v);
+    else if (f == "-t") o.threads = std::atoi(v);
+    else if (f == "-g" || f == "-m" || f == "-p" || f == "-G") continue;  // nccl-tests flags without meaning here
+    else usage(("unknown flag " + f).c_str());
+  }
+  if (o.iters < 1 || o.warmup < 0 || o.threads < 1 || o.min_bytes > o.max_bytes || (o.step == 0 && o.factor <= 1))
+    usage("bad -n/-w/-t/-b/-e/-f");
+  if (ops == "all") o.ops = {0, 1, 2, 3, 4, 5};
+  else {
+    auto op = parse_redop(ops);
+    if (!op) usage(("unknown op " + ops).c_str());
+    o.ops = {static_cast<int>(*op)};
+  }
+  if (types == "all") {
+    for (int t = 0; t < kNumDataTypes; ++t) o.types.push_back(static_cast<DataType>(t));
+  } else {
+    auto t = parse_datatype(types);
+    if (!t) usage(("unknown datatype " + types).c_str());
+    o.types = {*t};
+  }
+  bool reduces = o.coll == Coll::kAllReduce || o.coll == Coll::kReduce || o.coll == Coll::kReduceScatter;
+  if (!reduces) o.ops = {0};
+  return o;
+}
+
+double bus_factor(Coll c, int n) {
+  switch (c) {
+    case Coll::kAllReduce: return 2.0 * (n - 1) / n;
+    case Coll::kAllGather:
+    case Coll::kReduceScatter:
+    case Coll::kAllToAll: return static_cast<double>(n - 1) / n;
+    default: return 1;
+  }
+}
+
+// Elements per rank piece (NCCL's count) for a size in bytes, nccl-tests' convention.
+size_t count_of(Coll c, uint64_t bytes, size_t esize, int n) {
+  size_t elems = bytes / esize;
+  if (c == Coll::kAllGather || c == Coll::kReduceScatter || c == Coll::kAllToAll) return elems / n;
+  return elems;
+}
+
+// Value of element i of rank r, as a double: small integers, exact in every type. Products use only
+// +-1 so they stay small; fp8 uses -1..1 so sums of up to 16 ranks stay exact.
+double value(DataType t, int op, int rank, size_t i) {
+  uint64_t h = (i * 2654435761u + static_cast<uint64_t>(rank) * 40503u + 7) >> 7;
+  if (op == 1) return (h & 1) ? 1.0 : -1.0;
+  if (t == DataType::kFp8E4M3 || t == DataType::kFp8E5M2) return static_cast<double>(h % 3) - 1.0;
+  // Unsigned types get non-negative values, so min and max agree with their unsigned order.
+  if (t == DataType::kUint8 || t == DataType::kUint32 || t == DataType::kUint64) return static_cast<double>(h % 11);
+  return static_cast<double>(h % 11) - 5.0;
+}
+
+void store(DataType t, void* base, size_t i, double v) {
+  unsigned char* p = static_cast<unsigned char*>(base) + i * size_of(t);
+  switch (t) {
+    case DataType::kInt8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
+    case DataType::kUint8: { uint8_t x = static_cast<uint8_t>(static_cast<int>(v)); std::memcpy(p, &x, 1); break; }
+    case DataType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
+    case DataType::kUint32: { uint32_t x = static_cast<uint32_t>(static_cast<int64_t>(v)); std::memcpy(p, &x, 4); break; }
+    case DataType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
+    case DataType::kUint64: { uint64_t x = static_cast<uint64_t>(static_cast<int64_t>(v)); std::memcpy(p, &x, 8); break; }
+    case DataType::kFloat32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
+    case DataType::kFloat64: std::memcpy(p, &v, 8); break;
+    case DataType::kFloat16: { uint16_t x = element::float_to_half(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
+    case DataType::kBfloat16: { uint16_t x = element::float_to_bf16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
+    case DataType::kFp8E4M3: p[0] = element::float_to_e4m3(static_cast<float>(v)); break;
+    case DataType::kFp8E5M2: p[0] = element::float_to_e5m2(static_cast<float>(v)); break;
+  }
+}
+
+struct Shared {
+  Options opt;
+  int nranks = 1;
+  std::atomic<long> wrong{0};
+  std::atomic<int> failed{0};
+  double bw_sum = 0;
+  int bw_count = 0;
+};
+
+#define CHECK_NCCL(call)                                                                                   \
+  do {                                                                                                     \
+    ncclResult_t rc_ = (call);                                                                             \
+    if (rc_ != ncclSuccess && rc_ != ncclInProgress) {                                                     \
+      std::fprintf(stderr, "tutti-perf: rank %d: %s failed: %s: %s\n", rank, #call, ncclGetErrorString(rc_), \
+                   ncclGetLastError(comm));                                                                \
+      throw std::runtime_error("nccl call failed");                                                        \
+    }                                                                                                      \
+  } while (0)
+
+class Rank {
+ public:
+  Rank(Shared& s, ncclComm_t comm, int rank) : s_(s), comm_(comm), rank_(rank) {}
+
+  // One size, one type, one op, one root; returns per-rank (time us, wrong) for out-of-place and in-place.
+  void run_case(uint64_t bytes, DataType t, int op_index, int root, double times[2], long wrong[2]) {
+    const Options& o = s_.opt;
+    const int n = s_.nranks, rank = rank_;
+    ncclComm_t comm = comm_;
+    const size_t es = size_of(t), count = count_of(o.coll, bytes, es, n);
+    size_t in_elems = count, out_elems = count;
+    if (o.coll == Coll::kAllGather) out_elems = count * n;
+    if (o.coll == Coll::kReduceScatter || o.coll == Coll::kAllToAll) in_elems = count * n;
+    if (o.coll == Coll::kAllToAll) out_elems = count * n;
+    std::vector<unsigned char> send(std::max<size_t>(in_elems, 1) * es), recv(std::max<size_t>(out_elems, 1) * es),
+        expect(std::max<size_t>(out_elems, 1) * es);
+    ncclRedOp_t op = static_cast<ncclRedOp_t>(std::min(op_index, 4));
+    ncclRedOp_t premul{};
+    if (op_index == 5) {
+      unsigned char two[8] = {};
+      store(t, two, 0, 2.0);
+      CHECK_NCCL(ncclRedOpCreatePreMulSum(&premul, two, static_cast<ncclDataType_t>(t), ncclScalarHostImmediate, comm));
+      op = premul;
+    }
+    auto fill = [&](void* buf, size_t elems, size_t offset_elems) {
+      for (size_t i = 0; i < elems; ++i) store(t, buf, i, value(t, op_index, rank, i + offset_elems));
+    };
+    // Expected output for this rank.
+    auto expected = [&]() {
+      for (size_t i = 0; i < out_elems; ++i) {
+        double v = 0;
+        switch (o.coll) {
+          case Coll::kAllReduce:
+          case Coll::kReduce:
+          case Coll::kReduceScatter: {
+            size_t src = o.coll == Coll::kReduceScatter ? rank * count + i : i;
+            v = value(t, op_index, 0, src) * (op_index == 5 ? 2 : 1);
+            for (int q = 1; q < n; ++q) {
+              double x = value(t, op_index, q, src) * (op_index == 5 ? 2 : 1);
+              if (op_index == 1) v *= x;
+              else if (op_index == 2) v = std::max(v, x);
+              else if (op_index == 3) v = std::min(v, x);
+              else v += x;
+            }
+            break;
+          }
+          case Coll::kAllGather: v = value(t, op_index, static_cast<int>(i / count), i % count); break;
+          case Coll::kBroadcast: v = value(t, op_index, root, i); break;
+          case Coll::kAllToAll: v = value(t, op_index, static_cast<int>(i / count), rank * count + i % count); break;
+          case Coll::kSendRecv: v = value(t, op_index, (rank + n - 1) % n, i); break;
+        }
+        store(t, expect.data(), i, v);
+      }
+      if (op_index == 4) divide(t, expect.data(), expect.data(), static_cast<uint64_t>(n), out_elems);
+    };
+    auto call = [&](const void* sb, void* rb) {
+      switch (o.coll) {
+        case Coll::kAllReduce: CHECK_NCCL(ncclAllReduce(sb, rb, count, (ncclDataType_t)t, op, comm, nullptr)); break;
+        case Coll::kAllGather: CHECK_NCCL(ncclAllGather(sb, rb, count, (ncclDataType_t)t, comm, nullptr)); break;
+        case Coll::kReduceScatter: CHECK_NCCL(ncclReduceScatter(sb, rb, count, (ncclDataType_t)t, op, comm, nullptr)); break;
+        case Coll::kBroadcast: CHECK_NCCL(ncclBroadcast(sb, rb, count, (ncclDataType_t)t, root, comm, nullptr)); break;
+        case Coll::kReduce: CHECK_NCCL(ncclReduce(sb, rb, count, (ncclDataType_t)t, op, root, comm, nullptr)); break;
+        case Coll::kAllToAll:
+          CHECK_NCCL(ncclGroupStart());
+          for (int q = 0; q < n; ++q) {
+            CHECK_NCCL(ncclSend(static_cast<const unsigned char*>(sb) + q * count * es, count, (ncclDataType_t)t, q, comm, nullptr));
+            CHECK_NCCL(ncclRecv(static_cast<unsigned char*>(rb) + q * count * es, count, (ncclDataType_t)t, q, comm, nullptr));
+          }
+          CHECK_NCCL(ncclGroupEnd());
+          break;
+        case Coll::kSendRecv:
+          CHECK_NCCL(ncclGroupStart());
+          CHECK_NCCL(ncclSend(sb, count, (ncclDataType_t)t, (rank + 1) % n, comm, nullptr));
+          CHECK_NCCL(ncclRecv(rb, count, (ncclDataType_t)t, (rank + n - 1) % n, comm, nullptr));
+          CHECK_NCCL(ncclGroupEnd());
+          break;
+      }
+      if (!o.blocking) {
+        ncclResult_t st;
+        do CHECK_NCCL(ncclCommGetAsyncError(comm, &st));
+        while (st == ncclInProgress);
+        CHECK_NCCL(st);
+      }
+    };
+    if (o.check) expected();
+    for (int place = 0; place < 2; ++place) {
+      bool inplace = place == 1;
+      if (inplace && (o.coll == Coll::kAllToAll || o.coll == Coll::kSendRecv)) {
+        times[1] = -1;
+        wrong[1] = 0;
+        continue;  // nccl-tests runs these out-of-place only... for in-place too, but they need a copy
+      }
+      // In place: the input sits where NCCL expects it inside the receive buffer.
+      unsigned char* sb = send.data();
+      unsigned char* rb = recv.data();
+      if (inplace) {
+        if (o.coll == Coll::kAllGather) sb = rb + rank * count * es;
+        else if (o.coll == Coll::kReduceScatter) {
+          rb = send.data() + rank * count * es;
+          sb = send.data();
+        } else sb = rb;
+      }
+      auto reset = [&] { fill(sb, in_elems, 0); };
+      reset();
+      for (int w = 0; w < o.warmup; ++w) {
+        call(sb, rb);
+        reset();
+      }
+      // Timed: consecutive calls; the data is checked on a separate, fresh call.
+      double t0 = now();
+      for (int it = 0; it < o.iters; ++it) call(sb, rb);
+      times[place] = (now() - t0) / o.iters * 1e6;
+      wrong[place] = 0;
+      if (o.check) {
+        reset();
+        call(sb, rb);
+        const unsigned char* got = rb;
+        bool meaningful = !(o.coll == Coll::kReduce && rank != root);
+        if (meaningful)
+          for (size_t i = 0; i < out_elems; ++i)
+            if (std::memcmp(got + i * es, expect.data() + i * es, es) != 0) ++wrong[place];
+      }
+    }
+    if (op_index == 5) CHECK_NCCL(ncclRedOpDestroy(premul, comm));
+  }
+
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+
+ private:
+  Shared& s_;
+  ncclComm_t comm_;
+  int rank_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Shared s;
+  s.opt = parse(argc, argv);
+  const Options& o = s.opt;
+  const char* env_rank = std::getenv("TUTTI_RANK");
+  const char* env_size = std::getenv("TUTTI_SIZE");
+  int procs = env_size ? std::atoi(env_size) : 1, proc = env_rank ? std::atoi(env_rank) : 0;
+  s.nranks = procs * o.threads;
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess) {
+    std::fprintf(stderr, "tutti-perf: ncclGetUniqueId failed: %s\n", ncclGetLastError(nullptr));
+    return 1;
+  }
+  if (proc == 0) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    std::printf("# nThread %d nGpus 1 minBytes %llu maxBytes %llu step: %g(%s) warmup iters: %d iters: %d agg iters: 1 "
+                "validation: %d graph: 0\n#\n# Using devices\n",
+                o.threads, (unsigned long long)o.min_bytes, (unsigned long long)o.max_bytes, o.step ? (double)o.step : o.factor,
+                o.step ? "bytes" : "factor", o.warmup, o.iters, o.check ? 1 : 0);
+    std::printf("#  Rank %2d Group  0 Pid %6d on %10s device  - [host memory] tutti (%d ranks)\n#\n", 0, getpid(), host,
+                s.nranks);
+    std::printf("#                                                              out-of-place                       in-place\n");
+    std::printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
+    std::printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");
+    std::fflush(stdout);
+  }
+  std::vector<uint64_t> sizes;
+  for (uint64_t b = o.min_bytes; b <= o.max_bytes;) {
+    sizes.push_back(b);
+    uint64_t next = o.step ? b + o.step : static_cast<uint64_t>(std::max<double>(b * o.factor, b + 1));
+    if (next <= b) break;
+    b = next;
+  }
+  std::vector<std::vector<double>> results(o.threads);  // per thread: time values to average
+  std::vector<std::thread> threads;
+  int exit_code = 0;
+  for (int t = 0; t < o.threads; ++t)
+    threads.emplace_back([&, t] {
+      int rank = proc * o.threads + t;
+      ncclComm_t comm = nullptr;
+      try {
+        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = o.blocking ? 1 : 0;
+        CHECK_NCCL(ncclCommInitRankConfig(&comm, s.nranks, id, rank, &cfg));
+        if (!o.blocking) {
+          ncclResult_t st;
+          do CHECK_NCCL(ncclCommGetAsyncError(comm, &st));
+          while (st == ncclInProgress);
+          CHECK_NCCL(st);
+        }
+        Rank r(s, comm, rank);
+        std::vector<int> roots;
+        bool has_root = o.coll == Coll::kBroadcast || o.coll == Coll::kReduce;
+        if (!has_root) roots = {-1};
+        else if (o.root < 0) for (int q = 0; q < s.nranks; ++q) roots.push_back(q);
+        else roots = {o.root};
+        // Agreement on times and errors: an allreduce of (time, wrong) over all ranks.
+        std::vector<double> agg(4);
+        for (DataType type : o.types)
+          for (int op : o.ops)
+            for (int root : roots)
+              for (uint64_t bytes : sizes) {
+                if (has_root && (root < 0 || root >= s.nranks)) throw std::runtime_error("root out of range");
+                size_t es = size_of(type);
+                size_t count = count_of(o.coll, bytes, es, s.nranks);
+                double times[2];
+                long wrong[2];
+                r.run_case(bytes, type, op, std::max(root, 0), times, wrong);
+                double mine[4] = {times[0], times[1], static_cast<double>(wrong[0]), static_cast<double>(wrong[1])};
+                double sum[4];
+                CHECK_NCCL(ncclAllReduce(mine, sum, 4, ncclFloat64, ncclSum, comm, nullptr));
+                double tmax[2];
+                CHECK_NCCL(ncclAllReduce(mine, tmax, 2, ncclFloat64, ncclMax, comm, nullptr));
+                if (rank == 0) {
+                  double tt[2];
+                  for (int k = 0; k < 2; ++k) tt[k] = o.average == 1 ? sum[k] / s.nranks : o.average == 3 ? tmax[k] : times[k];
+                  size_t report_bytes = count * es * (o.coll == Coll::kAllGather || o.coll == Coll::kReduceScatter || o.coll == Coll::kAllToAll ? s.nranks : 1);
+                  auto col = [&](int k) {
+                    if (times[k] < 0) return std::string("      N/A     N/A     N/A    N/A");
+                    double algbw = report_bytes / (tt[k] * 1e-6) / 1e9;
+                    double busbw = algbw * bus_factor(o.coll, s.nranks);
+                    if (k == 0 || times[1] < 0) s.bw_sum += busbw, ++s.bw_count;
+                    return fmt::format(" {:8.2f} {:7.2f} {:7.2f} {:6.0f}", tt[k], algbw, busbw, sum[2 + k]);
+                  };
+                  std::string redop = op == 5 ? "premulsum" : std::string(name(static_cast<RedOp>(op)));
+                  bool reduces = o.coll == Coll::kAllReduce || o.coll == Coll::kReduce || o.coll == Coll::kReduceScatter;
+                  std::printf("%12zu  %12zu  %8s  %6s  %6d %s %s\n", report_bytes, count, std::string(name(type)).c_str(),
+                              reduces ? redop.c_str() : "none", root, col(0).c_str(), col(1).c_str());
+                  std::fflush(stdout);
+                  s.wrong += static_cast<long>(sum[2] + sum[3]);
+                }
+              }
+        CHECK_NCCL(ncclCommDestroy(comm));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "tutti-perf: rank %d: %s\n", rank, e.what());
+        s.failed = 1;
+        if (comm) ncclCommAbort(comm);
+      }
+    });
+  for (auto& th : threads) th.join();
+  if (proc == 0) {
+    std::printf("# Out of bounds values : %ld %s\n", s.wrong.load(), s.wrong.load() == 0 ? "OK" : "FAILED");
+    std::printf("# Avg bus bandwidth    : %g \n#\n", s.bw_count ? s.bw_sum / s.bw_count : 0.0);
+  }
+  if (s.wrong.load() != 0 || s.failed.load()) exit_code = 1;
+  return exit_code;
+}
