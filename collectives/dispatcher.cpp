@@ -20,8 +20,12 @@ using dsl::Collective;
 
 bool rooted(Collective c) { return c == Collective::kBroadcast || c == Collective::kReduce; }
 
-int64_t input_elems(Collective c, int64_t count, int n) { return c == Collective::kReduceScatter ? count * n : count; }
-int64_t output_elems(Collective c, int64_t count, int n) { return c == Collective::kAllGather ? count * n : count; }
+int64_t input_elems(Collective c, int64_t count, int n) {
+  return c == Collective::kReduceScatter || c == Collective::kAllToAll ? count * n : count;
+}
+int64_t output_elems(Collective c, int64_t count, int n) {
+  return c == Collective::kAllGather || c == Collective::kAllToAll ? count * n : count;
+}
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), ::tolower);
@@ -156,6 +160,7 @@ std::shared_ptr<const PreparedPlan> Dispatcher::choose(Collective c, bool inplac
     case Collective::kReduceScatter: name = "ring_reducescatter"; break;
     case Collective::kBroadcast: name = bytes <= (64u << 10) ? "tree_broadcast" : "chain_broadcast"; break;
     case Collective::kReduce: name = "tree_reduce"; break;
+    case Collective::kAllToAll: name = "pairwise_alltoall"; break;
     default: throw InvalidArgument(fmt::format("no built-in algorithm for {}", dsl::to_string(c)));
   }
   auto pp = try_builtin(name);
@@ -217,6 +222,8 @@ void Dispatcher::run(const CollectiveCall& call) {
   }
   const uint64_t bytes = static_cast<uint64_t>(std::max(in_elems, out_elems) * esize);
   auto pp = choose(c, inplace, bytes, call.root, call.count);
+  if (last_plan_ != pp->plan.name)
+    TUTTI_INFO(log::kTuning, "rank {}: {} of {} bytes runs plan '{}'", rank, dsl::to_string(c), bytes, pp->plan.name);
   last_plan_ = pp->plan.name;
   ExecArgs args;
   args.count = call.count;

@@ -673,6 +673,19 @@ NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, 
   });
 }
 
+NCCL_API(ncclResult_t, ncclAllToAll, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         ncclComm_t comm, cudaStream_t) {
+  return guard("ncclAllToAll", [&] {
+    Use use(comm, "ncclAllToAll");
+    CollectiveCall call{dsl::Collective::kAllToAll, sendbuff, recvbuff, static_cast<int64_t>(count), {}, 0};
+    call.reduction.type = to_type(datatype, "ncclAllToAll");
+    check_buffer(sendbuff, count, "sendbuff", "ncclAllToAll");
+    check_buffer(recvbuff, count, "recvbuff", "ncclAllToAll");
+    TUTTI_CHECK(sendbuff != recvbuff || count == 0, InvalidArgument, "ncclAllToAll: in-place all-to-all is not supported");
+    return collective("ncclAllToAll", comm, call);
+  });
+}
+
 NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
          cudaStream_t) {
   return guard("ncclSend", [&] {

@@ -251,13 +251,25 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
     return moved;
   };
   comm_.engine().run(step, [&] {
+    // Every unfinished block and what it waits for: the message a timeout or abort reports.
     std::string where;
-    for (auto& r : runs)
-      if (r.pc < r.block->steps.size()) {
-        where = fmt::format(" (block {} at step {}: {})", r.block->id, r.pc, plan::to_string(r.block->steps[r.pc].op));
+    int shown = 0;
+    for (auto& r : runs) {
+      if (r.pc >= r.block->steps.size()) continue;
+      if (shown++ == 8) {
+        where += "; ...";
         break;
       }
-    return fmt::format("running plan '{}' for {}{}", p.name, dsl::to_string(p.collective), where);
+      const plan::Instruction& in = r.block->steps[r.pc];
+      std::string state = !r.started ? "waiting for its dependencies"
+                                     : fmt::format("{} of {} tile(s) received, {} sent", r.processed, r.tiles, r.sends_done);
+      std::string peers;
+      if (in.recv_peer >= 0) peers += fmt::format(" from rank {}", in.recv_peer);
+      if (in.send_peer >= 0) peers += fmt::format(" to rank {}", in.send_peer);
+      where += fmt::format("{}block {} step {} ({}{}, channel {}): {}", where.empty() ? "" : "; ", r.block->id, r.pc,
+                           plan::to_string(in.op), peers, r.block->channel, state);
+    }
+    return fmt::format("running plan '{}' for {} [{}]", p.name, dsl::to_string(p.collective), where);
   });
 }
 

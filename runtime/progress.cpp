@@ -21,7 +21,7 @@ void ProgressEngine::add(Connection* c) {
 bool ProgressEngine::progress() {
   bool moved = false;
   for (Connection* c : connections_) {
-    if (c->idle()) continue;
+    if (!c->wants_progress()) continue;
     try {
       moved |= c->progress();
     } catch (const Error& e) {

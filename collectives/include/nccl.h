@@ -189,6 +189,14 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
 ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                        cudaStream_t stream);
 
+/* Extension (MSCCL's name and signature): all-to-all of `count` elements per peer. Runs a loaded
+ * plan (MSCCL_XML_FILES...) or a built-in; NCCL programs get the same result from grouped
+ * ncclSend/ncclRecv. */
+ncclResult_t ncclAllToAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
+                          cudaStream_t stream);
+ncclResult_t pncclAllToAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
+                           cudaStream_t stream);
+
 ncclResult_t ncclGroupStart(void);
 ncclResult_t pncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);

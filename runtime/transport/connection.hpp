@@ -50,6 +50,8 @@ class Connection {
 
   // Moves what it can without blocking; true if anything moved. Throws RemoteError on failure.
   virtual bool progress() = 0;
+  // Whether progress() has anything to do (cheap; the engine skips connections that say no).
+  virtual bool wants_progress() const { return !idle(); }
   // File descriptors to poll() when sleeping (TCP); shared memory sleeps on the doorbell instead.
   virtual void poll_fds(std::vector<pollfd>&) const {}
 

@@ -40,7 +40,13 @@ bool ShmConnection::progress() {
   bool moved = false;
   if (!sendq_.empty()) moved |= progress_send();
   if (!recvq_.empty()) moved |= progress_recv();
+  // Nothing posted to receive: release any single-copy sender that waits for us (eager semantics).
+  if (recvq_.empty() && ep_.in->head.load(std::memory_order_acquire) != tail_) moved |= pull_ahead();
   return moved;
+}
+
+bool ShmConnection::wants_progress() const {
+  return !idle() || ep_.in->head.load(std::memory_order_acquire) != tail_;
 }
 
 bool ShmConnection::progress_send() {
@@ -106,9 +112,57 @@ void ShmConnection::copy_from_peer(unsigned char* dst, uint64_t src, size_t byte
   }
 }
 
+bool ShmConnection::pull_ahead() {
+  FifoControl* f = ep_.in;
+  head_seen_ = f->head.load(std::memory_order_acquire);
+  uint64_t last_cma = UINT64_MAX;
+  for (uint64_t k = tail_; k < head_seen_; ++k) {
+    SlotHeader h;
+    std::memcpy(&h, slot(f, k), sizeof(h));
+    if (h.source_address) last_cma = k;
+  }
+  if (last_cma == UINT64_MAX) return false;
+  // Messages are published whole and in order, so every slot up to the descriptor completes a message.
+  while (tail_ <= last_cma) {
+    unsigned char* s = slot(f, tail_);
+    SlotHeader h;
+    std::memcpy(&h, s, sizeof(h));
+    if (h.offset == 0) {
+      partial_.assign(h.message_bytes, 0);
+      partial_filled_ = 0;
+    }
+    if (h.offset != partial_filled_ || h.message_bytes != partial_.size() || h.fragment_bytes > h.message_bytes - h.offset)
+      throw RemoteError(fmt::format("{}: corrupt shared-memory slot while reading ahead", where()));
+    partial_filled_ += h.fragment_bytes;
+    if (h.source_address) {
+      copy_from_peer(partial_.data(), h.source_address, h.fragment_bytes);
+      f->tail.store(++tail_, std::memory_order_release);
+      f->cma_done.fetch_add(1, std::memory_order_release);
+    } else {
+      if (h.fragment_bytes) std::memcpy(partial_.data() + h.offset, s + sizeof(SlotHeader), h.fragment_bytes);
+      f->tail.store(++tail_, std::memory_order_release);
+    }
+    ring(*ep_.peer_bell);
+    if (h.offset + h.fragment_bytes == h.message_bytes) early_.push_back(std::move(partial_));
+  }
+  return true;
+}
+
 bool ShmConnection::progress_recv() {
   FifoControl* f = ep_.in;
   bool moved = false;
+  while (!recvq_.empty() && !early_.empty()) {
+    Op& op = recvq_.front();
+    std::vector<unsigned char>& m = early_.front();
+    if (m.size() != op.bytes)
+      throw RemoteError(fmt::format("{}: message size mismatch: the peer sent {} bytes, the receive was posted for {}",
+                                    where(), m.size(), op.bytes));
+    if (!m.empty()) std::memcpy(op.data, m.data(), m.size());
+    early_.pop_front();
+    recvq_.pop_front();
+    ++recvs_completed_;
+    moved = true;
+  }
   while (!recvq_.empty()) {
     if (tail_ == head_seen_) {
       head_seen_ = f->head.load(std::memory_order_acquire);

@@ -14,9 +14,19 @@
 // - sender: tail.load(acquire) before it reuses a slot, so the receiver's reads happened first.
 // - single copy: receiver finishes reading, then cma_done.fetch_add(1, release); the sender's
 //   buffer is reported done only after cma_done.load(acquire) passes the message's number.
+//
+// Eager semantics. Plans are verified as if every send completes once its message sits in the
+// FIFO. A single-copy send, though, completes only when the receiver has read it, and a receiver may
+// post that receive only after its own sends completed: a cycle the verifier cannot see. So a
+// receiver that finds a single-copy descriptor in its FIFO with no receive posted for it pulls the
+// message (and the inline ones queued before it) into private memory at once. Then every send
+// completes without waiting for the receiving plan, exactly as verified; the price is a second copy
+// only for messages that arrive before their receive.
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <vector>
 
 #include "runtime/comm_state.hpp"
 #include "runtime/doorbell.hpp"
@@ -67,10 +77,12 @@ class ShmConnection : public Connection {
   ShmConnection(int rank, int peer, int channel, ShmEndpoint ep);
   const char* kind() const override { return "shm"; }
   bool progress() override;
+  bool wants_progress() const override;
 
  private:
   bool progress_send();
   bool progress_recv();
+  bool pull_ahead();
   unsigned char* slot(FifoControl* f, uint64_t index) const;
   void copy_from_peer(unsigned char* dst, uint64_t src, size_t bytes);
 
@@ -80,6 +92,9 @@ class ShmConnection : public Connection {
   uint64_t tail_ = 0, head_seen_ = 0;  // receiver side
   uint64_t cma_posted_ = 0;
   size_t next_post_ = 0;  // index into sendq_ of the first message not fully posted
+  std::deque<std::vector<unsigned char>> early_;  // messages taken before their receive was posted
+  std::vector<unsigned char> partial_;            // an early message still being assembled
+  size_t partial_filled_ = 0;
 };
 
 }  // namespace tutti

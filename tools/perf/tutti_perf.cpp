@@ -51,12 +51,13 @@ struct Options {
   bool blocking = true;
   int average = 1;
   int threads = 1;
+  bool alltoall_api = false;  // -A 1: ncclAllToAll (tutti/MSCCL extension) instead of grouped send/recv
 };
 
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "tutti-perf: %s\nusage: tutti-perf COLL [-b min] [-e max] [-f factor|-i step] [-n iters] [-w warmup] "
-               "[-c 0|1] [-o op|all] [-d type|all] [-r root|-1] [-z 0|1] [-a 0-3] [-t threads]\n"
+               "[-c 0|1] [-o op|all] [-d type|all] [-r root|-1] [-z 0|1] [-a 0-3] [-t threads] [-A 0|1]\n"
                "COLL: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv\n",
                msg);
   std::exit(2);
@@ -100,6 +101,7 @@ Options parse(int argc, char** argv) {
     else if (f == "-z") o.blocking = std::atoi(v) == 0;
     else if (f == "-a") o.average = std::atoi(v);
     else if (f == "-t") o.threads = std::atoi(v);
+    else if (f == "-A") o.alltoall_api = std::atoi(v) != 0;
     else if (f == "-g" || f == "-m" || f == "-p" || f == "-G") continue;  // nccl-tests flags without meaning here
     else usage(("unknown flag " + f).c_str());
   }
@@ -251,6 +253,10 @@ class Rank {
         case Coll::kBroadcast: CHECK_NCCL(ncclBroadcast(sb, rb, count, (ncclDataType_t)t, root, comm, nullptr)); break;
         case Coll::kReduce: CHECK_NCCL(ncclReduce(sb, rb, count, (ncclDataType_t)t, op, root, comm, nullptr)); break;
         case Coll::kAllToAll:
+          if (o.alltoall_api) {
+            CHECK_NCCL(ncclAllToAll(sb, rb, count, (ncclDataType_t)t, comm, nullptr));
+            break;
+          }
           CHECK_NCCL(ncclGroupStart());
           for (int q = 0; q < n; ++q) {
             CHECK_NCCL(ncclSend(static_cast<const unsigned char*>(sb) + q * count * es, count, (ncclDataType_t)t, q, comm, nullptr));
