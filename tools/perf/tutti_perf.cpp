@@ -403,9 +403,19 @@ int main(int argc, char** argv) {
                 r.run_case(bytes, type, op, std::max(root, 0), times, wrong);
                 double mine[4] = {times[0], times[1], static_cast<double>(wrong[0]), static_cast<double>(wrong[1])};
                 double sum[4];
+                auto settle = [&] {
+                  // A non-blocking communicator returns ncclInProgress: wait before reading results.
+                  ncclResult_t st = ncclSuccess;
+                  if (!o.blocking)
+                    do CHECK_NCCL(ncclCommGetAsyncError(comm, &st));
+                    while (st == ncclInProgress);
+                  CHECK_NCCL(st);
+                };
                 CHECK_NCCL(ncclAllReduce(mine, sum, 4, ncclFloat64, ncclSum, comm, nullptr));
+                settle();
                 double tmax[2];
                 CHECK_NCCL(ncclAllReduce(mine, tmax, 2, ncclFloat64, ncclMax, comm, nullptr));
+                settle();
                 if (rank == 0) {
                   double tt[2];
                   for (int k = 0; k < 2; ++k) tt[k] = o.average == 1 ? sum[k] / s.nranks : o.average == 3 ? tmax[k] : times[k];

@@ -1,0 +1,292 @@
+// The NCCL API as NCCL documents its usage: one rank per thread, one thread driving several ranks,
+// groups of send/recv for all-to-all, gather and scatter, in-place variants, reduction operators,
+// bad calls, abort, non-blocking communicators, split, and memory.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "collectives/include/nccl.h"
+
+namespace {
+
+// Runs fn(rank, comm) on one thread per rank over a fresh communicator.
+void on_ranks(int n, const std::function<void(int, ncclComm_t)>& fn) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      ncclComm_t comm;
+      ASSERT_EQ(ncclCommInitRank(&comm, n, id, r), ncclSuccess) << ncclGetLastError(nullptr);
+      fn(r, comm);
+      EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+    });
+  for (auto& t : threads) t.join();
+}
+
+TEST(NcclApi, VersionAndErrorStrings) {
+  int v = 0;
+  EXPECT_EQ(ncclGetVersion(&v), ncclSuccess);
+  EXPECT_EQ(v, NCCL_VERSION_CODE);
+  EXPECT_EQ(NCCL_VERSION_CODE, NCCL_VERSION(2, 19, 3));
+  EXPECT_STREQ(ncclGetErrorString(ncclSuccess), "no error");
+  EXPECT_STREQ(ncclGetErrorString(ncclInProgress), "NCCL operation in progress");
+  EXPECT_STREQ(ncclGetErrorString(static_cast<ncclResult_t>(99)), "unknown result code");
+  EXPECT_EQ(sizeof(ncclUniqueId), 128u);
+  EXPECT_EQ(ncclGetVersion(nullptr), ncclInvalidArgument);
+}
+
+TEST(NcclApi, OneRankPerThreadEveryCollective) {
+  const int n = 4, count = 1001;
+  on_ranks(n, [&](int r, ncclComm_t comm) {
+    std::vector<float> in(count * n), out(count * n);
+    for (int i = 0; i < count * n; ++i) in[i] = static_cast<float>(r * 3 + i % 5);
+    ASSERT_EQ(ncclAllReduce(in.data(), out.data(), count, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
+    for (int i = 0; i < count; ++i) ASSERT_EQ(out[i], 3.0f * (n * (n - 1) / 2) + n * (i % 5));
+    ASSERT_EQ(ncclBroadcast(in.data(), out.data(), count, ncclFloat, 2, comm, nullptr), ncclSuccess);
+    for (int i = 0; i < count; ++i) ASSERT_EQ(out[i], static_cast<float>(6 + i % 5));
+    std::vector<float> b(in.begin(), in.begin() + count);
+    ASSERT_EQ(ncclBcast(b.data(), count, ncclFloat, 1, comm, nullptr), ncclSuccess);
+    for (int i = 0; i < count; ++i) ASSERT_EQ(b[i], static_cast<float>(3 + i % 5));
+    std::fill(out.begin(), out.end(), -1.0f);
+    ASSERT_EQ(ncclReduce(in.data(), out.data(), count, ncclFloat, ncclMax, 3, comm, nullptr), ncclSuccess);
+    if (r == 3) {
+      for (int i = 0; i < count; ++i) ASSERT_EQ(out[i], static_cast<float>(9 + i % 5));
+    } else {
+      ASSERT_EQ(out[0], -1.0f);  // NCCL leaves non-root receive buffers alone
+    }
+    ASSERT_EQ(ncclAllGather(in.data(), out.data(), count, ncclFloat, comm, nullptr), ncclSuccess);
+    for (int q = 0; q < n; ++q)
+      for (int i = 0; i < count; ++i) ASSERT_EQ(out[q * count + i], static_cast<float>(q * 3 + i % 5));
+    ASSERT_EQ(ncclReduceScatter(in.data(), out.data(), count, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
+    for (int i = 0; i < count; ++i) ASSERT_EQ(out[i], 3.0f * (n * (n - 1) / 2) + n * ((r * count + i) % 5));
+  });
+}
+
+TEST(NcclApi, InPlaceVariantsAsNcclDefinesThem) {
+  const int n = 3, count = 77;
+  on_ranks(n, [&](int r, ncclComm_t comm) {
+    std::vector<int32_t> buf(count * n);
+    for (int i = 0; i < count; ++i) buf[r * count + i] = r * 100 + i;
+    // All-gather in place: sendbuff = recvbuff + rank * count.
+    ASSERT_EQ(ncclAllGather(buf.data() + r * count, buf.data(), count, ncclInt32, comm, nullptr), ncclSuccess);
+    for (int q = 0; q < n; ++q)
+      for (int i = 0; i < count; ++i) ASSERT_EQ(buf[q * count + i], q * 100 + i);
+    // Reduce-scatter in place: recvbuff = sendbuff + rank * recvcount.
+    ASSERT_EQ(ncclReduceScatter(buf.data(), buf.data() + r * count, count, ncclInt32, ncclSum, comm, nullptr), ncclSuccess);
+    for (int i = 0; i < count; ++i) ASSERT_EQ(buf[r * count + i], n * (r * 100 + i));
+    // All-reduce in place.
+    std::vector<int32_t> x(count, r + 1);
+    ASSERT_EQ(ncclAllReduce(x.data(), x.data(), count, ncclInt32, ncclProd, comm, nullptr), ncclSuccess);
+    for (int i = 0; i < count; ++i) ASSERT_EQ(x[i], 6);
+  });
+}
+
+TEST(NcclApi, OneThreadDrivesSeveralRanksInAGroup) {
+  const int n = 3;
+  std::vector<ncclComm_t> comms(n);
+  ASSERT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess);
+  std::vector<std::vector<double>> bufs(n, std::vector<double>(500));
+  for (int r = 0; r < n; ++r) std::fill(bufs[r].begin(), bufs[r].end(), r + 0.5);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r)
+    ASSERT_EQ(ncclAllReduce(bufs[r].data(), bufs[r].data(), 500, ncclDouble, ncclSum, comms[r], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(bufs[r][499], 4.5);
+  int dev = 7, count = 0;
+  EXPECT_EQ(ncclCommCuDevice(comms[1], &dev), ncclSuccess);
+  EXPECT_EQ(dev, 1);
+  EXPECT_EQ(ncclCommCount(comms[2], &count), ncclSuccess);
+  EXPECT_EQ(count, 3);
+  for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
+TEST(NcclApi, AllToAllGatherScatterThroughGroupedSendRecv) {
+  const int n = 4, count = 33;
+  on_ranks(n, [&](int r, ncclComm_t comm) {
+    std::vector<int64_t> send(count * n), recv(count * n, -1);
+    for (int q = 0; q < n; ++q)
+      for (int i = 0; i < count; ++i) send[q * count + i] = r * 1000 + q * 10 + i;
+    // All-to-all.
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int q = 0; q < n; ++q) {
+      ASSERT_EQ(ncclSend(send.data() + q * count, count, ncclInt64, q, comm, nullptr), ncclSuccess);
+      ASSERT_EQ(ncclRecv(recv.data() + q * count, count, ncclInt64, q, comm, nullptr), ncclSuccess);
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+    for (int q = 0; q < n; ++q)
+      for (int i = 0; i < count; ++i) ASSERT_EQ(recv[q * count + i], q * 1000 + r * 10 + i);
+    // Gather to root 1.
+    std::fill(recv.begin(), recv.end(), -1);
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    if (r == 1) {
+      for (int q = 0; q < n; ++q) ASSERT_EQ(ncclRecv(recv.data() + q * count, count, ncclInt64, q, comm, nullptr), ncclSuccess);
+    }
+    ASSERT_EQ(ncclSend(send.data(), count, ncclInt64, 1, comm, nullptr), ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+    if (r == 1) {
+      for (int q = 0; q < n; ++q) ASSERT_EQ(recv[q * count], q * 1000);
+    }
+    // Scatter from root 2.
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    if (r == 2) {
+      for (int q = 0; q < n; ++q) ASSERT_EQ(ncclSend(send.data() + q * count, count, ncclInt64, q, comm, nullptr), ncclSuccess);
+    }
+    ASSERT_EQ(ncclRecv(recv.data(), count, ncclInt64, 2, comm, nullptr), ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+    ASSERT_EQ(recv[5], 2000 + r * 10 + 5);
+  });
+}
+
+TEST(NcclApi, PreMulSumAndAverage) {
+  const int n = 3;
+  on_ranks(n, [&](int r, ncclComm_t comm) {
+    float scalar = 2.0f;
+    ncclRedOp_t op;
+    ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, comm), ncclSuccess);
+    EXPECT_GE(static_cast<int>(op), static_cast<int>(ncclNumOps));
+    std::vector<float> x(100, static_cast<float>(r + 1)), y(100);
+    ASSERT_EQ(ncclAllReduce(x.data(), y.data(), 100, ncclFloat, op, comm, nullptr), ncclSuccess);
+    EXPECT_EQ(y[99], 12.0f);
+    EXPECT_EQ(ncclAllReduce(x.data(), y.data(), 100, ncclDouble, op, comm, nullptr), ncclInvalidArgument);
+    ASSERT_EQ(ncclRedOpDestroy(op, comm), ncclSuccess);
+    EXPECT_EQ(ncclAllReduce(x.data(), y.data(), 100, ncclFloat, op, comm, nullptr), ncclInvalidArgument);
+    ASSERT_EQ(ncclAllReduce(x.data(), y.data(), 100, ncclFloat, ncclAvg, comm, nullptr), ncclSuccess);
+    EXPECT_EQ(y[0], 2.0f);
+  });
+}
+
+TEST(NcclApi, BadCallsReturnErrorsThatSayWhatWasWrong) {
+  on_ranks(2, [&](int r, ncclComm_t comm) {
+    float x[4] = {};
+    EXPECT_EQ(ncclAllReduce(nullptr, x, 4, ncclFloat, ncclSum, comm, nullptr), ncclInvalidArgument);
+    EXPECT_NE(std::string(ncclGetLastError(comm)).find("sendbuff is NULL with count 4"), std::string::npos);
+    EXPECT_EQ(ncclAllReduce(x, x, 4, static_cast<ncclDataType_t>(42), ncclSum, comm, nullptr), ncclInvalidArgument);
+    EXPECT_NE(std::string(ncclGetLastError(comm)).find("invalid datatype 42"), std::string::npos);
+    EXPECT_EQ(ncclAllReduce(x, x, 4, ncclFloat, static_cast<ncclRedOp_t>(9), comm, nullptr), ncclInvalidArgument);
+    EXPECT_NE(std::string(ncclGetLastError(comm)).find("invalid reduction operator 9"), std::string::npos);
+    EXPECT_EQ(ncclBroadcast(x, x, 4, ncclFloat, 2, comm, nullptr), ncclInvalidArgument);
+    EXPECT_NE(std::string(ncclGetLastError(comm)).find("root 2 is out of range"), std::string::npos);
+    EXPECT_EQ(ncclSend(x, 4, ncclFloat, -1, comm, nullptr), ncclInvalidArgument);
+    EXPECT_EQ(ncclAllReduce(x, x, 0, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);  // count 0 is fine
+    (void)r;
+  });
+  float x[4];
+  ncclComm_t freed;
+  {
+    std::vector<ncclComm_t> comms(1);
+    ASSERT_EQ(ncclCommInitAll(comms.data(), 1, nullptr), ncclSuccess);
+    freed = comms[0];
+    ASSERT_EQ(ncclCommDestroy(freed), ncclSuccess);
+  }
+  EXPECT_EQ(ncclAllReduce(x, x, 4, ncclFloat, ncclSum, freed, nullptr), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("NULL, freed or aborted"), std::string::npos);
+  EXPECT_EQ(ncclCommDestroy(freed), ncclInvalidArgument);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+}
+
+TEST(NcclApi, MismatchedCountsAreCaughtWithTuttiCheck) {
+  setenv("TUTTI_CHECK", "1", 1);
+  std::vector<ncclResult_t> results(2);
+  std::vector<std::string> errors(2);
+  on_ranks(2, [&](int r, ncclComm_t comm) {
+    std::vector<float> x(200);
+    results[r] = ncclAllReduce(x.data(), x.data(), r == 0 ? 100 : 200, ncclFloat, ncclSum, comm, nullptr);
+    errors[r] = ncclGetLastError(comm);
+  });
+  unsetenv("TUTTI_CHECK");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r], ncclInvalidArgument);
+    EXPECT_NE(errors[r].find("with count"), std::string::npos) << errors[r];
+  }
+}
+
+TEST(NcclApi, AbortDuringACollectiveUnblocksEveryRank) {
+  const int n = 3;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<ncclComm_t> comms(n);
+  std::vector<std::thread> init;
+  for (int r = 0; r < n; ++r) init.emplace_back([&, r] { ASSERT_EQ(ncclCommInitRank(&comms[r], n, id, r), ncclSuccess); });
+  for (auto& t : init) t.join();
+  // Ranks 1 and 2 enter an all-reduce that rank 0 never joins; rank 0 aborts.
+  std::vector<ncclResult_t> results(n, ncclSuccess);
+  std::vector<std::thread> threads;
+  for (int r = 1; r < n; ++r)
+    threads.emplace_back([&, r] {
+      std::vector<float> x(1000);
+      results[r] = ncclAllReduce(x.data(), x.data(), 1000, ncclFloat, ncclSum, comms[r], nullptr);
+    });
+  ASSERT_EQ(ncclCommAbort(comms[0]), ncclSuccess);
+  for (auto& t : threads) t.join();
+  for (int r = 1; r < n; ++r) {
+    EXPECT_EQ(results[r], ncclRemoteError);
+    ncclResult_t async;
+    EXPECT_EQ(ncclCommGetAsyncError(comms[r], &async), ncclSuccess);
+    EXPECT_EQ(async, ncclRemoteError);
+    EXPECT_EQ(ncclCommAbort(comms[r]), ncclSuccess);
+  }
+}
+
+TEST(NcclApi, NonBlockingCommunicatorsFollowTheInProgressProtocol) {
+  const int n = 2;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+      cfg.blocking = 0;
+      ncclComm_t comm;
+      ncclResult_t rc = ncclCommInitRankConfig(&comm, n, id, r, &cfg);
+      ASSERT_TRUE(rc == ncclInProgress || rc == ncclSuccess);
+      ncclResult_t state;
+      do ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+      while (state == ncclInProgress);
+      ASSERT_EQ(state, ncclSuccess);
+      std::vector<float> x(4096, 1.0f);
+      rc = ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat, ncclSum, comm, nullptr);
+      ASSERT_TRUE(rc == ncclInProgress || rc == ncclSuccess);
+      do ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+      while (state == ncclInProgress);
+      ASSERT_EQ(state, ncclSuccess);
+      EXPECT_EQ(x[4095], 2.0f);
+      EXPECT_EQ(ncclCommFinalize(comm), ncclSuccess);
+      EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+    });
+  for (auto& t : threads) t.join();
+}
+
+TEST(NcclApi, SplitMemAllocAndRegistration) {
+  const int n = 4;
+  on_ranks(n, [&](int r, ncclComm_t comm) {
+    ncclComm_t half;
+    ASSERT_EQ(ncclCommSplit(comm, r == 3 ? NCCL_SPLIT_NOCOLOR : r % 2, r, &half, nullptr), ncclSuccess);
+    if (r == 3) {
+      EXPECT_EQ(half, nullptr);
+      return;
+    }
+    int size = 0;
+    ASSERT_EQ(ncclCommCount(half, &size), ncclSuccess);
+    EXPECT_EQ(size, r % 2 == 0 ? 2 : 1);
+    void* mem = nullptr;
+    ASSERT_EQ(ncclMemAlloc(&mem, 1024 * sizeof(float)), ncclSuccess);
+    void* handle = nullptr;
+    ASSERT_EQ(ncclCommRegister(half, mem, 1024 * sizeof(float), &handle), ncclSuccess);
+    float* f = static_cast<float*>(mem);
+    std::fill(f, f + 1024, 1.0f);
+    ASSERT_EQ(ncclAllReduce(f, f, 1024, ncclFloat, ncclSum, half, nullptr), ncclSuccess);
+    EXPECT_EQ(f[1023], static_cast<float>(size));
+    EXPECT_EQ(ncclCommDeregister(half, handle), ncclSuccess);
+    EXPECT_EQ(ncclMemFree(mem), ncclSuccess);
+    EXPECT_EQ(ncclMemFree(mem), ncclInvalidArgument);
+    EXPECT_EQ(ncclCommDestroy(half), ncclSuccess);
+  });
+}
+
+}  // namespace

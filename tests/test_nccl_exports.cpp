@@ -1,0 +1,49 @@
+// libnccl.so.2 exports every function NCCL's own header declares, up to the version tutti claims
+// (2.19), each also as pnccl*. Functions NCCL added later are listed with the version they came in.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+namespace {
+
+// Added to NCCL after 2.19 (release notes), so not part of tutti's claimed API.
+const std::map<std::string, std::string> kLater = {
+    {"ncclGroupSimulateEnd", "2.22"},     {"ncclCommInitRankScalable", "2.23"}, {"ncclCommWindowRegister", "2.27"},
+    {"ncclCommWindowDeregister", "2.27"}, {"ncclCommShrink", "2.27"},           {"ncclCommRevoke", "2.28"},
+    {"ncclAlltoAll", "2.28"},             {"ncclGather", "2.28"},               {"ncclScatter", "2.28"},
+};
+
+TEST(NcclExports, EveryFunctionOfTheClaimedVersionIsExported) {
+  std::ifstream in(NCCL_REAL_HEADER);
+  ASSERT_TRUE(in) << "cannot read " << NCCL_REAL_HEADER;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string header = ss.str();
+  std::regex decl(R"((?:ncclResult_t|const char\s*\*)\s+(nccl[A-Za-z]+)\s*\()");
+  std::set<std::string> declared;
+  for (auto it = std::sregex_iterator(header.begin(), header.end(), decl); it != std::sregex_iterator(); ++it)
+    declared.insert((*it)[1]);
+  ASSERT_GE(declared.size(), 30u);
+  void* lib = dlopen(TUTTI_NCCL_LIB, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  int checked = 0;
+  for (const std::string& name : declared) {
+    if (kLater.count(name)) continue;
+    EXPECT_NE(dlsym(lib, name.c_str()), nullptr) << name << " is declared by NCCL's header but not exported";
+    EXPECT_NE(dlsym(lib, ("p" + name).c_str()), nullptr) << "p" << name << " is not exported";
+    ++checked;
+  }
+  EXPECT_GE(checked, 31);
+  using GetVersion = int (*)(int*);
+  int version = 0;
+  reinterpret_cast<GetVersion>(dlsym(lib, "ncclGetVersion"))(&version);
+  EXPECT_EQ(version, 21903);
+  dlclose(lib);
+}
+
+}  // namespace
