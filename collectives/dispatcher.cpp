@@ -87,7 +87,8 @@ const std::vector<std::shared_ptr<const PreparedPlan>>& Dispatcher::loaded_plans
   return plans;
 }
 
-Dispatcher::Dispatcher(Communicator& comm) : comm_(comm), executor_(comm) {}
+Dispatcher::Dispatcher(Communicator& comm)
+    : comm_(comm), executor_(comm), check_(env::get_bool("TUTTI_CHECK")), algo_(env::raw("TUTTI_ALGO")) {}
 
 std::shared_ptr<const PreparedPlan> Dispatcher::builtin(const std::string& name, std::map<std::string, int> params) {
   std::string key = name;
@@ -101,6 +102,9 @@ std::shared_ptr<const PreparedPlan> Dispatcher::builtin(const std::string& name,
 }
 
 std::shared_ptr<const PreparedPlan> Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count) {
+  auto key = std::make_tuple(static_cast<int>(c), inplace, root, bytes, count);
+  auto hit = chosen_.find(key);
+  if (hit != chosen_.end()) return hit->second;
   const int n = comm_.size();
   auto applicable = [&](const PreparedPlan& pp) {
     const plan::Plan& p = pp.plan;
@@ -137,24 +141,32 @@ std::shared_ptr<const PreparedPlan> Dispatcher::choose(Collective c, bool inplac
       }
     return nullptr;
   };
-  if (auto forced = env::raw("TUTTI_ALGO")) {
+  auto remember = [&](std::shared_ptr<const PreparedPlan> pp) {
+    chosen_[key] = pp;
+    return pp;
+  };
+  if (const auto& forced = algo_) {
     std::string want = lower(*forced);
     for (auto& pp : loaded_plans())
-      if (lower(pp->plan.name) == want && applicable(*pp)) return pp;
+      if (lower(pp->plan.name) == want && applicable(*pp)) return remember(pp);
     std::string coll = dsl::to_string(c);
     for (const std::string& name : {want, want + "_" + coll})
-      if (auto pp = try_builtin(name)) return pp;
+      if (auto pp = try_builtin(name)) return remember(pp);
     static std::once_flag warned;
     std::call_once(warned, [&] { TUTTI_INFO(log::kTuning, "TUTTI_ALGO={} does not apply to {}; using the default", *forced, coll); });
   }
   for (auto& pp : loaded_plans())
-    if (applicable(*pp) && pp->plan.min_bytes <= bytes && bytes <= pp->plan.max_bytes) return pp;
+    if (applicable(*pp) && pp->plan.min_bytes <= bytes && bytes <= pp->plan.max_bytes) return remember(pp);
   // Built-in defaults for host memory: latency-bound sizes want few steps, bandwidth-bound ones
   // want every byte to cross each link once.
   std::string name;
   switch (c) {
     case Collective::kAllReduce:
-      name = n <= 2 || bytes > (512u << 10) ? "ring_allreduce" : bytes <= (32u << 10) ? "allpairs_allreduce" : "rhd_allreduce";
+      // One shot while latency dominates (one message each way per peer), then halving-doubling,
+      // then the ring, whose every byte crosses each link once.
+      name = bytes <= (32u << 10) && n <= 16 ? "allpairs_allreduce"
+             : bytes > (512u << 10) || n <= 2 ? "ring_allreduce"
+                                              : "rhd_allreduce";
       break;
     case Collective::kAllGather: name = bytes <= (32u << 10) && n > 2 ? "bruck_allgather" : "ring_allgather"; break;
     case Collective::kReduceScatter: name = "ring_reducescatter"; break;
@@ -165,7 +177,7 @@ std::shared_ptr<const PreparedPlan> Dispatcher::choose(Collective c, bool inplac
   }
   auto pp = try_builtin(name);
   TUTTI_CHECK(pp != nullptr, InternalError, "built-in {} does not apply to {} ranks", name, n);
-  return pp;
+  return remember(pp);
 }
 
 void Dispatcher::check_consistent(const CollectiveCall& call) {
@@ -199,7 +211,7 @@ void Dispatcher::run(const CollectiveCall& call) {
   const Collective c = call.collective;
   const int64_t esize = static_cast<int64_t>(size_of(call.reduction.type));
   const int64_t in_elems = input_elems(c, call.count, n), out_elems = output_elems(c, call.count, n);
-  if (env::get_bool("TUTTI_CHECK")) check_consistent(call);
+  if (check_) check_consistent(call);
   const unsigned char* in = static_cast<const unsigned char*>(call.input);
   unsigned char* out = static_cast<unsigned char*>(call.output);
   bool inplace;

@@ -9,6 +9,8 @@
 // larger of the input and output buffer, nccl-tests' "size".
 
 #include <map>
+#include <optional>
+#include <tuple>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +45,10 @@ class Dispatcher {
 
   Communicator& comm_;
   Executor executor_;
+  bool check_;                       // TUTTI_CHECK, read once
+  std::optional<std::string> algo_;  // TUTTI_ALGO / NCCL_ALGO, read once
+  // Choices already made: (collective, in-place, root, bytes, count) -> plan.
+  std::map<std::tuple<int, bool, int, uint64_t, int64_t>, std::shared_ptr<const PreparedPlan>> chosen_;
   std::map<std::string, std::shared_ptr<const PreparedPlan>> cache_;
   std::vector<unsigned char> temp_in_, temp_out_;
   std::string last_plan_;

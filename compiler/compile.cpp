@@ -57,7 +57,10 @@ class Lowering {
   Plan run(bool fuse) {
     replay();
     if (fuse)
-      for (int r = 0; r < prog_.nranks(); ++r) fuse_rank(r);
+      for (int r = 0; r < prog_.nranks(); ++r) {
+        forward_copies(r);
+        fuse_rank(r);
+      }
     Plan plan;
     plan.name = prog_.name();
     plan.collective = spec_.kind;
@@ -169,6 +172,57 @@ class Lowering {
       return false;
     }
     return spec_.postcondition(rank, static_cast<int>(cell.second)).has_value();
+  }
+
+  // Copy propagation: after a local copy X -> Y, a send of Y may send X and a reducing receive into
+  // Y may take X as its operand (X is unchanged meanwhile), so neither waits for the copy. If nothing
+  // else reads Y before it is overwritten, and its final value does not matter, the copy is dead.
+  // Out-of-place plans start with such copies (input -> output); this removes a full pass over the
+  // data from them.
+  void forward_copies(int r) {
+    auto& L = lists_[r];
+    auto overlaps = [&](const Ref& a, const Ref& b) {
+      auto ca = cells(r, a), cb = cells(r, b);
+      for (auto& x : ca)
+        for (auto& y : cb)
+          if (x == y) return true;
+      return false;
+    };
+    for (int i = 0; i < static_cast<int>(L.size()); ++i) {
+      LInstr& c = L[i];
+      if (c.dead || c.ins.op != Opcode::kCopy) continue;
+      const Ref X = c.ins.srcs[0], Y = *c.ins.dst;
+      if (overlaps(X, Y)) continue;
+      std::vector<std::pair<int, bool>> redirect;  // (instruction, is reducing receive)
+      bool needed = false, overwritten = false;
+      for (int j = i + 1; j < static_cast<int>(L.size()) && !needed && !overwritten; ++j) {
+        LInstr& u = L[j];
+        if (u.dead) continue;
+        if (u.ins.dst && overlaps(*u.ins.dst, X)) break;  // X changes: stop redirecting here
+        bool reads = false;
+        for (auto& src : u.ins.srcs) reads |= overlaps(src, Y);
+        bool writes = u.ins.dst && overlaps(*u.ins.dst, Y);
+        if (reads) {
+          if (u.ins.op == Opcode::kSend && u.ins.srcs[0] == Y && u.channel == c.channel) {
+            redirect.push_back({j, false});
+          } else if (u.ins.op == Opcode::kRecvReduceCopy && u.ins.srcs[0] == Y && u.ins.dst == Y) {
+            redirect.push_back({j, true});
+            overwritten = true;
+          } else {
+            needed = true;
+          }
+        } else if (writes) {
+          overwritten = *u.ins.dst == Y;
+          needed |= !overwritten;  // a partial overwrite leaves part of the copy in use
+        }
+      }
+      if (!overwritten && !needed)
+        for (auto& cell : cells(r, Y)) needed |= checked_at_end(r, cell);
+      for (auto [j, reducing] : redirect) {
+        if (!reducing || !needed) L[j].ins.srcs[0] = X;  // a kept copy must stay Y's writer
+      }
+      if (!needed) c.dead = true;
+    }
   }
 
   void fuse_rank(int r) {

@@ -35,7 +35,9 @@ constexpr Variable kVariables[] = {
     {"TUTTI_SHM_CMA_THRESHOLD", "", "256K", "Smallest message sent by single copy instead of through the FIFO."},
     {"TUTTI_TCP_NSOCKS", "", "2", "TCP sockets per peer and channel; large messages are striped across them."},
     {"TUTTI_TCP_STRIPE_THRESHOLD", "", "256K", "Smallest TCP message striped across all sockets of a peer."},
-    {"TUTTI_SPIN", "", "2000", "Polls of an idle wait before it sleeps on a futex (or in poll())."},
+    {"TUTTI_SPIN", "", "200",
+     "Microseconds a wait keeps polling after the last progress before it sleeps on a futex (or in poll()); "
+     "0 when the host has more ranks than cores, unless set."},
     {"TUTTI_TILE_SIZE", "", "512K", "Largest piece a plan instruction moves at once; larger chunks are pipelined in tiles."},
     {"TUTTI_ALGO", "NCCL_ALGO", "",
      "Force an algorithm: a built-in name (ring_allreduce) or its family (ring, rhd, allpairs, tree, hier, rd, bruck, "

@@ -38,7 +38,7 @@ struct CommOptions {
   uint64_t shm_single_copy_threshold = 256 << 10;
   int tcp_sockets = 2;
   uint64_t tcp_stripe_threshold = 256 << 10;
-  int spin = 2000;
+  int spin = 200;  // microseconds
 
   // Defaults from TUTTI_* variables (see docs/ENVIRONMENT.md).
   static CommOptions from_env();

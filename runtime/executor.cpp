@@ -39,6 +39,9 @@ std::shared_ptr<const PreparedPlan> PreparedPlan::make(plan::Plan p) {
           received[{in.recv_peer, r, b.channel}].push_back(in.dst ? sub(*in.dst) : sub(in.srcs[0]));
       }
   if (sent != received) out->any_count = false;
+  out->block_index.resize(p.nranks);
+  for (int r = 0; r < p.nranks; ++r)
+    for (size_t b = 0; b < p.ranks[r].blocks.size(); ++b) out->block_index[r][p.ranks[r].blocks[b].id] = b;
   out->plan = std::move(p);
   return out;
 }
@@ -99,11 +102,8 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
   };
 
   std::vector<Run> runs(rp.blocks.size());
-  std::map<int64_t, size_t> index;
-  for (size_t b = 0; b < rp.blocks.size(); ++b) {
-    runs[b].block = &rp.blocks[b];
-    index[rp.blocks[b].id] = b;
-  }
+  const std::map<int64_t, size_t>& index = pp.block_index[rank];
+  for (size_t b = 0; b < rp.blocks.size(); ++b) runs[b].block = &rp.blocks[b];
   if (staging_.size() < runs.size()) staging_.resize(runs.size());
   size_t finished = 0;
   for (auto& r : runs)

@@ -24,6 +24,8 @@ struct PreparedPlan {
   // True when every transfer and local operation moves chunks between equal sub-indices, so the plan
   // works for any element count; otherwise it needs count % chunk_factor == 0.
   bool any_count = true;
+  // Per rank: block id -> index in RankPlan::blocks (ids need not be dense in imported plans).
+  std::vector<std::map<int64_t, size_t>> block_index;
   static std::shared_ptr<const PreparedPlan> make(plan::Plan plan);
 };
 

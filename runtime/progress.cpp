@@ -1,7 +1,9 @@
 #include "runtime/progress.hpp"
 
 #include <poll.h>
+#include <sched.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "core/clock.hpp"
@@ -45,12 +47,23 @@ void ProgressEngine::wait(const std::function<bool()>& done, const std::function
 void ProgressEngine::run(const std::function<bool(bool& done)>& step, const std::function<std::string()>& what) {
   bool done = false;
   uint64_t rounds = 0;
-  for (int i = 0; i < spin_; ++i) {
+  // Poll while work flows and for spin_ microseconds after it stops, then sleep. Time-based, so a
+  // rank does not fall asleep between two messages of one exchange (each wake-up costs tens of us).
+  using Clock = std::chrono::steady_clock;
+  auto spin_until = Clock::now() + std::chrono::microseconds(spin_);
+  while (spin_ > 0) {
     bool moved = progress();
     moved |= step(done);
     if (done) return;
-    if ((++rounds & 63) == 0) state_->check(what());
-    if (moved) i = 0;  // keep spinning while work flows
+    if ((++rounds & 31) == 0) {
+      state_->check(what());
+      // The peer we wait for may share this core (the scheduler does not always spread ranks):
+      // let it run.
+      sched_yield();
+      auto now = Clock::now();
+      if (moved) spin_until = now + std::chrono::microseconds(spin_);
+      else if (now >= spin_until) break;
+    }
     cpu_relax();
   }
   Deadline deadline = Deadline::after(timeout_s_);

@@ -1,6 +1,7 @@
 #pragma once
 // The progress engine of one rank: it advances every connection of the communicator and turns
-// non-blocking tickets into blocking waits. A wait polls for TUTTI_SPIN rounds, then sleeps: on the
+// non-blocking tickets into blocking waits. A wait polls for TUTTI_SPIN microseconds after the last
+// progress, then sleeps: on the
 // rank's doorbell futex when only shared-memory peers are involved, in poll() when TCP sockets are.
 // Every wait checks the abort flag and the communicator's error state each round and fails with
 // Timeout after TUTTI_TIMEOUT seconds, naming what it waited for.
@@ -17,7 +18,7 @@ namespace tutti {
 
 class ProgressEngine {
  public:
-  ProgressEngine(std::shared_ptr<CommState> state, double timeout_s, int spin);
+  ProgressEngine(std::shared_ptr<CommState> state, double timeout_s, int spin_us);
   void add(Connection* c);
   // Advances all connections once; true if anything moved. A transport error fails the communicator.
   bool progress();

@@ -344,8 +344,9 @@ TEST(Properties, RandomProgramsFailWithAMessageOrMatchTheReference) {
     for (int r = 0; r < n; ++r)
       for (int i = 0; i < chunks; ++i) (*expected)[{r, i}] = ref.cells[{r, 1, "", i}];
     // The plan's symbolic execution must reproduce the reference (verify checks the postcondition).
+    // compile() verifies the plan against the reference postcondition; dead copies may vanish.
     Compiled c = compile(p);
-    EXPECT_GT(c.plan.steps(), 0);
+    EXPECT_LE(c.plan.steps(), c.steps_before_fusion);
     ++verified;
   }
   EXPECT_GT(verified, 30);

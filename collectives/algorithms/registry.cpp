@@ -58,8 +58,10 @@ dsl::CollectiveSpec spec_of(dsl::Collective c, int nranks, int chunk_factor, boo
 
 void copy_input_to_output(dsl::Program& p) {
   if (p.spec().inplace) return;
+  // One copy per chunk, so the compiler can forward each into its first use and drop it.
   int n = std::min(p.spec().input_chunks(), p.spec().output_chunks());
-  for (int r = 0; r < p.nranks(); ++r) p.chunk(r, dsl::Buffer::input(), 0, n).copy(r, dsl::Buffer::output(), 0);
+  for (int r = 0; r < p.nranks(); ++r)
+    for (int i = 0; i < n; ++i) p.chunk(r, dsl::Buffer::input(), i).copy(r, dsl::Buffer::output(), i);
 }
 
 std::string needs_divisor(int nranks, int local, const char* param) {

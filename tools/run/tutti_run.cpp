@@ -1,7 +1,9 @@
 // tutti-run: starts N local ranks of a program and serves their rendezvous.
 //
-//   tutti-run -n N [--no-prefix] [--] program [args...]
+//   tutti-run -n N [--no-prefix] [--bind-to core|none] [--] program [args...]
 //
+// Like mpirun, ranks are bound to one core each (rank r to the r-th allowed core) when there are
+// at least as many cores as ranks, and left unbound otherwise; --bind-to none turns binding off.
 // Each rank gets TUTTI_RANK, TUTTI_SIZE, TUTTI_LOCAL_RANK, TUTTI_LOCAL_SIZE and TUTTI_COMM_ID (the
 // hex unique id of a rendezvous root that runs inside tutti-run). Output lines are forwarded with a
 // "[rank] " prefix. The exit status is the first non-zero status of a rank (128+signal for a killed
@@ -10,6 +12,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -42,7 +45,8 @@ int usage(const char* msg) {
   std::fprintf(stderr,
                "tutti-run: %s\nusage: tutti-run -n N [--no-prefix] [--] program [args...]\n"
                "  -n, --np N     number of ranks to start on this host\n"
-               "  --no-prefix    do not prefix output lines with [rank]\n",
+               "  --no-prefix    do not prefix output lines with [rank]\n"
+               "  --bind-to core|none  bind each rank to a core (default when ranks <= cores) or not\n",
                msg);
   return 2;
 }
@@ -76,6 +80,7 @@ int exit_code(int status) {
 int main(int argc, char** argv) {
   int n = -1;
   bool prefix = true;
+  std::string bind = "auto";
   int i = 1;
   for (; i < argc; ++i) {
     std::string a = argv[i];
@@ -86,6 +91,10 @@ int main(int argc, char** argv) {
       if (*end || n < 1) return usage("-n needs a positive number");
     } else if (a == "--no-prefix") {
       prefix = false;
+    } else if (a == "--bind-to") {
+      if (i + 1 >= argc) return usage("--bind-to needs core or none");
+      bind = argv[++i];
+      if (bind != "core" && bind != "none") return usage("--bind-to takes core or none");
     } else if (a == "--") {
       ++i;
       break;
@@ -118,6 +127,14 @@ int main(int argc, char** argv) {
   sigaction(SIGHUP, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  sched_getaffinity(0, sizeof(allowed), &allowed);
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+  bool binding = bind == "core" || (bind == "auto" && n <= static_cast<int>(cores.size()));
+
   std::vector<Rank> ranks(n);
   for (int r = 0; r < n; ++r) {
     int out[2], err[2];
@@ -132,6 +149,12 @@ int main(int argc, char** argv) {
     }
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher that dies takes its ranks with it
+      if (binding && !cores.empty()) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cores[r % cores.size()], &one);
+        sched_setaffinity(0, sizeof(one), &one);
+      }
       dup2(out[1], 1);
       dup2(err[1], 2);
       setenv("TUTTI_RANK", std::to_string(r).c_str(), 1);
