@@ -36,9 +36,9 @@ constexpr Variable kVariables[] = {
     {"TUTTI_TCP_NSOCKS", "", "2", "TCP sockets per peer and channel; large messages are striped across them."},
     {"TUTTI_TCP_STRIPE_THRESHOLD", "", "256K", "Smallest TCP message striped across all sockets of a peer."},
     {"TUTTI_SPIN", "", "200",
-     "Microseconds a wait keeps polling after the last progress before it sleeps on a futex (or in poll()); "
-     "0 when the host has more ranks than cores, unless set."},
-    {"TUTTI_TILE_SIZE", "", "512K", "Largest piece a plan instruction moves at once; larger chunks are pipelined in tiles."},
+     "Microseconds a wait keeps polling after the last progress before it sleeps on a futex (or in poll()). "
+     "With more ranks than cores on the host, polling yields the core after every round."},
+    {"TUTTI_TILE_SIZE", "", "128K", "Largest piece a plan instruction moves at once; larger chunks are pipelined in tiles."},
     {"TUTTI_ALGO", "NCCL_ALGO", "",
      "Force an algorithm: a built-in name (ring_allreduce) or its family (ring, rhd, allpairs, tree, hier, rd, bruck, "
      "chain, pairwise), or the name of a loaded plan."},

@@ -150,14 +150,13 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
     shm_peer_[p] = same_host && options_.transport != TransportKind::kTcp;
     if (shm_peer_[p]) peer_controls_[p] = ShmSegment::open(bootstrap_->peer(p).control_shm, sizeof(Doorbell));
   }
-  // More ranks on this host than cores: a spinning waiter holds a core another rank needs, so
-  // sleep on the doorbell almost at once (unless TUTTI_SPIN says otherwise).
+  // More ranks on this host than cores: a polling waiter must hand its core to the ranks it waits
+  // for, so it yields after every round (as Open MPI does when oversubscribed).
   int local = 1;
   for (int p = 0; p < nranks; ++p)
     if (p != rank && bootstrap_->peer(p).host_hash == self.host_hash) ++local;
-  if (local > static_cast<int>(std::thread::hardware_concurrency()) && !env::raw("TUTTI_SPIN"))
-    options_.spin = 0;
-  engine_ = std::make_unique<ProgressEngine>(state_, options_.timeout_s, options_.spin);
+  bool oversubscribed = local > static_cast<int>(std::thread::hardware_concurrency());
+  engine_ = std::make_unique<ProgressEngine>(state_, options_.timeout_s, options_.spin, oversubscribed);
   connect_channel(0);  // ends with a barrier: every peer has mapped our control segment
   control_.unlink();
   TUTTI_INFO(log::kInit, "rank {}/{} ready (pid {}, generation {})", rank, nranks, getpid(), generation);

@@ -11,8 +11,8 @@
 
 namespace tutti {
 
-ProgressEngine::ProgressEngine(std::shared_ptr<CommState> state, double timeout_s, int spin)
-    : state_(std::move(state)), timeout_s_(timeout_s), spin_(spin) {}
+ProgressEngine::ProgressEngine(std::shared_ptr<CommState> state, double timeout_s, int spin, bool yield_always)
+    : state_(std::move(state)), timeout_s_(timeout_s), spin_(spin), yield_always_(yield_always) {}
 
 void ProgressEngine::add(Connection* c) {
   connections_.push_back(c);
@@ -55,6 +55,7 @@ void ProgressEngine::run(const std::function<bool(bool& done)>& step, const std:
     bool moved = progress();
     moved |= step(done);
     if (done) return;
+    if (yield_always_) sched_yield();
     if ((++rounds & 31) == 0) {
       state_->check(what());
       // The peer we wait for may share this core (the scheduler does not always spread ranks):

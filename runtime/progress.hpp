@@ -18,7 +18,7 @@ namespace tutti {
 
 class ProgressEngine {
  public:
-  ProgressEngine(std::shared_ptr<CommState> state, double timeout_s, int spin_us);
+  ProgressEngine(std::shared_ptr<CommState> state, double timeout_s, int spin_us, bool yield_always = false);
   void add(Connection* c);
   // Advances all connections once; true if anything moved. A transport error fails the communicator.
   bool progress();
@@ -32,6 +32,7 @@ class ProgressEngine {
   std::shared_ptr<CommState> state_;
   double timeout_s_;
   int spin_;
+  bool yield_always_;
   std::vector<Connection*> connections_;
   bool has_shm_ = false, has_tcp_ = false;
 };
