@@ -32,7 +32,9 @@ constexpr Variable kVariables[] = {
     {"TUTTI_SHM_SLOTS", "", "8", "Slots in each shared-memory FIFO."},
     {"TUTTI_SHM_SLOT_SIZE", "", "128K", "Bytes per shared-memory FIFO slot."},
     {"TUTTI_SHM_CMA", "", "1", "Use single-copy process_vm_readv for large shared-memory messages (0 disables)."},
-    {"TUTTI_SHM_CMA_THRESHOLD", "", "256K", "Smallest message sent by single copy instead of through the FIFO."},
+    {"TUTTI_SHM_CMA_THRESHOLD", "", "64M",
+     "Smallest message sent by single copy instead of through the FIFO. On our 2-core machines the FIFO, whose "
+     "two copies run on two cores at once, streams faster up to at least 16 MiB (docs/PERFORMANCE.md)."},
     {"TUTTI_TCP_NSOCKS", "", "2", "TCP sockets per peer and channel; large messages are striped across them."},
     {"TUTTI_TCP_STRIPE_THRESHOLD", "", "256K", "Smallest TCP message striped across all sockets of a peer."},
     {"TUTTI_SPIN", "", "200",

@@ -35,7 +35,7 @@ struct CommOptions {
   uint32_t shm_slots = 8;
   uint64_t shm_slot_size = 128 << 10;
   bool shm_single_copy = true;
-  uint64_t shm_single_copy_threshold = 256 << 10;
+  uint64_t shm_single_copy_threshold = 64 << 20;
   int tcp_sockets = 2;
   uint64_t tcp_stripe_threshold = 256 << 10;
   int spin = 200;  // microseconds

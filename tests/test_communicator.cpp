@@ -130,7 +130,9 @@ TEST(Communicator, WaitTimesOutNamingPeerAndChannel) {
 }
 
 TEST(Communicator, DestroyFlushesPendingSingleCopySends) {
-  auto comms = Communicator::create_local(2);
+  CommOptions opts = CommOptions::from_env();
+  opts.shm_single_copy_threshold = 1 << 20;
+  auto comms = Communicator::create_local(2, opts);
   std::vector<unsigned char> big(8 << 20, 0x5a), in(8 << 20);
   comms[0]->connection(1).send(big.data(), big.size());  // not waited for
   std::thread receiver([&] { comms[1]->recv(0, in.data(), in.size()); });

@@ -34,6 +34,7 @@ TEST_P(ThreadExchange, DeliversEveryMessageInOrder) {
   CommOptions opts = CommOptions::from_env();
   opts.transport = c.transport;
   opts.timeout_s = 300;
+  opts.shm_single_copy_threshold = 256 << 10;  // exercise single copy for the large messages
   if (c.fifo_only) {
     opts.shm_single_copy = false;
     opts.shm_slots = 2;
