@@ -47,6 +47,9 @@ constexpr Variable kVariables[] = {
     {"TUTTI_PLAN_DIR", "", "", "Directory of tutti JSON plans (and MSCCL XML) to load, verify and use in their size windows."},
     {"MSCCL_XML_FILES", "", "", "Colon-separated MSCCL algorithm XML files to load, verify and use (MSCCL's variable)."},
     {"MSCCL_ALGO_DIR", "", "", "Directory of MSCCL algorithm XML files to load (MSCCL's variable)."},
+    {"TUTTI_TRACE", "", "",
+     "Write a Chrome/Perfetto trace of every plan instruction to this JSON file at exit (%r: the rank; with "
+     "ranks as processes and no %r, .rankN is added)."},
     {"TUTTI_CHECK", "", "0", "1: every collective first checks that all ranks called it with the same arguments."},
     {"TUTTI_PIPELINE_DEPTH", "", "4", "Tiles in flight per reducing receive (staging slots per block)."},
 };

@@ -8,6 +8,7 @@
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "runtime/instruction_semantics.hpp"
+#include "runtime/trace.hpp"
 
 namespace tutti {
 
@@ -71,6 +72,7 @@ struct Run {
   std::deque<Ticket> recv_tickets, send_tickets;
   unsigned char* slots = nullptr;
   int64_t slot_bytes = 0;
+  double started_us = 0;  // TUTTI_TRACE
 };
 
 }  // namespace
@@ -219,6 +221,12 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
     return recv_done && send_done;
   };
 
+  const bool tracing = trace::enabled();
+  auto traced = [&](const Run& r) {
+    const plan::Instruction& in = r.block->steps[r.pc];
+    trace::record(rank, r.block->id, plan::to_string(in.op), r.started_us, trace::now_us(), r.bytes,
+                  in.send_peer >= 0 ? in.send_peer : in.recv_peer, p.name);
+  };
   auto step = [&](bool& done) {
     bool moved = false;
     for (size_t b = 0; b < runs.size(); ++b) {
@@ -233,7 +241,9 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
           if (!ready) break;
           moved = true;
           r.started = true;
+          if (tracing) r.started_us = trace::now_us();
           if (start(b)) {
+            if (tracing) traced(r);
             r.started = false;
             ++r.pc;
             if (r.pc == r.block->steps.size()) ++finished;
@@ -241,6 +251,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
           }
         }
         if (!advance(b, moved)) break;
+        if (tracing) traced(r);
         r.started = false;
         ++r.pc;
         moved = true;
