@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "core/error.hpp"
 
@@ -17,6 +18,7 @@ struct LInstr {
   Instruction ins;
   int channel = 0;
   int block_hint = -1;
+  int priority = 0;
   bool dead = false;
   std::vector<Content> value;  // what it receives (recv-type) or sends (send): for cross-index fusion
   std::vector<int> deps;       // indices into the rank's list
@@ -115,6 +117,7 @@ class Lowering {
         li.ins = std::move(in);
         li.channel = ch;
         li.block_hint = op.annotations.block;
+        li.priority = op.annotations.priority;
         li.value = std::move(value);
         lists_[rank].push_back(std::move(li));
       };
@@ -353,6 +356,7 @@ class Lowering {
     rp.output_chunks = spec_.output_chunks();
     rp.scratch_chunks = scratch_total_[r];
     std::map<int, int> block_of_root;
+    std::map<int, int> block_priority;
     std::vector<std::pair<int, int>> where(L.size(), {-1, -1});
     for (int i : live) {
       int root = uf.find(rep[i]);
@@ -374,7 +378,17 @@ class Lowering {
       std::sort(in.deps.begin(), in.deps.end());
       in.deps.erase(std::unique(in.deps.begin(), in.deps.end()), in.deps.end());
       b.steps.push_back(std::move(in));
+      block_priority[it->second] = std::max(block_priority[it->second], L[i].priority);
     }
+    // Higher-priority blocks first: executors visit blocks in this order, so their work starts
+    // first when several are ready. Ids (and so dependencies) are unchanged.
+    std::vector<size_t> order(rp.blocks.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return block_priority[a] > block_priority[b]; });
+    std::vector<Block> sorted;
+    for (size_t k : order) sorted.push_back(std::move(rp.blocks[k]));
+    rp.blocks = std::move(sorted);
     return rp;
   }
 
@@ -501,7 +515,14 @@ Compiled compile(const dsl::Program& program, const CompileOptions& options) {
   c.plan = lower(program, options.fuse);
   minimise_dependencies(c.plan);
   c.plan = replicate(c.plan, options.instances, options.policy);
+  // The program's protocol annotations decide the plan's protocol; they must agree.
   c.plan.protocol = options.protocol;
+  std::set<dsl::Protocol> asked;
+  for (const dsl::Op& op : program.ops())
+    if (op.annotations.protocol != dsl::Protocol::kAuto) asked.insert(op.annotations.protocol);
+  TUTTI_CHECK(asked.size() <= 1, InvalidArgument, "program '{}' annotates {} different protocols; a plan has one",
+              program.name(), asked.size());
+  if (!asked.empty()) c.plan.protocol = *asked.begin();
   c.plan.min_bytes = options.min_bytes;
   c.plan.max_bytes = options.max_bytes;
   VerifyOptions vo = options.verify;

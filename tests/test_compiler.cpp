@@ -144,6 +144,31 @@ TEST(Passes, InstancesReplicateAndStillVerify) {
   EXPECT_NO_THROW(compile(algorithms::build("ring_allgather", 5), o));
 }
 
+TEST(Passes, ProtocolAndPriorityAnnotationsShapeThePlan) {
+  dsl::CollectiveSpec s;
+  s.kind = dsl::Collective::kAllGather;
+  s.nranks = 2;
+  s.inplace = true;
+  dsl::Program p("annotated", s);
+  dsl::Annotations low, high;
+  low.channel = 0;
+  high.channel = 1;
+  high.priority = 5;
+  high.protocol = low.protocol = dsl::Protocol::kLL;
+  p.chunk(0, Buffer::output(), 0).copy(1, Buffer::output(), 0, low);
+  p.chunk(1, Buffer::output(), 1).copy(0, Buffer::output(), 1, high);
+  Compiled c = compile(p);
+  EXPECT_EQ(c.plan.protocol, dsl::Protocol::kLL);
+  EXPECT_EQ(c.plan.ranks[0].blocks[0].channel, 1);  // the priority-5 block comes first
+  dsl::Program q("conflict", s);
+  dsl::Annotations ll, simple;
+  ll.protocol = dsl::Protocol::kLL;
+  simple.protocol = dsl::Protocol::kSimple;
+  q.chunk(0, Buffer::output(), 0).copy(1, Buffer::output(), 0, ll);
+  q.chunk(1, Buffer::output(), 1).copy(0, Buffer::output(), 1, simple);
+  EXPECT_THROW(compile(q), InvalidArgument);
+}
+
 // --- mutation tests: a verified plan, changed in one place, must fail with the right message ---
 
 Plan ring4() { return compile(algorithms::build("ring_allreduce", 4)).plan; }
