@@ -216,7 +216,8 @@ void Communicator::connect_channel(int channel) {
   std::vector<int> shm_peers;
   for (int p = 0; p < n; ++p)
     if (p != me && shm_peer_[p]) shm_peers.push_back(p);
-  FifoLayout layout{options_.shm_slots, options_.shm_slot_size};
+  // Slots hold whole elements, so a reducing receive can combine a fragment in place.
+  FifoLayout layout{options_.shm_slots, options_.shm_slot_size / 64 * 64};
   ShmSegment own;
   if (!shm_peers.empty()) {
     own = ShmSegment::create(fmt::format("ch{}", channel), layout.bytes() * shm_peers.size());

@@ -159,7 +159,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
     if (r.shape.recv) r.rconn = &comm_.connection(in.recv_peer, r.block->channel + kPlanChannelBase);
     if (r.shape.send) r.sconn = &comm_.connection(in.send_peer, r.block->channel + kPlanChannelBase);
     r.local = in.srcs.empty() ? nullptr : pointer(in.srcs[0]);
-    if (r.shape.staging) {
+    if (in.op == plan::Opcode::kRecvReduceSend) {
       r.slot_bytes = std::min<int64_t>(tile_, std::max<int64_t>(r.bytes, 1));
       auto& st = staging_[b];
       size_t need = static_cast<size_t>(r.slot_bytes * staging_slots_);
@@ -182,11 +182,16 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
     if (r.shape.recv) {
       // Post receives: straight into dst, or into a staging slot once the slot is free again.
       int64_t released = in.op == plan::Opcode::kRecvReduceSend ? r.sends_done : r.processed;
-      while (r.recv_posted < r.tiles && (!r.shape.staging || r.recv_posted < released + staging_slots_)) {
+      // Reducing receives combine straight out of the transport (recv_reduce): into dst when they
+      // store, into a staging slot (kept until its send is done) when they only forward.
+      bool staged = in.op == plan::Opcode::kRecvReduceSend;
+      while (r.recv_posted < r.tiles && (!staged || r.recv_posted < released + staging_slots_)) {
         int64_t t = r.recv_posted;
+        int64_t off = exec::tile_begin(t, tile_);
         size_t len = static_cast<size_t>(exec::tile_bytes(t, r.bytes, tile_));
-        unsigned char* to = r.shape.staging ? r.slots + (t % staging_slots_) * r.slot_bytes : r.dst + exec::tile_begin(t, tile_);
-        r.recv_tickets.push_back(r.rconn->recv(to, len));
+        unsigned char* to = staged ? r.slots + (t % staging_slots_) * r.slot_bytes : r.dst + off;
+        r.recv_tickets.push_back(r.shape.reduce_local ? r.rconn->recv_reduce(to, r.local + off, len, op, type)
+                                                      : r.rconn->recv(to, len));
         ++r.recv_posted;
         moved = true;
       }
@@ -195,14 +200,8 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
         int64_t t = r.processed;
         int64_t off = exec::tile_begin(t, tile_);
         size_t len = static_cast<size_t>(exec::tile_bytes(t, r.bytes, tile_));
-        unsigned char* slot = r.shape.staging ? r.slots + (t % staging_slots_) * r.slot_bytes : nullptr;
-        const unsigned char* out = r.dst ? r.dst + off : nullptr;
-        if (r.shape.reduce_local) {
-          size_t elems = len / static_cast<size_t>(esize);
-          if (r.shape.store) combine(op, type, r.dst + off, slot, r.local + off, elems);
-          else combine(op, type, slot, slot, r.local + off, elems);
-          out = r.shape.store ? r.dst + off : slot;
-        }
+        const unsigned char* out =
+            in.op == plan::Opcode::kRecvReduceSend ? r.slots + (t % staging_slots_) * r.slot_bytes : r.dst + off;
         if (r.shape.send) {
           r.send_tickets.push_back(r.sconn->send(out, len));
           ++r.sends_posted;

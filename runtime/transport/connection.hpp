@@ -15,10 +15,13 @@
 #include <poll.h>
 
 #include <cstddef>
+#include <cstring>
 #include <cstdint>
 #include <deque>
 #include <string>
 #include <vector>
+
+#include "core/reduce.hpp"
 
 namespace tutti {
 
@@ -43,6 +46,18 @@ class Connection {
     recvq_.push_back({static_cast<unsigned char*>(data), bytes, ++recvs_posted_});
     return recvs_posted_;
   }
+  // Receives a message and stores dst = message (op) local, element-wise, as it arrives: the
+  // message is reduced straight out of the transport's buffer, never copied first. dst may be
+  // local. Both must stay valid until the ticket is done.
+  Ticket recv_reduce(void* dst, const void* local, size_t bytes, RedOp op, DataType type) {
+    Op o{static_cast<unsigned char*>(dst), bytes, ++recvs_posted_};
+    o.local = static_cast<const unsigned char*>(local);
+    o.reduce = true;
+    o.redop = op;
+    o.type = type;
+    recvq_.push_back(o);
+    return recvs_posted_;
+  }
   bool send_done(Ticket t) const { return sends_completed_ >= t; }
   bool recv_done(Ticket t) const { return recvs_completed_ >= t; }
   bool idle() const { return sendq_.empty() && recvq_.empty(); }
@@ -63,7 +78,22 @@ class Connection {
     size_t offset = 0;     // bytes moved so far (or posted, for shm sends)
     bool started = false;  // first fragment seen/sent
     uint64_t aux = 0;      // transport-specific (single-copy sequence number, segments left)
+    // recv_reduce: data = incoming (op) local.
+    const unsigned char* local = nullptr;
+    bool reduce = false;
+    RedOp redop = RedOp::kSum;
+    DataType type = DataType::kFloat32;
   };
+  // Writes `bytes` of incoming data at `offset` of a posted receive: copied, or reduced with the
+  // receive's local operand.
+  static void deliver(const Op& op, size_t offset, const void* incoming, size_t bytes) {
+    if (!bytes) return;
+    if (!op.reduce) {
+      std::memcpy(op.data + offset, incoming, bytes);
+      return;
+    }
+    combine(op.redop, op.type, op.data + offset, incoming, op.local + offset, bytes / size_of(op.type));
+  }
   std::string where() const;  // "rank R, connection to rank P on channel C", for messages
 
   int rank_, peer_, channel_;

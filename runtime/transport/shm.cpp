@@ -157,7 +157,7 @@ bool ShmConnection::progress_recv() {
     if (m.size() != op.bytes)
       throw RemoteError(fmt::format("{}: message size mismatch: the peer sent {} bytes, the receive was posted for {}",
                                     where(), m.size(), op.bytes));
-    if (!m.empty()) std::memcpy(op.data, m.data(), m.size());
+    deliver(op, 0, m.data(), m.size());
     early_.pop_front();
     recvq_.pop_front();
     ++recvs_completed_;
@@ -179,12 +179,18 @@ bool ShmConnection::progress_recv() {
       throw RemoteError(fmt::format("{}: corrupt shared-memory slot (offset {}, fragment {}, expected offset {})",
                                     where(), h.offset, h.fragment_bytes, op.offset));
     if (h.source_address) {
-      copy_from_peer(op.data, h.source_address, h.fragment_bytes);
+      if (op.reduce) {
+        bounce_.resize(h.fragment_bytes);
+        copy_from_peer(bounce_.data(), h.source_address, h.fragment_bytes);
+        deliver(op, 0, bounce_.data(), h.fragment_bytes);
+      } else {
+        copy_from_peer(op.data, h.source_address, h.fragment_bytes);
+      }
       op.offset = op.bytes;
       f->tail.store(++tail_, std::memory_order_release);
       f->cma_done.fetch_add(1, std::memory_order_release);
     } else {
-      if (h.fragment_bytes) std::memcpy(op.data + op.offset, s + sizeof(SlotHeader), h.fragment_bytes);
+      deliver(op, op.offset, s + sizeof(SlotHeader), h.fragment_bytes);
       op.offset += h.fragment_bytes;
       f->tail.store(++tail_, std::memory_order_release);
     }

@@ -95,6 +95,7 @@ class ShmConnection : public Connection {
   std::deque<std::vector<unsigned char>> early_;  // messages taken before their receive was posted
   std::vector<unsigned char> partial_;            // an early message still being assembled
   size_t partial_filled_ = 0;
+  std::vector<unsigned char> bounce_;  // single-copy data for a reducing receive
 };
 
 }  // namespace tutti

@@ -58,13 +58,15 @@ bool TcpConnection::progress() {
   // Split newly posted operations into segments.
   for (; send_planned_ < sendq_.size(); ++send_planned_) {
     Op& op = sendq_[send_planned_];
-    send_messages_.push_back({op.ticket, 0, {kHeaderMagic, 0, op.bytes}, op.bytes});
+    send_messages_.push_back({op.ticket, 0, {kHeaderMagic, 0, op.bytes}, op.bytes, {}});
     plan(send_messages_.back(), op.data, true);
   }
   for (; recv_planned_ < recvq_.size(); ++recv_planned_) {
     Op& op = recvq_[recv_planned_];
-    recv_messages_.push_back({op.ticket, 0, {0, 0, 0}, op.bytes});
-    plan(recv_messages_.back(), op.data, false);
+    recv_messages_.push_back({op.ticket, 0, {0, 0, 0}, op.bytes, {}});
+    Message& m = recv_messages_.back();
+    if (op.reduce) m.temp.resize(op.bytes);
+    plan(m, op.reduce ? m.temp.data() : op.data, false);
   }
   for (size_t i = 0; i < sockets_.size(); ++i) {
     int fd = sockets_[i].get();
@@ -109,6 +111,7 @@ bool TcpConnection::progress() {
     ++sends_completed_;
   }
   while (!recv_messages_.empty() && recv_messages_.front().segments_left == 0) {
+    if (recvq_.front().reduce) deliver(recvq_.front(), 0, recv_messages_.front().temp.data(), recvq_.front().bytes);
     recv_messages_.pop_front();
     recvq_.pop_front();
     --recv_planned_;

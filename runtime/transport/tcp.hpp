@@ -37,6 +37,7 @@ class TcpConnection : public Connection {
     int segments_left;
     Header header;  // the send's header, or the received one
     size_t bytes;
+    std::vector<unsigned char> temp;  // a reducing receive lands here, then is reduced into place
   };
   // Splits a message into per-socket segments.
   void plan(Message& m, unsigned char* data, bool send);
