@@ -76,6 +76,8 @@ void ProgressEngine::run(const std::function<bool(bool& done)>& step, const std:
     bool moved = progress();
     moved |= step(done);
     if (done) return;
+    if (!moved)
+      for (Connection* c : connections_) moved |= c->relieve();
     if (moved) {
       deadline = Deadline::after(timeout_s_);
       continue;

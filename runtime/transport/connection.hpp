@@ -67,6 +67,9 @@ class Connection {
   virtual bool progress() = 0;
   // Whether progress() has anything to do (cheap; the engine skips connections that say no).
   virtual bool wants_progress() const { return !idle(); }
+  // Called when the rank has nothing else to do and is about to sleep: take messages whose senders
+  // wait for us although no receive is posted for them (see ShmConnection). True if anything moved.
+  virtual bool relieve() { return false; }
   // File descriptors to poll() when sleeping (TCP); shared memory sleeps on the doorbell instead.
   virtual void poll_fds(std::vector<pollfd>&) const {}
 

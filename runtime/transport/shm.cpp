@@ -40,13 +40,13 @@ bool ShmConnection::progress() {
   bool moved = false;
   if (!sendq_.empty()) moved |= progress_send();
   if (!recvq_.empty()) moved |= progress_recv();
-  // Nothing posted to receive: release any single-copy sender that waits for us (eager semantics).
-  if (recvq_.empty() && ep_.in->head.load(std::memory_order_acquire) != tail_) moved |= pull_ahead();
   return moved;
 }
 
-bool ShmConnection::wants_progress() const {
-  return !idle() || ep_.in->head.load(std::memory_order_acquire) != tail_;
+bool ShmConnection::relieve() {
+  // Nothing posted to receive: release any single-copy sender that waits for us (eager semantics).
+  if (recvq_.empty() && ep_.in->head.load(std::memory_order_acquire) != tail_) return pull_ahead();
+  return false;
 }
 
 bool ShmConnection::progress_send() {

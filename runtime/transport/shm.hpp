@@ -19,7 +19,9 @@
 // FIFO. A single-copy send, though, completes only when the receiver has read it, and a receiver may
 // post that receive only after its own sends completed: a cycle the verifier cannot see. So a
 // receiver that finds a single-copy descriptor in its FIFO with no receive posted for it pulls the
-// message (and the inline ones queued before it) into private memory at once. Then every send
+// message (and the inline ones queued before it) into private memory when it has nothing else to do
+// (relieve(), called before the rank sleeps), so the common case, a receive posted a little late,
+// still gets the single copy. Then every send
 // completes without waiting for the receiving plan, exactly as verified; the price is a second copy
 // only for messages that arrive before their receive.
 
@@ -77,7 +79,7 @@ class ShmConnection : public Connection {
   ShmConnection(int rank, int peer, int channel, ShmEndpoint ep);
   const char* kind() const override { return "shm"; }
   bool progress() override;
-  bool wants_progress() const override;
+  bool relieve() override;
 
  private:
   bool progress_send();
