@@ -229,5 +229,23 @@ void reduce(const Reduction& red, void* dst, std::span<const void* const> srcs, 
 
 const char* reduce_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
+void store_value(DataType type, void* dst, double v) {
+  auto put = [&](auto x) { std::memcpy(dst, &x, sizeof(x)); };
+  switch (type) {
+    case DataType::kInt8: return put(static_cast<int8_t>(v));
+    case DataType::kUint8: return put(static_cast<uint8_t>(static_cast<int64_t>(v)));
+    case DataType::kInt32: return put(static_cast<int32_t>(v));
+    case DataType::kUint32: return put(static_cast<uint32_t>(static_cast<int64_t>(v)));
+    case DataType::kInt64: return put(static_cast<int64_t>(v));
+    case DataType::kUint64: return put(static_cast<uint64_t>(static_cast<int64_t>(v)));
+    case DataType::kFloat32: return put(static_cast<float>(v));
+    case DataType::kFloat64: return put(v);
+    case DataType::kFloat16: return put(element::float_to_half(static_cast<float>(v)));
+    case DataType::kBfloat16: return put(element::float_to_bf16(static_cast<float>(v)));
+    case DataType::kFp8E4M3: return put(element::float_to_e4m3(static_cast<float>(v)));
+    case DataType::kFp8E5M2: return put(element::float_to_e5m2(static_cast<float>(v)));
+  }
+}
+
 }  // namespace tutti
 #endif

@@ -42,6 +42,10 @@ void divide(DataType type, void* dst, const void* src, uint64_t divisor, size_t 
 // Scratch-free: for premulsum, dst holds the running result.
 void reduce(const Reduction& red, void* dst, std::span<const void* const> srcs, size_t count);
 
+// Stores v as one element of `type` at dst (rounded to nearest even; integers truncate). For
+// scalars (premulsum, scale kernels) and test data.
+void store_value(DataType type, void* dst, double v);
+
 // Name of the Highway target that the kernels dispatch to on this machine (e.g. "AVX3").
 const char* reduce_target_name();
 

@@ -137,16 +137,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
         const void* src = pointer(in.srcs[0]);
         if (in.kernel == static_cast<int>(dsl::Kernel::kScale)) {
           unsigned char scalar[8] = {};
-          double a = in.kernel_arg;
-          switch (type) {
-            case DataType::kFloat32: { float f = static_cast<float>(a); std::memcpy(scalar, &f, 4); break; }
-            case DataType::kFloat64: std::memcpy(scalar, &a, 8); break;
-            case DataType::kFloat16: { uint16_t h = element::float_to_half(static_cast<float>(a)); std::memcpy(scalar, &h, 2); break; }
-            case DataType::kBfloat16: { uint16_t h = element::float_to_bf16(static_cast<float>(a)); std::memcpy(scalar, &h, 2); break; }
-            case DataType::kFp8E4M3: scalar[0] = element::float_to_e4m3(static_cast<float>(a)); break;
-            case DataType::kFp8E5M2: scalar[0] = element::float_to_e5m2(static_cast<float>(a)); break;
-            default: { int64_t k = static_cast<int64_t>(a); std::memcpy(scalar, &k, static_cast<size_t>(esize)); }
-          }
+          store_value(type, scalar, in.kernel_arg);
           scale(type, r.dst, src, scalar, static_cast<size_t>(r.bytes / esize));
         } else if (r.bytes) {
           std::memmove(r.dst, src, static_cast<size_t>(r.bytes));

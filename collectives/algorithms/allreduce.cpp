@@ -11,8 +11,6 @@ using dsl::Buffer;
 using dsl::Collective;
 using dsl::Program;
 
-Buffer work_buffer(const Program& p) { return p.spec().inplace ? Buffer::input() : Buffer::output(); }
-
 // Ring: chunk k of channel ch is reduced along the ring starting at rank k, ending at rank k-1,
 // then copied around the ring. Each channel carries its own n chunks on its own connections.
 Program ring_allreduce(int n, const Params& prm) {

@@ -56,6 +56,10 @@ dsl::CollectiveSpec spec_of(dsl::Collective c, int nranks, int chunk_factor, boo
   return s;
 }
 
+dsl::Buffer work_buffer(const dsl::Program& p) {
+  return p.spec().inplace ? dsl::Buffer::input() : dsl::Buffer::output();
+}
+
 void copy_input_to_output(dsl::Program& p) {
   if (p.spec().inplace) return;
   // One copy per chunk, so the compiler can forward each into its first use and drop it.

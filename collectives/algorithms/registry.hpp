@@ -46,6 +46,8 @@ void register_alltoall(std::vector<Builtin>& out);
 
 // Helpers shared by the algorithms.
 dsl::CollectiveSpec spec_of(dsl::Collective c, int nranks, int chunk_factor, bool inplace, int root = 0);
+// The buffer an algorithm works in: the input when in-place, else the output.
+dsl::Buffer work_buffer(const dsl::Program& p);
 // Out-of-place: copies every rank's input into its output at the same index (0 when in-place).
 void copy_input_to_output(dsl::Program& p);
 std::string needs_divisor(int nranks, int local, const char* param);

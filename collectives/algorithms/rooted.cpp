@@ -8,8 +8,6 @@ using dsl::Buffer;
 using dsl::Collective;
 using dsl::Program;
 
-Buffer work_buffer(const Program& p) { return p.spec().inplace ? Buffer::input() : Buffer::output(); }
-
 // The root's data flows root -> root+1 -> ... in `chunks` pieces, so every link is busy at once.
 Program chain_broadcast(int n, const Params& prm) {
   const int k = prm.at("chunks"), root = prm.at("root");

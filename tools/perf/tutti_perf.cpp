@@ -154,21 +154,7 @@ double value(DataType t, int op, int rank, size_t i) {
 }
 
 void store(DataType t, void* base, size_t i, double v) {
-  unsigned char* p = static_cast<unsigned char*>(base) + i * size_of(t);
-  switch (t) {
-    case DataType::kInt8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
-    case DataType::kUint8: { uint8_t x = static_cast<uint8_t>(static_cast<int>(v)); std::memcpy(p, &x, 1); break; }
-    case DataType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-    case DataType::kUint32: { uint32_t x = static_cast<uint32_t>(static_cast<int64_t>(v)); std::memcpy(p, &x, 4); break; }
-    case DataType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
-    case DataType::kUint64: { uint64_t x = static_cast<uint64_t>(static_cast<int64_t>(v)); std::memcpy(p, &x, 8); break; }
-    case DataType::kFloat32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
-    case DataType::kFloat64: std::memcpy(p, &v, 8); break;
-    case DataType::kFloat16: { uint16_t x = element::float_to_half(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-    case DataType::kBfloat16: { uint16_t x = element::float_to_bf16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-    case DataType::kFp8E4M3: p[0] = element::float_to_e4m3(static_cast<float>(v)); break;
-    case DataType::kFp8E5M2: p[0] = element::float_to_e5m2(static_cast<float>(v)); break;
-  }
+  store_value(t, static_cast<unsigned char*>(base) + i * size_of(t), v);
 }
 
 struct Shared {
