@@ -1,0 +1,195 @@
+#include "compiler/simulate.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "core/error.hpp"
+
+namespace tutti::plan {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Transfer {
+  std::vector<std::pair<int, int>> links;  // (link id, direction)
+  double start = 0;    // when bytes begin to flow (after latency)
+  double left = 0;     // bytes
+  double done = kInf;  // completion time, once known
+  double rate = 0;     // bytes/us now
+};
+
+}  // namespace
+
+Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, const CostModel& m) {
+  TUTTI_CHECK(t.nranks() >= p.nranks, InvalidArgument, "simulate: plan '{}' needs {} ranks, topology '{}' maps {}", p.name,
+              p.nranks, t.name, t.nranks());
+  const double chunk_bytes = static_cast<double>(bytes) / p.chunk_factor;
+  std::vector<double> mem(p.nranks);  // bytes per us, per rank
+  for (int r = 0; r < p.nranks; ++r) {
+    const topo::Device& d = t.devices[t.rank_device[r]];
+    double gbps = m.memory_gbps;
+    if (d.type == topo::DeviceType::kGpu) {
+      auto it = d.attrs.find("sm");
+      int sm = it == d.attrs.end() ? 80 : std::atoi(it->second.c_str());
+      gbps = sm >= 90 ? 3000 : sm >= 80 ? 1500 : 900;
+    }
+    mem[r] = gbps * 1e3;
+  }
+  // Links of a rank-to-rank path; shared memory inside one device is a virtual link of that device.
+  std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> route;
+  std::map<int, double> link_rate;  // bytes per us, per link id (virtual ids are negative)
+  auto links_of = [&](int a, int b) -> const std::vector<std::pair<int, int>>& {
+    auto key = std::make_pair(a, b);
+    auto it = route.find(key);
+    if (it != route.end()) return it->second;
+    topo::Path path = t.path(a, b);
+    std::vector<std::pair<int, int>> ls;
+    if (path.devices.size() == 1) {
+      int id = -1 - path.devices[0];
+      link_rate[id] = path.gbps * 1e3;
+      ls.push_back({id, 0});
+    }
+    for (size_t h = 0; h + 1 < path.devices.size(); ++h) {
+      int u = path.devices[h], v = path.devices[h + 1];
+      int best = -1;
+      for (size_t li = 0; li < t.links.size(); ++li) {
+        const topo::Link& l = t.links[li];
+        if (((l.a == u && l.b == v) || (l.a == v && l.b == u)) && (best < 0 || l.gbps > t.links[best].gbps))
+          best = static_cast<int>(li);
+      }
+      link_rate[best] = t.links[best].gbps * 1e3;
+      ls.push_back({best, u < v ? 0 : 1});
+    }
+    // A path between GPUs on the same NVSwitches uses all of them: one virtual link of that width.
+    if (path.hops.size() == 2 && path.hops[0] == topo::LinkType::kNvLink && path.gbps * 1e3 > link_rate[ls[0].first]) {
+      int id = -1000000 - a * 4096 - b;
+      link_rate[id] = path.gbps * 1e3;
+      ls = {{id, 0}};
+    }
+    return route.emplace(key, ls).first->second;
+  };
+  auto latency_of = [&](int a, int b) { return t.path(a, b).latency_us; };
+
+  struct Block {
+    const plan::Block* block;
+    size_t pc = 0;
+    double busy_until = 0;
+    int waiting = -1;  // transfer this block's current send waits for
+    bool running = false;
+  };
+  std::vector<std::vector<Block>> blocks(p.nranks);
+  std::vector<std::map<int64_t, size_t>> index(p.nranks);
+  for (int r = 0; r < p.nranks; ++r)
+    for (size_t b = 0; b < p.ranks[r].blocks.size(); ++b) {
+      blocks[r].push_back({&p.ranks[r].blocks[b]});
+      index[r][p.ranks[r].blocks[b].id] = b;
+    }
+  std::vector<Transfer> transfers;
+  std::map<std::tuple<int, int, int>, std::vector<int>> sent;  // connection -> transfers in order
+  std::map<std::tuple<int, int, int>, size_t> received;        // connection -> receives started
+  Prediction out;
+  double now = 0;
+  size_t total = 0, finished = 0;
+  for (auto& rb : blocks)
+    for (auto& b : rb) total += b.block->steps.size();
+
+  while (finished < total) {
+    // Start whatever can start now.
+    bool started = true;
+    while (started) {
+      started = false;
+      for (int r = 0; r < p.nranks; ++r)
+        for (auto& b : blocks[r]) {
+          if (b.running || b.pc >= b.block->steps.size() || b.busy_until > now) continue;
+          const Instruction& in = b.block->steps[b.pc];
+          bool ready = true;
+          for (auto& d : in.deps)
+            if (blocks[r][index[r].at(d.block)].pc <= static_cast<size_t>(d.step)) ready = false;
+          if (!ready) continue;
+          double local = 0;
+          if (receives(in.op)) {
+            auto key = std::make_tuple(in.recv_peer, r, b.block->channel);
+            size_t k = received[key];
+            auto& list = sent[key];
+            if (k >= list.size() || transfers[list[k]].done > now) continue;  // not here yet
+            received[key] = k + 1;
+          }
+          double msg = static_cast<double>(in.count()) * chunk_bytes;
+          if (in.op == Opcode::kCopy || in.op == Opcode::kCompute || in.op == Opcode::kRecv || in.op == Opcode::kRecvCopySend)
+            local = msg / mem[r];
+          if (in.op == Opcode::kReduce || in.op == Opcode::kRecvReduceCopy || in.op == Opcode::kRecvReduceSend ||
+              in.op == Opcode::kRecvReduceCopySend)
+            local = m.reduce_factor * msg / mem[r];
+          double begin = now + (in.op == Opcode::kNop ? 0 : m.instruction_us) + local;
+          b.running = true;
+          started = true;
+          if (sends(in.op)) {
+            Transfer x;
+            x.links = links_of(r, in.send_peer);
+            x.start = begin + latency_of(r, in.send_peer);
+            x.left = msg;
+            transfers.push_back(x);
+            int id = static_cast<int>(transfers.size()) - 1;
+            sent[{r, in.send_peer, b.block->channel}].push_back(id);
+            b.waiting = id;
+            ++out.transfers;
+            out.bytes_moved += msg;
+          } else {
+            b.busy_until = begin;
+          }
+        }
+    }
+    // Rates of flowing transfers: each link's bandwidth shared equally among its transfers.
+    std::map<std::pair<int, int>, int> users;
+    for (auto& x : transfers)
+      if (x.done == kInf && x.start <= now)
+        for (auto& l : x.links) ++users[l];
+    double next = kInf;
+    for (auto& x : transfers) {
+      if (x.done != kInf) continue;
+      if (x.start > now) {
+        next = std::min(next, x.start);
+        continue;
+      }
+      x.rate = kInf;
+      for (auto& l : x.links) x.rate = std::min(x.rate, link_rate[l.first] / users[l]);
+      next = std::min(next, x.left <= 0 ? now : now + x.left / x.rate);
+    }
+    for (auto& rb : blocks)
+      for (auto& b : rb)
+        if (b.running && b.waiting < 0) next = std::min(next, b.busy_until);
+    // Instructions whose send finished complete now.
+    for (auto& rb : blocks)
+      for (auto& b : rb)
+        if (b.running && b.waiting >= 0 && transfers[b.waiting].done <= now) next = std::min(next, now);
+    if (next == kInf)
+      throw InvalidArgument(fmt::format("simulate: plan '{}' stops at {:.1f} us (unmatched receive or dependency cycle)",
+                                        p.name, now));
+    // Advance to the next event.
+    double dt = next - now;
+    for (auto& x : transfers)
+      if (x.done == kInf && x.start <= now) {
+        x.left -= x.rate * dt;
+        if (x.left <= 1e-9 * std::max(1.0, chunk_bytes)) x.done = next;
+      }
+    now = next;
+    for (auto& rb : blocks)
+      for (auto& b : rb) {
+        if (!b.running) continue;
+        bool done = b.waiting >= 0 ? transfers[b.waiting].done <= now : b.busy_until <= now;
+        if (!done) continue;
+        b.running = false;
+        b.waiting = -1;
+        b.busy_until = now;
+        ++b.pc;
+        ++finished;
+      }
+  }
+  out.time_us = now;
+  return out;
+}
+
+}  // namespace tutti::plan

@@ -1,0 +1,37 @@
+#pragma once
+// Predicted time of a Plan on a Topology: a discrete-event simulation of every block of every rank.
+// An instruction starts when its dependencies are done, its block is free and (for a receive) its
+// message has arrived; it costs the executor's per-instruction overhead, plus local work at memory
+// bandwidth (copies, reductions), plus for a send a transfer along the topology path. A transfer
+// waits the path's latency, then moves its bytes at the path's bottleneck bandwidth, shared equally
+// with every other transfer crossing the same link in the same direction at that moment (so two
+// flows on one link each get half). Messages are store-and-forward per instruction (the model does
+// not pipeline tiles), which makes a ring all-reduce cost exactly 2(n-1)/n * S/beta + 2(n-1)*alpha on
+// a uniform fully connected topology.
+
+#include <cstdint>
+
+#include "compiler/plan.hpp"
+#include "topologies/topology.hpp"
+
+namespace tutti::plan {
+
+struct CostModel {
+  double instruction_us = 1.0;  // executor overhead per instruction
+  double memory_gbps = 10.0;    // local copies and reductions on CPU ranks; GPU ranks use their HBM
+                                // (900 / 1500 / 3000 GB/s for sm70 / sm80 / sm90 and later)
+  double reduce_factor = 1.5;   // a reduction costs this many copies of its output
+};
+
+struct Prediction {
+  double time_us = 0;
+  int64_t transfers = 0;
+  double bytes_moved = 0;
+};
+
+// `bytes` is the per-rank piece (NCCL's count x element size). Plan rank r runs on topology rank r,
+// so the topology needs at least plan.nranks ranks. Throws InvalidArgument otherwise, or if the
+// simulated plan stops (a deadlock the verifier would also report).
+Prediction simulate(const Plan& plan, const topo::Topology& topology, uint64_t bytes, const CostModel& model = {});
+
+}  // namespace tutti::plan
