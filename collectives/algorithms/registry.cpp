@@ -46,6 +46,26 @@ dsl::Program build(const std::string& name, int nranks, const Params& given) {
   return b.build(nranks, resolve(b, nranks, given));
 }
 
+Params parse_params(const std::vector<std::string>& kvs) {
+  Params out;
+  for (const auto& kv : kvs) {
+    auto eq = kv.find('=');
+    TUTTI_CHECK(eq != std::string::npos, InvalidArgument, "parameter '{}' is not k=v", kv);
+    try {
+      size_t used = 0;
+      std::string value = kv.substr(eq + 1);
+      int v = std::stoi(value, &used);
+      if (used == value.size()) {
+        out[kv.substr(0, eq)] = v;
+        continue;
+      }
+    } catch (const std::exception&) {
+    }
+    throw InvalidArgument(fmt::format("parameter '{}': the value is not an integer", kv));
+  }
+  return out;
+}
+
 dsl::CollectiveSpec spec_of(dsl::Collective c, int nranks, int chunk_factor, bool inplace, int root) {
   dsl::CollectiveSpec s;
   s.kind = c;

@@ -36,6 +36,8 @@ const Builtin& find_builtin(const std::string& name);  // throws InvalidArgument
 // Fills defaults, rejects unknown parameters and unsupported rank counts (InvalidArgument naming them).
 Params resolve(const Builtin& b, int nranks, const Params& given);
 dsl::Program build(const std::string& name, int nranks, const Params& given = {});
+// "k=v" strings (command lines) to Params; InvalidArgument names a malformed one.
+Params parse_params(const std::vector<std::string>& kvs);
 
 // Families (one file each).
 void register_allreduce(std::vector<Builtin>& out);

@@ -54,16 +54,7 @@ int main(int argc, char** argv) {
     plan::Plan result;
     if (!builtin.empty()) {
       if (ranks < 1) throw InvalidArgument("--builtin needs --ranks N (N >= 1)");
-      algorithms::Params given;
-      for (const auto& kv : params) {
-        auto eq = kv.find('=');
-        if (eq == std::string::npos) throw InvalidArgument(fmt::format("--param '{}' is not k=v", kv));
-        try {
-          given[kv.substr(0, eq)] = std::stoi(kv.substr(eq + 1));
-        } catch (const std::exception&) {
-          throw InvalidArgument(fmt::format("--param '{}': the value is not an integer", kv));
-        }
-      }
+      algorithms::Params given = algorithms::parse_params(params);
       dsl::Program program = algorithms::build(builtin, ranks, given);
       plan::CompileOptions copt;
       copt.fuse = !no_fuse;

@@ -70,12 +70,7 @@ int main(int argc, char** argv) {
       candidates.push_back({plan_file, plan::load_file(plan_file)});
     } else {
       TUTTI_CHECK(!builtin.empty(), InvalidArgument, "give --builtin, --plan or --compare");
-      algorithms::Params given;
-      for (auto& kv : params) {
-        auto eq = kv.find('=');
-        TUTTI_CHECK(eq != std::string::npos, InvalidArgument, "--param '{}' is not k=v", kv);
-        given[kv.substr(0, eq)] = std::stoi(kv.substr(eq + 1));
-      }
+      algorithms::Params given = algorithms::parse_params(params);
       candidates.push_back({builtin, plan::compile(algorithms::build(builtin, ranks, given)).plan});
     }
     TUTTI_CHECK(!candidates.empty(), InvalidArgument, "no built-in applies to {} ranks", ranks);
