@@ -58,6 +58,15 @@ class Lowering {
 
   Plan run(bool fuse) {
     replay();
+    // Dataflow order first, so fusion pairs a receive with the send that follows it in the schedule
+    // the plan will run (not in the order the program happened to be written).
+    for (int r = 0; r < prog_.nranks(); ++r) compute_deps(r);
+    auto first = dataflow_order();
+    for (int r = 0; r < prog_.nranks(); ++r) {
+      std::vector<LInstr> sorted;
+      for (int i : first[r]) sorted.push_back(std::move(lists_[r][i]));
+      lists_[r] = std::move(sorted);
+    }
     if (fuse)
       for (int r = 0; r < prog_.nranks(); ++r) {
         forward_copies(r);
@@ -70,7 +79,9 @@ class Lowering {
     plan.chunk_factor = spec_.chunk_factor;
     plan.inplace = spec_.inplace;
     plan.root = spec_.root;
-    for (int r = 0; r < prog_.nranks(); ++r) plan.ranks.push_back(build_rank(r));
+    for (int r = 0; r < prog_.nranks(); ++r) compute_deps(r);
+    auto order = dataflow_order();
+    for (int r = 0; r < prog_.nranks(); ++r) plan.ranks.push_back(build_rank(r, order[r]));
     return plan;
   }
 
@@ -299,12 +310,12 @@ class Lowering {
     }
   }
 
-  RankPlan build_rank(int r) {
+  // Dependencies from data flow in program order (RAW, WAR, WAW on canonical cells).
+  void compute_deps(int r) {
     auto& L = lists_[r];
     std::vector<int> live;
     for (int i = 0; i < static_cast<int>(L.size()); ++i)
       if (!L[i].dead) live.push_back(i);
-    // Dependencies from data flow in program order.
     std::map<std::pair<int, int64_t>, int> last_write;
     std::map<std::pair<int, int64_t>, std::vector<int>> readers;
     for (int i : live) {
@@ -330,6 +341,103 @@ class Lowering {
           readers[c].clear();
         }
     }
+  }
+
+  // The order of each rank's instructions inside its blocks: by dataflow depth (the longest chain of
+  // dependencies and messages leading to it, across ranks), then program order. A program written
+  // chunk by chunk (for each chunk: every step of the ring) would otherwise run chunk by chunk: the
+  // order of messages on a connection follows the program, so a block waits for one chunk to go
+  // around the ring before it may take the next. By depth, every rank first does its step-0 work on
+  // all chunks, then step 1, ..., which is how a ring pipelines.
+  //
+  // 1. depth0: longest paths over local dependencies and send -> receive of each message.
+  // 2. Each connection carries its messages in the order of depth0 of their sends (program order
+  //    among equals); chain edges of weight 1 along that order, on the sending and on the receiving
+  //    rank, make sends and receives of one connection strictly ordered the same way.
+  // 3. Instructions sort by depth with those chains. If the chains close a cycle, the program's own
+  //    message order is used instead, and if that cycles too, program order (the verifier then
+  //    reports the deadlock).
+  std::vector<std::vector<int>> dataflow_order() const {
+    const int n = prog_.nranks();
+    std::vector<std::vector<int>> live(n);
+    std::vector<std::vector<int>> node_of(n);
+    std::vector<std::pair<int, int>> nodes;  // (rank, index)
+    for (int r = 0; r < n; ++r) {
+      node_of[r].assign(lists_[r].size(), -1);
+      for (int i = 0; i < static_cast<int>(lists_[r].size()); ++i)
+        if (!lists_[r][i].dead) {
+          live[r].push_back(i);
+          node_of[r][i] = static_cast<int>(nodes.size());
+          nodes.push_back({r, i});
+        }
+    }
+    std::vector<std::tuple<int, int, int>> base;  // (from, to, weight)
+    std::map<std::tuple<int, int, int>, std::vector<int>> sends, recvs;  // (from, to, channel) -> nodes in order
+    for (int r = 0; r < n; ++r)
+      for (int i : live[r]) {
+        const LInstr& li = lists_[r][i];
+        for (int d : li.deps) base.push_back({node_of[r][d], node_of[r][i], 1});
+        if (li.ins.send_peer >= 0) sends[{r, li.ins.send_peer, li.channel}].push_back(node_of[r][i]);
+        if (li.ins.recv_peer >= 0) recvs[{li.ins.recv_peer, r, li.channel}].push_back(node_of[r][i]);
+      }
+    // Messages of each connection: (send node, receive node) in program order.
+    std::vector<std::vector<std::pair<int, int>>> messages;
+    for (auto& [key, s] : sends) {
+      auto it = recvs.find(key);
+      if (it == recvs.end()) continue;
+      messages.emplace_back();
+      for (size_t k = 0; k < s.size() && k < it->second.size(); ++k) {
+        messages.back().push_back({s[k], it->second[k]});
+        base.push_back({s[k], it->second[k], 1});
+      }
+    }
+    auto longest = [&](const std::vector<std::tuple<int, int, int>>& edges) {
+      std::vector<std::vector<std::pair<int, int>>> out(nodes.size());
+      std::vector<int> indegree(nodes.size(), 0), depth(nodes.size(), 0), ready;
+      for (auto [from, to, w] : edges) {
+        out[from].push_back({to, w});
+        ++indegree[to];
+      }
+      for (size_t v = 0; v < nodes.size(); ++v)
+        if (indegree[v] == 0) ready.push_back(static_cast<int>(v));
+      size_t seen = 0;
+      while (!ready.empty()) {
+        int v = ready.back();
+        ready.pop_back();
+        ++seen;
+        for (auto [to, w] : out[v]) {
+          depth[to] = std::max(depth[to], depth[v] + w);
+          if (--indegree[to] == 0) ready.push_back(to);
+        }
+      }
+      if (seen != nodes.size()) depth.clear();
+      return depth;
+    };
+    auto chained = [&](bool by_depth, const std::vector<int>& depth0) {
+      auto edges = base;
+      for (auto m : messages) {
+        if (by_depth)
+          std::stable_sort(m.begin(), m.end(), [&](auto& x, auto& y) { return depth0[x.first] < depth0[y.first]; });
+        for (size_t k = 1; k < m.size(); ++k) {
+          edges.push_back({m[k - 1].first, m[k].first, 1});
+          edges.push_back({m[k - 1].second, m[k].second, 1});
+        }
+      }
+      return longest(edges);
+    };
+    std::vector<int> depth0 = longest(base);
+    if (depth0.empty()) return live;
+    std::vector<int> depth = chained(true, depth0);
+    if (depth.empty()) depth = chained(false, depth0);
+    if (depth.empty()) return live;
+    for (int r = 0; r < n; ++r)
+      std::stable_sort(live[r].begin(), live[r].end(),
+                       [&](int a, int b) { return depth[node_of[r][a]] < depth[node_of[r][b]]; });
+    return live;
+  }
+
+  RankPlan build_rank(int r, const std::vector<int>& live) {
+    auto& L = lists_[r];
     // Blocks: union of the keys each instruction uses.
     UnionFind uf;
     std::map<std::tuple<char, int, int>, int> keys;

@@ -52,6 +52,9 @@ constexpr Variable kVariables[] = {
      "ranks as processes and no %r, .rankN is added)."},
     {"TUTTI_CHECK", "", "0", "1: every collective first checks that all ranks called it with the same arguments."},
     {"TUTTI_PIPELINE_DEPTH", "", "4", "Tiles in flight per reducing receive (staging slots per block)."},
+    {"TUTTI_WORKERS", "", "0",
+     "Threads per rank that run a plan's blocks (spread by channel; the calling thread is one of them). 0: the "
+     "host's cores divided by the ranks on the host, at least 1."},
 };
 
 const Variable& lookup(std::string_view name) {

@@ -155,6 +155,7 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
   int local = 1;
   for (int p = 0; p < nranks; ++p)
     if (p != rank && bootstrap_->peer(p).host_hash == self.host_hash) ++local;
+  local_ranks_ = local;
   bool oversubscribed = local > static_cast<int>(std::thread::hardware_concurrency());
   engine_ = std::make_unique<ProgressEngine>(state_, options_.timeout_s, options_.spin, oversubscribed);
   connect_channel(0);  // ends with a barrier: every peer has mapped our control segment

@@ -69,6 +69,7 @@ class Communicator {
   int channels() const { return static_cast<int>(connections_.size()); }
   Connection& connection(int peer, int channel = 0);
   const char* transport_to(int peer) const;  // "shm", "tcp" or "self"
+  int local_ranks() const { return local_ranks_; }  // ranks of this communicator on this host
   const PeerInfo& peer_info(int peer) const { return bootstrap_->peer(peer); }
 
   // Blocking point-to-point helpers over channel `channel`.
@@ -98,6 +99,7 @@ class Communicator {
   std::vector<ShmSegment> own_fifos_;               // by channel
   std::vector<std::vector<std::unique_ptr<Connection>>> connections_;  // [channel][rank]
   std::vector<bool> shm_peer_;
+  int local_ranks_ = 1;
 };
 
 }  // namespace tutti

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <exception>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include "core/element.hpp"
 #include "core/env.hpp"
@@ -47,32 +51,57 @@ std::shared_ptr<const PreparedPlan> PreparedPlan::make(plan::Plan p) {
   return out;
 }
 
-Executor::Executor(Communicator& comm) : comm_(comm) {
+Executor::Executor(Communicator& comm) : comm_(comm), pool_(comm.rank()) {
   tile_ = static_cast<int64_t>(env::get_size("TUTTI_TILE_SIZE"));
   staging_slots_ = static_cast<int>(env::get_int("TUTTI_PIPELINE_DEPTH"));
+  workers_ = static_cast<int>(env::get_int("TUTTI_WORKERS"));
   TUTTI_CHECK(tile_ >= 64, InvalidArgument, "TUTTI_TILE_SIZE must be at least 64 bytes");
   tile_ = tile_ / 64 * 64;  // a multiple of every element size
   TUTTI_CHECK(staging_slots_ >= 1, InvalidArgument, "TUTTI_PIPELINE_DEPTH must be at least 1");
+  TUTTI_CHECK(workers_ >= 0, InvalidArgument, "TUTTI_WORKERS must be 0 (automatic) or a thread count, not {}",
+              workers_);
+  if (workers_ == 0)
+    workers_ = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, comm.local_ranks()));
 }
 
 namespace {
 
+// A send whose buffer the transport may still read.
+struct PendingSend {
+  Connection* conn;
+  Ticket ticket;
+  const unsigned char* begin;
+  const unsigned char* end;
+  size_t step;
+};
+
 struct Run {
-  const plan::Block* block;
-  size_t pc = 0;
+  const plan::Block* block = nullptr;
+  int worker = 0;
+  size_t pc = 0;                  // steps [0, pc) are issued
+  std::atomic<size_t> retired{0};  // steps [0, retired) are issued and their sends are done or owned
   bool started = false;
   // The current instruction.
   exec::OpShape shape{};
-  int64_t bytes = 0, tiles = 0, elems_per_tile = 0;
+  int64_t bytes = 0, tiles = 0;
   unsigned char* dst = nullptr;
   const unsigned char* local = nullptr;  // srcs[0] of reducing receives, or what a send sends
   Connection* rconn = nullptr;
   Connection* sconn = nullptr;
-  int64_t recv_posted = 0, processed = 0, sends_posted = 0, sends_done = 0;
-  std::deque<Ticket> recv_tickets, send_tickets;
+  int64_t recv_posted = 0, processed = 0;
+  std::deque<Ticket> recv_tickets;
   unsigned char* slots = nullptr;
   int64_t slot_bytes = 0;
   double started_us = 0;  // TUTTI_TRACE
+  std::deque<PendingSend> pending;
+
+  bool finished() const { return pc == block->steps.size(); }
+  // Whether a pending send still reads [b, e).
+  bool busy(const unsigned char* b, const unsigned char* e) const {
+    for (auto& s : pending)
+      if (s.begin < e && b < s.end) return true;
+    return false;
+  }
 };
 
 }  // namespace
@@ -105,19 +134,38 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
 
   std::vector<Run> runs(rp.blocks.size());
   const std::map<int64_t, size_t>& index = pp.block_index[rank];
-  for (size_t b = 0; b < rp.blocks.size(); ++b) runs[b].block = &rp.blocks[b];
+  // Channels in use -> workers, round robin.
+  std::map<int, int> worker_of_channel;
+  for (auto& b : rp.blocks)
+    if (!b.steps.empty()) worker_of_channel.emplace(b.channel, 0);
+  const int nworkers = std::max(1, std::min<int>(workers_, static_cast<int>(worker_of_channel.size())));
+  {
+    int k = 0;
+    for (auto& [channel, w] : worker_of_channel) w = k++ % nworkers;
+  }
+  for (size_t b = 0; b < rp.blocks.size(); ++b) {
+    runs[b].block = &rp.blocks[b];
+    if (!rp.blocks[b].steps.empty()) runs[b].worker = worker_of_channel.at(rp.blocks[b].channel);
+  }
+  // Staging slots of blocks that forward reduced data (recv_reduce_send), allocated before anything
+  // runs: sends read them asynchronously, so they must not move during the run.
   if (staging_.size() < runs.size()) staging_.resize(runs.size());
-  size_t finished = 0;
-  for (auto& r : runs)
-    if (r.block->steps.empty()) ++finished;
+  for (size_t b = 0; b < rp.blocks.size(); ++b)
+    for (auto& in : rp.blocks[b].steps)
+      if (in.op == plan::Opcode::kRecvReduceSend && staging_[b].size() < static_cast<size_t>(tile_ * staging_slots_))
+        staging_[b].resize(static_cast<size_t>(tile_ * staging_slots_));
+  Doorbell* bell = comm_.state().doorbell();
+  std::atomic<bool> failed{false};
+  const bool tracing = trace::enabled();
 
+  // Starts the current instruction of block b. Local instructions complete here (true); transfers
+  // post what they can and complete in advance().
   auto start = [&](size_t b) {
     Run& r = runs[b];
     const plan::Instruction& in = r.block->steps[r.pc];
     r.shape = exec::shape_of(static_cast<int>(in.op));
-    r.recv_posted = r.processed = r.sends_posted = r.sends_done = 0;
+    r.recv_posted = r.processed = 0;
     r.recv_tickets.clear();
-    r.send_tickets.clear();
     int64_t n = in.count();
     const plan::Ref& any = in.dst ? *in.dst : in.srcs.empty() ? plan::Ref{} : in.srcs[0];
     r.bytes = n > 0 ? g.bytes(any.index, n) : 0;
@@ -151,127 +199,200 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
     if (r.shape.send) r.sconn = &comm_.connection(in.send_peer, r.block->channel + kPlanChannelBase);
     r.local = in.srcs.empty() ? nullptr : pointer(in.srcs[0]);
     if (in.op == plan::Opcode::kRecvReduceSend) {
-      r.slot_bytes = std::min<int64_t>(tile_, std::max<int64_t>(r.bytes, 1));
-      auto& st = staging_[b];
-      size_t need = static_cast<size_t>(r.slot_bytes * staging_slots_);
-      if (st.size() < need) st.resize(need);
-      r.slots = st.data();
+      // Full-tile slots, allocated once: earlier forwards may still read them, so the buffer must
+      // never move while the block runs.
+      r.slot_bytes = tile_;
+      r.slots = staging_[b].data();
     }
     if (in.op == plan::Opcode::kSend) {
-      for (int64_t t = 0; t < r.tiles; ++t)
-        r.send_tickets.push_back(
-            r.sconn->send(r.local + exec::tile_begin(t, tile_), static_cast<size_t>(exec::tile_bytes(t, r.bytes, tile_))));
-      r.sends_posted = r.tiles;
+      for (int64_t t = 0; t < r.tiles; ++t) {
+        const unsigned char* from = r.local + exec::tile_begin(t, tile_);
+        int64_t len = exec::tile_bytes(t, r.bytes, tile_);
+        r.pending.push_back({r.sconn, r.sconn->send(from, static_cast<size_t>(len)), from, from + len, r.pc});
+      }
+      return true;
     }
     return false;
   };
 
-  // Advances the current instruction of block b; true when it completed.
+  // Advances the current transfer of block b; true when it is issued (every tile received and
+  // every outgoing tile posted).
   auto advance = [&](size_t b, bool& moved) {
     Run& r = runs[b];
     const plan::Instruction& in = r.block->steps[r.pc];
-    if (r.shape.recv) {
-      // Post receives: straight into dst, or into a staging slot once the slot is free again.
-      int64_t released = in.op == plan::Opcode::kRecvReduceSend ? r.sends_done : r.processed;
-      // Reducing receives combine straight out of the transport (recv_reduce): into dst when they
-      // store, into a staging slot (kept until its send is done) when they only forward.
-      bool staged = in.op == plan::Opcode::kRecvReduceSend;
-      while (r.recv_posted < r.tiles && (!staged || r.recv_posted < released + staging_slots_)) {
-        int64_t t = r.recv_posted;
-        int64_t off = exec::tile_begin(t, tile_);
-        size_t len = static_cast<size_t>(exec::tile_bytes(t, r.bytes, tile_));
-        unsigned char* to = staged ? r.slots + (t % staging_slots_) * r.slot_bytes : r.dst + off;
-        r.recv_tickets.push_back(r.shape.reduce_local ? r.rconn->recv_reduce(to, r.local + off, len, op, type)
-                                                      : r.rconn->recv(to, len));
-        ++r.recv_posted;
-        moved = true;
-      }
-      while (!r.recv_tickets.empty() && r.rconn->recv_done(r.recv_tickets.front())) {
-        r.recv_tickets.pop_front();
-        int64_t t = r.processed;
-        int64_t off = exec::tile_begin(t, tile_);
-        size_t len = static_cast<size_t>(exec::tile_bytes(t, r.bytes, tile_));
-        const unsigned char* out =
-            in.op == plan::Opcode::kRecvReduceSend ? r.slots + (t % staging_slots_) * r.slot_bytes : r.dst + off;
-        if (r.shape.send) {
-          r.send_tickets.push_back(r.sconn->send(out, len));
-          ++r.sends_posted;
-        }
-        ++r.processed;
-        moved = true;
-      }
-    }
-    while (!r.send_tickets.empty() && r.sconn->send_done(r.send_tickets.front())) {
-      r.send_tickets.pop_front();
-      ++r.sends_done;
+    // Reducing receives combine straight out of the transport (recv_reduce): into dst when they
+    // store, into a staging slot (free again once its forward is done or owned) when they only forward.
+    const bool staged = in.op == plan::Opcode::kRecvReduceSend;
+    auto landing = [&](int64_t t) {
+      return staged ? r.slots + (t % staging_slots_) * r.slot_bytes : r.dst + exec::tile_begin(t, tile_);
+    };
+    while (r.recv_posted < r.tiles) {
+      int64_t t = r.recv_posted;
+      size_t len = static_cast<size_t>(exec::tile_bytes(t, r.bytes, tile_));
+      unsigned char* to = landing(t);
+      if (staged && (t - r.processed >= staging_slots_ || r.busy(to, to + r.slot_bytes))) break;
+      r.recv_tickets.push_back(r.shape.reduce_local ? r.rconn->recv_reduce(to, r.local + exec::tile_begin(t, tile_), len,
+                                                                           op, type)
+                                                    : r.rconn->recv(to, len));
+      ++r.recv_posted;
       moved = true;
     }
-    bool recv_done = !r.shape.recv || r.processed == r.tiles;
-    bool send_done = !r.shape.send || r.sends_done == r.tiles;
-    return recv_done && send_done;
+    while (!r.recv_tickets.empty() && r.rconn->recv_done(r.recv_tickets.front())) {
+      r.recv_tickets.pop_front();
+      int64_t t = r.processed;
+      int64_t len = exec::tile_bytes(t, r.bytes, tile_);
+      const unsigned char* out = landing(t);
+      if (r.shape.send) r.pending.push_back({r.sconn, r.sconn->send(out, static_cast<size_t>(len)), out, out + len, r.pc});
+      ++r.processed;
+      moved = true;
+    }
+    return r.processed == r.tiles;
   };
 
-  const bool tracing = trace::enabled();
   auto traced = [&](const Run& r) {
     const plan::Instruction& in = r.block->steps[r.pc];
     trace::record(rank, r.block->id, plan::to_string(in.op), r.started_us, trace::now_us(), r.bytes,
                   in.send_peer >= 0 ? in.send_peer : in.recv_peer, p.name);
   };
-  auto step = [&](bool& done) {
-    bool moved = false;
-    for (size_t b = 0; b < runs.size(); ++b) {
-      Run& r = runs[b];
-      while (r.pc < r.block->steps.size()) {
-        if (!r.started) {
-          bool ready = true;
-          for (auto& d : r.block->steps[r.pc].deps) {
-            const Run& o = runs[index.at(d.block)];
-            if (o.pc <= static_cast<size_t>(d.step)) ready = false;
-          }
-          if (!ready) break;
-          moved = true;
-          r.started = true;
-          if (tracing) r.started_us = trace::now_us();
-          if (start(b)) {
-            if (tracing) traced(r);
-            r.started = false;
-            ++r.pc;
-            if (r.pc == r.block->steps.size()) ++finished;
-            continue;
-          }
-        }
-        if (!advance(b, moved)) break;
-        if (tracing) traced(r);
-        r.started = false;
-        ++r.pc;
-        moved = true;
-        if (r.pc == r.block->steps.size()) ++finished;
-      }
-    }
-    done = finished == runs.size();
-    return moved;
+  // Drops finished sends and publishes how far block b is retired; true if that moved.
+  auto retire = [&](Run& r) {
+    while (!r.pending.empty() && r.pending.front().conn->send_done(r.pending.front().ticket)) r.pending.pop_front();
+    std::erase_if(r.pending, [](const PendingSend& s) { return s.conn->send_done(s.ticket); });
+    size_t upto = r.pc;
+    if (!r.pending.empty()) upto = std::min(upto, r.pending.front().step);
+    if (upto == r.retired.load(std::memory_order_relaxed)) return false;
+    r.retired.store(upto, std::memory_order_release);
+    if (nworkers > 1 && bell) ring(*bell);
+    return true;
   };
-  comm_.engine().run(step, [&] {
-    // Every unfinished block and what it waits for: the message a timeout or abort reports.
-    std::string where;
-    int shown = 0;
-    for (auto& r : runs) {
-      if (r.pc >= r.block->steps.size()) continue;
-      if (shown++ == 8) {
-        where += "; ...";
-        break;
+
+  // Connections of each worker's channels.
+  std::vector<std::vector<Connection*>> conns(nworkers);
+  for (auto& [channel, w] : worker_of_channel)
+    for (int peer = 0; peer < comm_.size(); ++peer)
+      if (peer != rank) conns[w].push_back(&comm_.connection(peer, channel + kPlanChannelBase));
+
+  auto work = [&](int worker, ProgressEngine& engine) {
+    auto step = [&](bool& done) {
+      if (failed.load(std::memory_order_relaxed)) throw InternalError("another worker of this rank failed");
+      bool moved = false;
+      done = true;
+      for (size_t b = 0; b < runs.size(); ++b) {
+        Run& r = runs[b];
+        if (r.worker != worker) continue;
+        while (!r.finished()) {
+          const plan::Instruction& in = r.block->steps[r.pc];
+          if (!r.started) {
+            bool ready = true;
+            for (auto& d : in.deps)
+              if (runs[index.at(d.block)].retired.load(std::memory_order_acquire) <= static_cast<size_t>(d.step))
+                ready = false;
+            // Write-after-read within the block: an earlier send may still read what this step writes.
+            if (ready && in.dst) {
+              int64_t n = in.count();
+              unsigned char* d = pointer(*in.dst);
+              int64_t bytes = n > 0 ? g.bytes(in.dst->index, n) : 0;
+              if (r.busy(d, d + bytes)) ready = false;
+            }
+            if (!ready) break;
+            moved = true;
+            r.started = true;
+            if (tracing) r.started_us = trace::now_us();
+            if (start(b)) {
+              if (tracing) traced(r);
+              r.started = false;
+              ++r.pc;
+              continue;
+            }
+          }
+          if (!advance(b, moved)) break;
+          if (tracing) traced(r);
+          r.started = false;
+          ++r.pc;
+          moved = true;
+        }
+        moved |= retire(r);
+        if (r.retired.load(std::memory_order_relaxed) != r.block->steps.size()) done = false;
       }
-      const plan::Instruction& in = r.block->steps[r.pc];
-      std::string state = !r.started ? "waiting for its dependencies"
-                                     : fmt::format("{} of {} tile(s) received, {} sent", r.processed, r.tiles, r.sends_done);
-      std::string peers;
-      if (in.recv_peer >= 0) peers += fmt::format(" from rank {}", in.recv_peer);
-      if (in.send_peer >= 0) peers += fmt::format(" to rank {}", in.send_peer);
-      where += fmt::format("{}block {} step {} ({}{}, channel {}): {}", where.empty() ? "" : "; ", r.block->id, r.pc,
-                           plan::to_string(in.op), peers, r.block->channel, state);
+      // Sends made eager by own() must still reach the peer before the call returns: nothing else
+      // drives this rank's connections between calls.
+      if (done)
+        for (Connection* c : conns[worker])
+          if (c->sends_pending()) done = false;
+      return moved;
+    };
+    // Nothing else to do: copy pending sends into connection-owned memory, so no peer waits on us.
+    auto relieve = [&] {
+      bool freed = false;
+      for (auto& r : runs) {
+        if (r.worker != worker || r.pending.empty()) continue;
+        size_t before = r.pending.size();
+        std::erase_if(r.pending, [](const PendingSend& s) { return s.conn->own(s.ticket); });
+        freed |= r.pending.size() != before;
+      }
+      return freed;
+    };
+    auto what = [&] {
+      // Every unfinished block of this worker and what it waits for: the message a timeout or abort reports.
+      std::string where;
+      int shown = 0;
+      for (auto& r : runs) {
+        if (r.worker != worker || r.retired.load(std::memory_order_relaxed) == r.block->steps.size()) continue;
+        if (shown++ == 8) {
+          where += "; ...";
+          break;
+        }
+        std::string state;
+        if (r.finished()) {
+          state = fmt::format("{} send(s) not taken by the peer yet", r.pending.size());
+        } else {
+          const plan::Instruction& in = r.block->steps[r.pc];
+          bool deps_met = true;
+          for (auto& d : in.deps)
+            if (runs[index.at(d.block)].retired.load(std::memory_order_acquire) <= static_cast<size_t>(d.step))
+              deps_met = false;
+          state = !r.started ? (deps_met ? fmt::format("waiting for {} earlier send(s) of the block to release what it "
+                                                       "overwrites",
+                                                       r.pending.size())
+                                         : std::string("waiting for its dependencies"))
+                             : fmt::format("{} of {} tile(s) received, {} send(s) pending", r.processed, r.tiles,
+                                           r.pending.size());
+          std::string peers;
+          if (in.recv_peer >= 0) peers += fmt::format(" from rank {}", in.recv_peer);
+          if (in.send_peer >= 0) peers += fmt::format(" to rank {}", in.send_peer);
+          state = fmt::format("step {} ({}{}): {}", r.pc, plan::to_string(in.op), peers, state);
+        }
+        where += fmt::format("{}block {} (channel {}) {}", where.empty() ? "" : "; ", r.block->id, r.block->channel,
+                             state);
+      }
+      return fmt::format("running plan '{}' for {} [{}]", p.name, dsl::to_string(p.collective), where);
+    };
+    engine.run(step, what, relieve);
+  };
+
+  if (nworkers == 1) {
+    work(0, comm_.engine());
+    return;
+  }
+  // One engine per worker over the connections of its channels.
+  std::vector<std::unique_ptr<ProgressEngine>> engines;
+  for (int w = 0; w < nworkers; ++w) {
+    engines.push_back(comm_.engine().sibling(true));
+    for (Connection* c : conns[w]) engines[w]->add(c);
+  }
+  std::mutex first_mutex;
+  std::exception_ptr first;
+  pool_.run(nworkers, [&](int w) {
+    try {
+      work(w, *engines[w]);
+    } catch (...) {
+      std::lock_guard lock(first_mutex);
+      if (!first) first = std::current_exception();
+      failed.store(true);
+      if (bell) ring(*bell);
     }
-    return fmt::format("running plan '{}' for {} [{}]", p.name, dsl::to_string(p.collective), where);
   });
+  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace tutti

@@ -1,9 +1,21 @@
 #pragma once
-// The CPU plan interpreter. Each rank runs every block of its part of a Plan as a state machine,
-// all driven by the communicator's progress engine on the calling thread: an instruction starts when
-// its dependencies are done, posts its transfers tile by tile (so a chunk moving through several
-// ranks is pipelined), and completes when its last tile is through. No block waiting for a peer
-// stops another block from running, so a verified plan cannot deadlock on worker scheduling.
+// The CPU plan interpreter. Each rank runs every block of its part of a Plan as a state machine: an
+// instruction starts when its dependencies are retired, posts its transfers tile by tile (so a chunk
+// moving through several ranks is pipelined), and is issued when its last tile is received and its
+// last outgoing tile posted. No block waiting for a peer stops another block from running.
+//
+// Eager sends. The verifier proves a plan deadlock-free assuming a send completes once posted. So a
+// block moves on as soon as its sends are posted; a step *retires* (and satisfies the dependencies
+// of other blocks) once its outgoing tiles are done, i.e. the buffer they come from may be
+// overwritten. A later step of the same block that writes a region some pending send still reads
+// waits for it. When a rank has nothing else to do, pending sends are copied into memory the
+// connection owns (Connection::own), which retires them at once: no cycle of full FIFOs can form,
+// whatever the message sizes and FIFO depths.
+//
+// Workers. Blocks are spread over TUTTI_WORKERS threads by channel (a channel's connections belong
+// to one thread, so connections stay single-threaded); the calling thread is worker 0. Retirement
+// counters are atomics (release on store, acquire on the dependency check), and a worker that
+// retires a step rings the rank's doorbell so a sleeping worker waiting for it wakes up.
 
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +26,7 @@
 #include "compiler/plan.hpp"
 #include "core/reduce.hpp"
 #include "runtime/communicator.hpp"
+#include "runtime/worker_pool.hpp"
 
 namespace tutti {
 
@@ -48,13 +61,17 @@ class Executor {
   // peer fails or the wait times out.
   void run(const PreparedPlan& plan, const ExecArgs& args);
   int64_t tile_bytes() const { return tile_; }
+  // Worker threads a run uses at most (TUTTI_WORKERS; 0 picks cores / ranks on this host).
+  int workers() const { return workers_; }
 
  private:
   Communicator& comm_;
   int64_t tile_;
   int staging_slots_;
+  int workers_;
   std::vector<unsigned char> scratch_;
   std::vector<std::vector<unsigned char>> staging_;  // per block, grown on demand
+  WorkerPool pool_;
 };
 
 }  // namespace tutti

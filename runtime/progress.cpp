@@ -44,7 +44,14 @@ void ProgressEngine::wait(const std::function<bool()>& done, const std::function
       what);
 }
 
-void ProgressEngine::run(const std::function<bool(bool& done)>& step, const std::function<std::string()>& what) {
+std::unique_ptr<ProgressEngine> ProgressEngine::sibling(bool short_naps) const {
+  auto e = std::make_unique<ProgressEngine>(state_, timeout_s_, spin_, yield_always_);
+  e->short_naps_ = short_naps;
+  return e;
+}
+
+void ProgressEngine::run(const std::function<bool(bool& done)>& step, const std::function<std::string()>& what,
+                         const std::function<bool()>& relieve) {
   bool done = false;
   uint64_t rounds = 0;
   // Poll while work flows and for spin_ microseconds after it stops, then sleep. Time-based, so a
@@ -76,8 +83,10 @@ void ProgressEngine::run(const std::function<bool(bool& done)>& step, const std:
     bool moved = progress();
     moved |= step(done);
     if (done) return;
-    if (!moved)
+    if (!moved) {
       for (Connection* c : connections_) moved |= c->relieve();
+      if (relieve) moved |= relieve();
+    }
     if (moved) {
       deadline = Deadline::after(timeout_s_);
       continue;
@@ -89,7 +98,7 @@ void ProgressEngine::run(const std::function<bool(bool& done)>& step, const std:
       fds.push_back({state_->event_fd(), POLLIN, 0});
       for (Connection* c : connections_) c->poll_fds(fds);
       // With shared-memory peers too, nobody rings a poll(): keep the nap short.
-      ::poll(fds.data(), fds.size(), deadline.ms_left(has_shm_ ? 1 : 100));
+      ::poll(fds.data(), fds.size(), deadline.ms_left(has_shm_ || short_naps_ ? 1 : 100));
     } else if (bell) {
       sleep_on(*bell, seen, deadline.ms_left(100));
     }

@@ -26,7 +26,14 @@ class ProgressEngine {
   void wait(const std::function<bool()>& done, const std::function<std::string()>& what);
   // Drives a state machine: step() advances it (after the connections moved) and returns whether it
   // made progress, setting `done` when finished. Sleeps only when neither moved.
-  void run(const std::function<bool(bool& done)>& step, const std::function<std::string()>& what);
+  // `relieve`, when given, is called (like Connection::relieve) when nothing moved and the engine is
+  // about to sleep; it returns whether it freed anything.
+  void run(const std::function<bool(bool& done)>& step, const std::function<std::string()>& what,
+           const std::function<bool()>& relieve = {});
+  // An engine with the same settings and no connections, for a worker thread that drives a subset
+  // of the connections. `short_naps`: another thread may unblock this one without ringing a
+  // socket, so a poll() sleep is kept short.
+  std::unique_ptr<ProgressEngine> sibling(bool short_naps) const;
 
  private:
   std::shared_ptr<CommState> state_;
@@ -35,6 +42,7 @@ class ProgressEngine {
   bool yield_always_;
   std::vector<Connection*> connections_;
   bool has_shm_ = false, has_tcp_ = false;
+  bool short_naps_ = false;
 };
 
 }  // namespace tutti

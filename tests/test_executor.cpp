@@ -9,6 +9,7 @@
 #include "compiler/compile.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/instruction_semantics.hpp"
+#include "runtime/worker_pool.hpp"
 
 using namespace tutti;
 
@@ -120,4 +121,100 @@ TEST(Executor, TcpTransportAndSmallTilesPipeline) {
   unsetenv("TUTTI_TILE_SIZE");
 }
 
+// An in-place all-gather of two ranks where each sends its piece, rewrites it, and receives: with a
+// message far larger than the FIFOs (and the sockets' buffers), both sends fill their FIFOs, and the
+// rewrite must wait until the send no longer reads the piece, which needs the peer's receive, which
+// the peer posts only after its own rewrite. The executor must treat sends as eager (the verifier's
+// model) and copy the stalled ones aside (Connection::own), not deadlock.
+plan::Plan send_first_exchange() {
+  plan::Plan pl;
+  pl.name = "send_first_exchange";
+  pl.collective = dsl::Collective::kAllGather;
+  pl.nranks = 2;
+  pl.chunk_factor = 1;
+  pl.inplace = true;
+  for (int r = 0; r < 2; ++r) {
+    plan::RankPlan rp;
+    rp.input_chunks = 1;
+    rp.output_chunks = 2;
+    plan::Block b;
+    plan::Instruction send;
+    send.op = plan::Opcode::kSend;
+    send.srcs = {plan::Ref{dsl::BufferKind::kOutput, r, 1}};
+    send.send_peer = 1 - r;
+    plan::Instruction recv;
+    recv.op = plan::Opcode::kRecv;
+    recv.dst = plan::Ref{dsl::BufferKind::kOutput, 1 - r, 1};
+    recv.recv_peer = 1 - r;
+    // Between them, a step that rewrites the piece being sent (with the same bytes: the input of an
+    // in-place all-gather is that piece): it may run only once the send no longer reads the piece.
+    plan::Instruction rewrite;
+    rewrite.op = plan::Opcode::kCopy;
+    rewrite.srcs = {plan::Ref{dsl::BufferKind::kInput, 0, 1}};
+    rewrite.dst = plan::Ref{dsl::BufferKind::kOutput, r, 1};
+    b.steps = {send, rewrite, recv};
+    rp.blocks.push_back(b);
+    pl.ranks.push_back(rp);
+  }
+  return pl;
+}
+
 }  // namespace
+
+TEST(Executor, SendsAreEagerSoLargeMessagesBothWaysDoNotDeadlock) {
+  // 2 slots of 4 KiB per FIFO, 4 KiB tiles: a 16 MiB message is 4096 tiles against 2 slots.
+  setenv("TUTTI_SHM_SLOTS", "2", 1);
+  setenv("TUTTI_SHM_SLOT_SIZE", "4K", 1);
+  setenv("TUTTI_TILE_SIZE", "4K", 1);
+  setenv("TUTTI_TIMEOUT", "60", 1);  // a deadlock fails the test instead of hanging it
+  plan::Plan pl = send_first_exchange();
+  run_and_check(pl, 4 << 20, TransportKind::kShm);
+  unsetenv("TUTTI_TILE_SIZE");
+  // TCP with whole messages as one tile: 64 MiB each way is more than the kernel buffers hold.
+  setenv("TUTTI_TILE_SIZE", "64M", 1);
+  run_and_check(pl, 16 << 20, TransportKind::kTcp);
+  for (const char* v : {"TUTTI_SHM_SLOTS", "TUTTI_SHM_SLOT_SIZE", "TUTTI_TILE_SIZE", "TUTTI_TIMEOUT"}) unsetenv(v);
+}
+
+TEST(Executor, WorkerThreadsRunChannelsInParallel) {
+  setenv("TUTTI_WORKERS", "3", 1);
+  setenv("TUTTI_TIMEOUT", "60", 1);
+  {
+    auto comms = Communicator::create_local(1);
+    EXPECT_EQ(Executor(*comms[0]).workers(), 3);
+  }
+  for (auto transport : {TransportKind::kShm, TransportKind::kTcp}) {
+    SCOPED_TRACE(transport == TransportKind::kShm ? "shm" : "tcp");
+    // Four channels over three workers (one worker drives two), and blocks that depend on blocks of
+    // other workers (the tree's reduce and broadcast phases, the hierarchical plan's stages).
+    run_and_check(plan::compile(algorithms::build("ring_allreduce", 3, {{"channels", 4}})).plan, 100003, transport);
+    run_and_check(plan::compile(algorithms::build("ring_allgather", 4, {{"channels", 3}})).plan, 30001, transport);
+    run_and_check(plan::compile(algorithms::build("tree_allreduce", 5, {})).plan, 100003, transport);
+  }
+  unsetenv("TUTTI_WORKERS");
+  unsetenv("TUTTI_TIMEOUT");
+}
+
+TEST(Executor, DefaultWorkersFitTheCores) {
+  auto comms = Communicator::create_local(2);
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  EXPECT_EQ(Executor(*comms[0]).workers(), std::max(1, cores / 2));
+}
+
+TEST(WorkerPool, RunsEveryWorkerOnItsOwnThreadAndPropagatesErrors) {
+  WorkerPool pool(0);
+  std::vector<std::thread::id> ids(4);
+  pool.run(4, [&](int w) { ids[w] = std::this_thread::get_id(); });
+  EXPECT_EQ(ids[0], std::this_thread::get_id());
+  for (int a = 0; a < 4; ++a)
+    for (int b = a + 1; b < 4; ++b) EXPECT_NE(ids[a], ids[b]);
+  EXPECT_EQ(pool.helpers(), 3);
+  EXPECT_THROW(pool.run(3, [&](int w) {
+    if (w == 2) throw InvalidArgument("worker 2 failed");
+  }),
+               InvalidArgument);
+  // The pool is still usable after an error.
+  std::atomic<int> sum{0};
+  pool.run(4, [&](int w) { sum += w; });
+  EXPECT_EQ(sum.load(), 6);
+}

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,8 +56,26 @@ class Connection {
     o.reduce = true;
     o.redop = op;
     o.type = type;
-    recvq_.push_back(o);
+    recvq_.push_back(std::move(o));
     return recvs_posted_;
+  }
+  // Eager completion: makes the pending send `t` independent of the caller's buffer by copying the
+  // message into memory the connection owns, so the buffer may be reused before the peer takes the
+  // message. True if the buffer is free (the send is done or now owned); false if the transport
+  // still reads it (a shared-memory single copy already announced to the peer; that one completes
+  // when the receiver, idle or not, reads it: see ShmConnection::relieve).
+  bool own(Ticket t) {
+    if (send_done(t)) return true;
+    Op& op = sendq_[t - sendq_.front().ticket];
+    if (op.owned) return true;
+    if (!can_own(op)) return false;
+    std::shared_ptr<unsigned char[]> copy(new unsigned char[op.bytes ? op.bytes : 1]);
+    if (op.bytes) std::memcpy(copy.get(), op.data, op.bytes);
+    unsigned char* old = op.data;
+    op.data = copy.get();
+    op.owned = std::move(copy);
+    rebase(op, old);
+    return true;
   }
   bool send_done(Ticket t) const { return sends_completed_ >= t; }
   bool recv_done(Ticket t) const { return recvs_completed_ >= t; }
@@ -75,6 +94,7 @@ class Connection {
 
  protected:
   struct Op {
+    Op(unsigned char* d, size_t b, Ticket t) : data(d), bytes(b), ticket(t) {}
     unsigned char* data;
     size_t bytes;
     Ticket ticket;
@@ -86,7 +106,12 @@ class Connection {
     bool reduce = false;
     RedOp redop = RedOp::kSum;
     DataType type = DataType::kFloat32;
+    std::shared_ptr<unsigned char[]> owned;  // own(): the message's private copy
   };
+  // own() hooks: whether the transport still may switch a send to a private copy, and how to repoint
+  // its internal references from `old` to op.data.
+  virtual bool can_own(const Op&) const { return true; }
+  virtual void rebase(Op&, const unsigned char* /*old*/) {}
   // Writes `bytes` of incoming data at `offset` of a posted receive: copied, or reduced with the
   // receive's local operand.
   static void deliver(const Op& op, size_t offset, const void* incoming, size_t bytes) {

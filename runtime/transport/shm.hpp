@@ -81,6 +81,10 @@ class ShmConnection : public Connection {
   bool progress() override;
   bool relieve() override;
 
+ protected:
+  // A single copy already announced reads the sender's buffer: it cannot move.
+  bool can_own(const Op& op) const override { return !(op.started && op.aux != UINT64_MAX); }
+
  private:
   bool progress_send();
   bool progress_recv();

@@ -120,6 +120,13 @@ bool TcpConnection::progress() {
   return moved;
 }
 
+void TcpConnection::rebase(Op& op, const unsigned char* old) {
+  // Planned segments point into the message: move them to the copy (bytes already sent don't matter).
+  for (auto& q : send_segments_)
+    for (Segment& s : q)
+      if (s.ticket == op.ticket && !s.header) s.data = op.data + (s.data - old);
+}
+
 void TcpConnection::poll_fds(std::vector<pollfd>& fds) const {
   for (size_t i = 0; i < sockets_.size(); ++i) {
     short ev = 0;

@@ -19,6 +19,9 @@ class TcpConnection : public Connection {
   bool progress() override;
   void poll_fds(std::vector<pollfd>& fds) const override;
 
+ protected:
+  void rebase(Op& op, const unsigned char* old) override;
+
  private:
   struct Header {
     uint32_t magic;
