@@ -291,6 +291,15 @@ ncclResult_t submit(PendingOp op) {
     t_ops.push_back(std::move(op));
     return ncclSuccess;
   }
+  if (op.kind == PendingOp::kCollective) {
+    // A lone blocking collective: straight to the dispatcher, without the group machinery's
+    // containers (a small all-reduce is a microsecond; allocations would be a good part of it).
+    Use use(op.comm, "ncclCollective");
+    if (use->blocking) {
+      use->dispatcher->run(op.call);
+      return ncclSuccess;
+    }
+  }
   return execute({std::move(op)});
 }
 

@@ -6,6 +6,7 @@
 #include <exception>
 #include <mutex>
 #include <set>
+#include <span>
 #include <thread>
 
 #include "core/element.hpp"
@@ -27,6 +28,8 @@ static_assert(static_cast<int>(plan::Opcode::kSend) == 1 && static_cast<int>(pla
 
 std::shared_ptr<const PreparedPlan> PreparedPlan::make(plan::Plan p) {
   auto out = std::make_shared<PreparedPlan>();
+  static std::atomic<uint64_t> next_id{1};
+  out->id = next_id.fetch_add(1, std::memory_order_relaxed);
   out->spec = p.spec();
   const int64_t C = p.chunk_factor;
   auto sub = [&](const plan::Ref& r) { return ((r.index % C) + C) % C; };
@@ -64,7 +67,7 @@ Executor::Executor(Communicator& comm) : comm_(comm), pool_(comm.rank()) {
     workers_ = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, comm.local_ranks()));
 }
 
-namespace {
+namespace executor_detail {
 
 // A send whose buffer the transport may still read.
 struct PendingSend {
@@ -80,6 +83,10 @@ struct Run {
   int worker = 0;
   size_t pc = 0;                  // steps [0, pc) are issued
   std::atomic<size_t> retired{0};  // steps [0, retired) are issued and their sends are done or owned
+  std::atomic<size_t> wanted{0};   // a step of some block waits for steps [0, wanted) to retire
+  // A region this block's next move waits for pending sends of the block to release.
+  const unsigned char* need_begin = nullptr;
+  const unsigned char* need_end = nullptr;
   bool started = false;
   // The current instruction.
   exec::OpShape shape{};
@@ -96,6 +103,15 @@ struct Run {
   std::deque<PendingSend> pending;
 
   bool finished() const { return pc == block->steps.size(); }
+  void reset() {
+    pc = 0;
+    retired.store(0, std::memory_order_relaxed);
+    wanted.store(0, std::memory_order_relaxed);
+    started = false;
+    need_begin = need_end = nullptr;
+    recv_tickets.clear();
+    pending.clear();
+  }
   // Whether a pending send still reads [b, e).
   bool busy(const unsigned char* b, const unsigned char* e) const {
     for (auto& s : pending)
@@ -104,7 +120,23 @@ struct Run {
   }
 };
 
-}  // namespace
+}  // namespace executor_detail
+
+using executor_detail::PendingSend;
+using executor_detail::Run;
+
+// What run() derives from a plan once and reuses while the same plan repeats: the blocks' state
+// machines, the worker of each block, each worker's connections and engine.
+struct Executor::Layout {
+  uint64_t plan_id = 0;
+  std::unique_ptr<Run[]> runs;
+  size_t nruns = 0;
+  int nworkers = 1;
+  std::vector<std::vector<Connection*>> conns;
+  std::vector<std::unique_ptr<ProgressEngine>> engines;
+};
+
+Executor::~Executor() = default;
 
 void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
   const plan::Plan& p = pp.plan;
@@ -132,24 +164,44 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
     return base + g.offset(l.index);
   };
 
-  std::vector<Run> runs(rp.blocks.size());
-  const std::map<int64_t, size_t>& index = pp.block_index[rank];
-  // Channels in use -> workers, round robin.
-  std::map<int, int> worker_of_channel;
-  for (auto& b : rp.blocks)
-    if (!b.steps.empty()) worker_of_channel.emplace(b.channel, 0);
-  const int nworkers = std::max(1, std::min<int>(workers_, static_cast<int>(worker_of_channel.size())));
-  {
+  if (!layout_ || layout_->plan_id != pp.id) {
+    auto l = std::make_unique<Layout>();
+    l->plan_id = pp.id;
+    l->nruns = rp.blocks.size();
+    l->runs = std::make_unique<Run[]>(l->nruns);
+    // Channels in use -> workers, round robin.
+    std::map<int, int> worker_of_channel;
+    for (auto& b : rp.blocks)
+      if (!b.steps.empty()) worker_of_channel.emplace(b.channel, 0);
+    l->nworkers = std::max(1, std::min<int>(workers_, static_cast<int>(worker_of_channel.size())));
     int k = 0;
-    for (auto& [channel, w] : worker_of_channel) w = k++ % nworkers;
+    for (auto& [channel, w] : worker_of_channel) w = k++ % l->nworkers;
+    for (size_t b = 0; b < rp.blocks.size(); ++b) {
+      l->runs[b].block = &rp.blocks[b];
+      if (!rp.blocks[b].steps.empty()) l->runs[b].worker = worker_of_channel.at(rp.blocks[b].channel);
+    }
+    // Connections of each worker's channels, and an engine per worker when there are several.
+    l->conns.resize(l->nworkers);
+    for (auto& [channel, w] : worker_of_channel)
+      for (int peer = 0; peer < comm_.size(); ++peer)
+        if (peer != rank) l->conns[w].push_back(&comm_.connection(peer, channel + kPlanChannelBase));
+    if (l->nworkers > 1)
+      for (int w = 0; w < l->nworkers; ++w) {
+        l->engines.push_back(comm_.engine().sibling(true));
+        for (Connection* c : l->conns[w]) l->engines[w]->add(c);
+      }
+    layout_ = std::move(l);
+  } else {
+    for (size_t b = 0; b < layout_->nruns; ++b) layout_->runs[b].reset();
   }
-  for (size_t b = 0; b < rp.blocks.size(); ++b) {
-    runs[b].block = &rp.blocks[b];
-    if (!rp.blocks[b].steps.empty()) runs[b].worker = worker_of_channel.at(rp.blocks[b].channel);
-  }
+  Run* runs = layout_->runs.get();
+  const size_t nruns = layout_->nruns;
+  const int nworkers = layout_->nworkers;
+  const auto& conns = layout_->conns;
+  const std::map<int64_t, size_t>& index = pp.block_index[rank];
   // Staging slots of blocks that forward reduced data (recv_reduce_send), allocated before anything
   // runs: sends read them asynchronously, so they must not move during the run.
-  if (staging_.size() < runs.size()) staging_.resize(runs.size());
+  if (staging_.size() < nruns) staging_.resize(nruns);
   for (size_t b = 0; b < rp.blocks.size(); ++b)
     for (auto& in : rp.blocks[b].steps)
       if (in.op == plan::Opcode::kRecvReduceSend && staging_[b].size() < static_cast<size_t>(tile_ * staging_slots_))
@@ -230,7 +282,12 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
       int64_t t = r.recv_posted;
       size_t len = static_cast<size_t>(exec::tile_bytes(t, r.bytes, tile_));
       unsigned char* to = landing(t);
-      if (staged && (t - r.processed >= staging_slots_ || r.busy(to, to + r.slot_bytes))) break;
+      if (staged && t - r.processed >= staging_slots_) break;
+      if (staged && r.busy(to, to + r.slot_bytes)) {
+        r.need_begin = to;
+        r.need_end = to + r.slot_bytes;
+        break;
+      }
       r.recv_tickets.push_back(r.shape.reduce_local ? r.rconn->recv_reduce(to, r.local + exec::tile_begin(t, tile_), len,
                                                                            op, type)
                                                     : r.rconn->recv(to, len));
@@ -266,33 +323,38 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
     return true;
   };
 
-  // Connections of each worker's channels.
-  std::vector<std::vector<Connection*>> conns(nworkers);
-  for (auto& [channel, w] : worker_of_channel)
-    for (int peer = 0; peer < comm_.size(); ++peer)
-      if (peer != rank) conns[w].push_back(&comm_.connection(peer, channel + kPlanChannelBase));
-
   auto work = [&](int worker, ProgressEngine& engine) {
     auto step = [&](bool& done) {
       if (failed.load(std::memory_order_relaxed)) throw InternalError("another worker of this rank failed");
       bool moved = false;
       done = true;
-      for (size_t b = 0; b < runs.size(); ++b) {
+      for (size_t b = 0; b < nruns; ++b) {
         Run& r = runs[b];
         if (r.worker != worker) continue;
+        r.need_begin = r.need_end = nullptr;
         while (!r.finished()) {
           const plan::Instruction& in = r.block->steps[r.pc];
           if (!r.started) {
             bool ready = true;
-            for (auto& d : in.deps)
-              if (runs[index.at(d.block)].retired.load(std::memory_order_acquire) <= static_cast<size_t>(d.step))
+            for (auto& d : in.deps) {
+              Run& o = runs[index.at(d.block)];
+              if (o.retired.load(std::memory_order_acquire) <= static_cast<size_t>(d.step)) {
                 ready = false;
+                size_t want = static_cast<size_t>(d.step) + 1, had = o.wanted.load(std::memory_order_relaxed);
+                while (had < want && !o.wanted.compare_exchange_weak(had, want, std::memory_order_relaxed)) {
+                }
+              }
+            }
             // Write-after-read within the block: an earlier send may still read what this step writes.
             if (ready && in.dst) {
               int64_t n = in.count();
               unsigned char* d = pointer(*in.dst);
               int64_t bytes = n > 0 ? g.bytes(in.dst->index, n) : 0;
-              if (r.busy(d, d + bytes)) ready = false;
+              if (r.busy(d, d + bytes)) {
+                ready = false;
+                r.need_begin = d;
+                r.need_end = d + bytes;
+              }
             }
             if (!ready) break;
             moved = true;
@@ -321,13 +383,19 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
           if (c->sends_pending()) done = false;
       return moved;
     };
-    // Nothing else to do: copy pending sends into connection-owned memory, so no peer waits on us.
+    // Nothing else to do, and a step waits for a send the peer has not taken: copy that send into
+    // connection-owned memory, which frees its buffer now. Only sends something waits for: copying
+    // costs a pass over the data, and a rank is often idle only because its peer is busy.
     auto relieve = [&] {
       bool freed = false;
-      for (auto& r : runs) {
+      for (Run& r : std::span(runs, nruns)) {
         if (r.worker != worker || r.pending.empty()) continue;
+        size_t wanted = r.wanted.load(std::memory_order_relaxed);
         size_t before = r.pending.size();
-        std::erase_if(r.pending, [](const PendingSend& s) { return s.conn->own(s.ticket); });
+        std::erase_if(r.pending, [&](const PendingSend& s) {
+          bool needed = s.step < wanted || (s.begin < r.need_end && r.need_begin < s.end);
+          return needed && s.conn->own(s.ticket);
+        });
         freed |= r.pending.size() != before;
       }
       return freed;
@@ -336,7 +404,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
       // Every unfinished block of this worker and what it waits for: the message a timeout or abort reports.
       std::string where;
       int shown = 0;
-      for (auto& r : runs) {
+      for (Run& r : std::span(runs, nruns)) {
         if (r.worker != worker || r.retired.load(std::memory_order_relaxed) == r.block->steps.size()) continue;
         if (shown++ == 8) {
           where += "; ...";
@@ -374,17 +442,11 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
     work(0, comm_.engine());
     return;
   }
-  // One engine per worker over the connections of its channels.
-  std::vector<std::unique_ptr<ProgressEngine>> engines;
-  for (int w = 0; w < nworkers; ++w) {
-    engines.push_back(comm_.engine().sibling(true));
-    for (Connection* c : conns[w]) engines[w]->add(c);
-  }
   std::mutex first_mutex;
   std::exception_ptr first;
   pool_.run(nworkers, [&](int w) {
     try {
-      work(w, *engines[w]);
+      work(w, *layout_->engines[w]);
     } catch (...) {
       std::lock_guard lock(first_mutex);
       if (!first) first = std::current_exception();

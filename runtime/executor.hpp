@@ -32,6 +32,7 @@ namespace tutti {
 
 // A plan prepared for execution (computed once, reused by every call).
 struct PreparedPlan {
+  uint64_t id = 0;  // unique per prepared plan in this process (executors cache per id)
   plan::Plan plan;
   dsl::CollectiveSpec spec;
   // True when every transfer and local operation moves chunks between equal sub-indices, so the plan
@@ -56,6 +57,7 @@ class Executor {
   static constexpr int kPlanChannelBase = 1;
 
   explicit Executor(Communicator& comm);
+  ~Executor();
   // Runs the plan for this rank. Collective: every rank runs the same plan with the same count.
   // Throws InvalidArgument for a count the plan cannot split, and the communicator's error if a
   // peer fails or the wait times out.
@@ -72,6 +74,8 @@ class Executor {
   std::vector<unsigned char> scratch_;
   std::vector<std::vector<unsigned char>> staging_;  // per block, grown on demand
   WorkerPool pool_;
+  struct Layout;
+  std::unique_ptr<Layout> layout_;  // of the last plan run
 };
 
 }  // namespace tutti

@@ -35,7 +35,7 @@ bool ProgressEngine::progress() {
   return moved;
 }
 
-void ProgressEngine::wait(const std::function<bool()>& done, const std::function<std::string()>& what) {
+void ProgressEngine::wait(FunctionRef<bool()> done, FunctionRef<std::string()> what) {
   run(
       [&](bool& finished) {
         finished = done();
@@ -50,8 +50,8 @@ std::unique_ptr<ProgressEngine> ProgressEngine::sibling(bool short_naps) const {
   return e;
 }
 
-void ProgressEngine::run(const std::function<bool(bool& done)>& step, const std::function<std::string()>& what,
-                         const std::function<bool()>& relieve) {
+void ProgressEngine::run(FunctionRef<bool(bool& done)> step, FunctionRef<std::string()> what,
+                         FunctionRef<bool()> relieve) {
   bool done = false;
   uint64_t rounds = 0;
   // Poll while work flows and for spin_ microseconds after it stops, then sleep. Time-based, so a
@@ -64,7 +64,8 @@ void ProgressEngine::run(const std::function<bool(bool& done)>& step, const std:
     if (done) return;
     if (yield_always_) sched_yield();
     if ((++rounds & 31) == 0) {
-      state_->check(what());
+      // what() formats a description of every block: only for the error.
+      if (state_->aborted() || state_->failed()) state_->check(what());
       // The peer we wait for may share this core (the scheduler does not always spread ranks):
       // let it run.
       sched_yield();
@@ -78,8 +79,15 @@ void ProgressEngine::run(const std::function<bool(bool& done)>& step, const std:
   Doorbell* bell = state_->doorbell();
   std::vector<pollfd> fds;
   while (true) {
-    state_->check(what());
-    uint32_t seen = bell ? bell->seq.load(std::memory_order_acquire) : 0;
+    // Announce the sleep before the last look at the connections (see doorbell.hpp).
+    uint32_t seen = bell ? prepare_sleep(*bell) : 0;
+    struct Finish {
+      Doorbell* bell;
+      ~Finish() {
+        if (bell) finish_sleep(*bell);
+      }
+    } finish{bell};
+    if (state_->aborted() || state_->failed()) state_->check(what());
     bool moved = progress();
     moved |= step(done);
     if (done) return;
@@ -100,7 +108,7 @@ void ProgressEngine::run(const std::function<bool(bool& done)>& step, const std:
       // With shared-memory peers too, nobody rings a poll(): keep the nap short.
       ::poll(fds.data(), fds.size(), deadline.ms_left(has_shm_ || short_naps_ ? 1 : 100));
     } else if (bell) {
-      sleep_on(*bell, seen, deadline.ms_left(100));
+      sleep_prepared(*bell, seen, deadline.ms_left(100));
     }
   }
 }

@@ -7,6 +7,8 @@
 // Timeout after TUTTI_TIMEOUT seconds, naming what it waited for.
 
 #include <functional>
+
+#include "core/function_ref.hpp"
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,13 +25,12 @@ class ProgressEngine {
   // Advances all connections once; true if anything moved. A transport error fails the communicator.
   bool progress();
   // Blocks until done() is true. `what` is called only to build an error message.
-  void wait(const std::function<bool()>& done, const std::function<std::string()>& what);
+  void wait(FunctionRef<bool()> done, FunctionRef<std::string()> what);
   // Drives a state machine: step() advances it (after the connections moved) and returns whether it
   // made progress, setting `done` when finished. Sleeps only when neither moved.
   // `relieve`, when given, is called (like Connection::relieve) when nothing moved and the engine is
   // about to sleep; it returns whether it freed anything.
-  void run(const std::function<bool(bool& done)>& step, const std::function<std::string()>& what,
-           const std::function<bool()>& relieve = {});
+  void run(FunctionRef<bool(bool& done)> step, FunctionRef<std::string()> what, FunctionRef<bool()> relieve = {});
   // An engine with the same settings and no connections, for a worker thread that drives a subset
   // of the connections. `short_naps`: another thread may unblock this one without ringing a
   // socket, so a poll() sleep is kept short.
