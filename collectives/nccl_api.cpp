@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "collectives/dispatcher.hpp"
+#include "runtime/shared_buffers.hpp"
 #include "collectives/include/nccl.h"
 #include "core/env.hpp"
 #include "core/log.hpp"
@@ -547,6 +548,7 @@ NCCL_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
     // A shared segment: peers on this host can map it by name.
     ShmSegment seg = ShmSegment::create("mem", std::max<size_t>(size, 1));
     *ptr = seg.data();
+    register_shared_buffer(*ptr, seg.size(), seg.name());
     std::lock_guard lock(g_mem_mutex);
     g_mem.emplace(*ptr, std::move(seg));
     return ncclSuccess;
@@ -558,6 +560,7 @@ NCCL_API(ncclResult_t, ncclMemFree, void* ptr) {
     std::lock_guard lock(g_mem_mutex);
     auto it = g_mem.find(ptr);
     TUTTI_CHECK(it != g_mem.end(), InvalidArgument, "ncclMemFree: {} was not allocated by ncclMemAlloc", ptr);
+    unregister_shared_buffer(ptr);
     g_mem.erase(it);
     return ncclSuccess;
   });

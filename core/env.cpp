@@ -32,6 +32,9 @@ constexpr Variable kVariables[] = {
     {"TUTTI_SHM_SLOTS", "", "8", "Slots in each shared-memory FIFO."},
     {"TUTTI_SHM_SLOT_SIZE", "", "128K", "Bytes per shared-memory FIFO slot."},
     {"TUTTI_SHM_CMA", "", "1", "Use single-copy process_vm_readv for large shared-memory messages (0 disables)."},
+    {"TUTTI_SHM_ZERO_COPY_THRESHOLD", "", "32K",
+     "Shared-memory messages of at least this size go by reference when the receiver can read the source in place "
+     "(ranks that are threads of one process, or buffers from ncclMemAlloc): one copy, no system call."},
     {"TUTTI_SHM_CMA_THRESHOLD", "", "64M",
      "Smallest message sent by single copy instead of through the FIFO. On our 2-core machines the FIFO, whose "
      "two copies run on two cores at once, streams faster up to at least 16 MiB (docs/PERFORMANCE.md)."},
@@ -40,7 +43,9 @@ constexpr Variable kVariables[] = {
     {"TUTTI_SPIN", "", "200",
      "Microseconds a wait keeps polling after the last progress before it sleeps on a futex (or in poll()). "
      "With more ranks than cores on the host, polling yields the core after every round."},
-    {"TUTTI_TILE_SIZE", "", "128K", "Largest piece a plan instruction moves at once; larger chunks are pipelined in tiles."},
+    {"TUTTI_TILE_SIZE", "", "1M",
+     "Largest piece a plan instruction moves at once; larger chunks are pipelined in tiles. Each by-reference "
+     "(zero-copy) tile costs a round trip with the receiver, so tiles are larger than FIFO slots."},
     {"TUTTI_ALGO", "NCCL_ALGO", "",
      "Force an algorithm: a built-in name (ring_allreduce) or its family (ring, rhd, allpairs, tree, hier, rd, bruck, "
      "chain, pairwise), or the name of a loaded plan."},

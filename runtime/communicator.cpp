@@ -53,6 +53,7 @@ CommOptions CommOptions::from_env() {
   o.shm_slot_size = env::get_size("TUTTI_SHM_SLOT_SIZE");
   o.shm_single_copy = env::get_bool("TUTTI_SHM_CMA");
   o.shm_single_copy_threshold = env::get_size("TUTTI_SHM_CMA_THRESHOLD");
+  o.shm_zero_copy_threshold = env::get_size("TUTTI_SHM_ZERO_COPY_THRESHOLD");
   o.tcp_sockets = static_cast<int>(env::get_int("TUTTI_TCP_NSOCKS"));
   o.tcp_stripe_threshold = env::get_size("TUTTI_TCP_STRIPE_THRESHOLD");
   o.spin = static_cast<int>(env::get_int("TUTTI_SPIN"));
@@ -261,6 +262,7 @@ void Communicator::connect_channel(int channel) {
     ep.peer_pid = bootstrap_->peer(p).pid;
     ep.same_process = ep.peer_pid == getpid();
     ep.cma_threshold = options_.shm_single_copy_threshold;
+    ep.zero_copy_threshold = options_.shm_zero_copy_threshold;
     conns[p] = std::make_unique<ShmConnection>(me, p, channel, ep);
   }
   // TCP: connect to higher ranks first (completes without the peer's help), then accept from lower.

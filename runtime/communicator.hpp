@@ -36,6 +36,7 @@ struct CommOptions {
   uint64_t shm_slot_size = 128 << 10;
   bool shm_single_copy = true;
   uint64_t shm_single_copy_threshold = 64 << 20;
+  uint64_t shm_zero_copy_threshold = 32 << 10;
   int tcp_sockets = 2;
   uint64_t tcp_stripe_threshold = 256 << 10;
   int spin = 200;  // microseconds

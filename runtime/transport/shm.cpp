@@ -8,6 +8,7 @@
 #include <new>
 
 #include "core/error.hpp"
+#include "runtime/shared_buffers.hpp"
 
 namespace tutti {
 
@@ -60,10 +61,24 @@ bool ShmConnection::progress_send() {
     }
     Op& op = sendq_[next_post_];
     unsigned char* s = slot(f, head_);
-    SlotHeader h{op.bytes, op.offset, 0, 0};
-    bool single_copy = cma_ && op.bytes >= ep_.cma_threshold && op.bytes > 0;
-    if (single_copy) {
+    SlotHeader h{op.bytes, op.offset, 0, 0, SlotMode::kInline, 0};
+    SharedBufferRef shared;
+    if (!op.started && op.bytes > 0 && op.bytes >= ep_.zero_copy_threshold) {
+      if (ep_.same_process) {
+        h.mode = SlotMode::kAddress;
+        h.source_address = reinterpret_cast<uint64_t>(op.data);
+      } else if (find_shared_buffer(op.data, op.bytes, shared) && shared.segment.size() < slot_size) {
+        h.mode = SlotMode::kSegment;
+        h.source_address = shared.offset;
+        h.segment_bytes = shared.segment_bytes;
+        std::memcpy(s + sizeof(SlotHeader), shared.segment.c_str(), shared.segment.size() + 1);
+      }
+    }
+    if (h.mode == SlotMode::kInline && !op.started && cma_ && op.bytes >= ep_.cma_threshold && op.bytes > 0) {
+      h.mode = SlotMode::kAddress;
       h.source_address = reinterpret_cast<uint64_t>(op.data);
+    }
+    if (h.mode != SlotMode::kInline) {
       h.fragment_bytes = op.bytes;
       op.aux = cma_posted_++;
       op.offset = op.bytes;
@@ -81,7 +96,7 @@ bool ShmConnection::progress_send() {
     if (op.offset == op.bytes) ++next_post_;
   }
   // Completion in order: inline messages are done once fully posted (the data lives in the FIFO),
-  // single-copy ones once the receiver has read them.
+  // by-reference ones once the receiver has read them.
   while (next_post_ > 0) {
     Op& op = sendq_.front();
     if (op.aux != UINT64_MAX && f->cma_done.load(std::memory_order_acquire) <= op.aux) break;
@@ -112,6 +127,35 @@ void ShmConnection::copy_from_peer(unsigned char* dst, uint64_t src, size_t byte
   }
 }
 
+const unsigned char* ShmConnection::direct_source(const SlotHeader& h, const unsigned char* s) {
+  if (h.mode == SlotMode::kAddress) return ep_.same_process ? reinterpret_cast<const unsigned char*>(h.source_address) : nullptr;
+  const char* name = reinterpret_cast<const char*>(s + sizeof(SlotHeader));
+  auto it = mapped_.find(name);
+  if (it == mapped_.end()) it = mapped_.emplace(name, ShmSegment::open(name, h.segment_bytes)).first;
+  if (h.source_address + h.fragment_bytes > it->second.size())
+    throw RemoteError(fmt::format("{}: zero-copy descriptor outside segment {} ({} + {} > {} bytes)", where(), name,
+                                  h.source_address, h.fragment_bytes, it->second.size()));
+  return static_cast<const unsigned char*>(it->second.data()) + h.source_address;
+}
+
+void ShmConnection::take_reference(const SlotHeader& h, const unsigned char* s, const Op& op, unsigned char* to) {
+  if (const unsigned char* src = direct_source(h, s)) {
+    if (to) std::memcpy(to, src, h.fragment_bytes);
+    else deliver(op, 0, src, h.fragment_bytes);
+  } else if (to) {
+    copy_from_peer(to, h.source_address, h.fragment_bytes);
+  } else if (op.reduce) {
+    bounce_.resize(h.fragment_bytes);
+    copy_from_peer(bounce_.data(), h.source_address, h.fragment_bytes);
+    deliver(op, 0, bounce_.data(), h.fragment_bytes);
+  } else {
+    copy_from_peer(op.data, h.source_address, h.fragment_bytes);
+  }
+  FifoControl* f = ep_.in;
+  f->tail.store(++tail_, std::memory_order_release);
+  f->cma_done.fetch_add(1, std::memory_order_release);
+}
+
 bool ShmConnection::pull_ahead() {
   FifoControl* f = ep_.in;
   head_seen_ = f->head.load(std::memory_order_acquire);
@@ -119,7 +163,7 @@ bool ShmConnection::pull_ahead() {
   for (uint64_t k = tail_; k < head_seen_; ++k) {
     SlotHeader h;
     std::memcpy(&h, slot(f, k), sizeof(h));
-    if (h.source_address) last_cma = k;
+    if (h.mode != SlotMode::kInline) last_cma = k;
   }
   if (last_cma == UINT64_MAX) return false;
   // Messages are published whole and in order, so every slot up to the descriptor completes a message.
@@ -134,10 +178,8 @@ bool ShmConnection::pull_ahead() {
     if (h.offset != partial_filled_ || h.message_bytes != partial_.size() || h.fragment_bytes > h.message_bytes - h.offset)
       throw RemoteError(fmt::format("{}: corrupt shared-memory slot while reading ahead", where()));
     partial_filled_ += h.fragment_bytes;
-    if (h.source_address) {
-      copy_from_peer(partial_.data(), h.source_address, h.fragment_bytes);
-      f->tail.store(++tail_, std::memory_order_release);
-      f->cma_done.fetch_add(1, std::memory_order_release);
+    if (h.mode != SlotMode::kInline) {
+      take_reference(h, s, Op(nullptr, 0, 0), partial_.data());
     } else {
       if (h.fragment_bytes) std::memcpy(partial_.data() + h.offset, s + sizeof(SlotHeader), h.fragment_bytes);
       f->tail.store(++tail_, std::memory_order_release);
@@ -178,17 +220,9 @@ bool ShmConnection::progress_recv() {
     if (h.offset != op.offset || h.fragment_bytes > op.bytes - op.offset)
       throw RemoteError(fmt::format("{}: corrupt shared-memory slot (offset {}, fragment {}, expected offset {})",
                                     where(), h.offset, h.fragment_bytes, op.offset));
-    if (h.source_address) {
-      if (op.reduce) {
-        bounce_.resize(h.fragment_bytes);
-        copy_from_peer(bounce_.data(), h.source_address, h.fragment_bytes);
-        deliver(op, 0, bounce_.data(), h.fragment_bytes);
-      } else {
-        copy_from_peer(op.data, h.source_address, h.fragment_bytes);
-      }
+    if (h.mode != SlotMode::kInline) {
+      take_reference(h, s, op, nullptr);
       op.offset = op.bytes;
-      f->tail.store(++tail_, std::memory_order_release);
-      f->cma_done.fetch_add(1, std::memory_order_release);
     } else {
       deliver(op, op.offset, s + sizeof(SlotHeader), h.fragment_bytes);
       op.offset += h.fragment_bytes;

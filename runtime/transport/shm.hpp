@@ -30,7 +30,11 @@
 #include <deque>
 #include <vector>
 
+#include <map>
+#include <string>
+
 #include "runtime/comm_state.hpp"
+#include "runtime/shm_segment.hpp"
 #include "runtime/doorbell.hpp"
 #include "runtime/transport/connection.hpp"
 
@@ -45,11 +49,20 @@ struct alignas(64) FifoControl {
   uint64_t slot_size;
 };
 
+// How a slot carries its fragment.
+enum class SlotMode : uint64_t {
+  kInline = 0,   // the bytes follow the header
+  kAddress = 1,  // single copy: source_address is the sender's buffer (process_vm_readv, or memcpy in-process)
+  kSegment = 2,  // zero copy: source_address is an offset into the named segment that follows the header
+};
+
 struct SlotHeader {
   uint64_t message_bytes;  // whole message size (checked against the receive)
   uint64_t offset;         // where this fragment goes
   uint64_t fragment_bytes;
-  uint64_t source_address;  // single copy: sender's buffer address; 0 for inline fragments
+  uint64_t source_address;  // kAddress: sender's address; kSegment: offset in the segment
+  SlotMode mode;
+  uint64_t segment_bytes;  // kSegment: size of the segment, whose name follows the header
 };
 
 struct FifoLayout {
@@ -72,6 +85,9 @@ struct ShmEndpoint {
   int peer_pid;
   bool same_process;
   uint64_t cma_threshold;
+  // Messages of at least this many bytes go by reference when the receiver can read the source
+  // directly: ranks that are threads of one process, or a source in a shared segment (ncclMemAlloc).
+  uint64_t zero_copy_threshold;
 };
 
 class ShmConnection : public Connection {
@@ -91,6 +107,11 @@ class ShmConnection : public Connection {
   bool pull_ahead();
   unsigned char* slot(FifoControl* f, uint64_t index) const;
   void copy_from_peer(unsigned char* dst, uint64_t src, size_t bytes);
+  // Where this process can read a by-reference fragment in place, or nullptr (cross-process
+  // kAddress: only process_vm_readv reaches it).
+  const unsigned char* direct_source(const SlotHeader& h, const unsigned char* slot);
+  // Takes a by-reference fragment into a receive (copy or reduce) and acknowledges it.
+  void take_reference(const SlotHeader& h, const unsigned char* slot, const Op& op, unsigned char* to);
 
   ShmEndpoint ep_;
   bool cma_;
@@ -102,6 +123,7 @@ class ShmConnection : public Connection {
   std::vector<unsigned char> partial_;            // an early message still being assembled
   size_t partial_filled_ = 0;
   std::vector<unsigned char> bounce_;  // single-copy data for a reducing receive
+  std::map<std::string, ShmSegment> mapped_;  // peers' segments seen in kSegment slots (kept mapped)
 };
 
 }  // namespace tutti

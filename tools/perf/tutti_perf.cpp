@@ -35,6 +35,39 @@ using namespace tutti;
 
 namespace {
 
+// A data buffer: plain memory, or with -R 1 memory from ncclMemAlloc registered with the
+// communicator, which peers on this host read in place (zero copy), as nccl-tests' -R does.
+class Buffer {
+ public:
+  Buffer(size_t bytes, bool registered, ncclComm_t comm) : comm_(comm) {
+    if (registered) {
+      if (ncclMemAlloc(reinterpret_cast<void**>(&data_), bytes) != ncclSuccess ||
+          ncclCommRegister(comm, data_, bytes, &handle_) != ncclSuccess) {
+        std::fprintf(stderr, "tutti-perf: ncclMemAlloc/ncclCommRegister of %zu bytes failed: %s\n", bytes,
+                     ncclGetLastError(comm));
+        std::exit(1);
+      }
+      std::memset(data_, 0, bytes);
+    } else {
+      plain_.resize(bytes);
+      data_ = plain_.data();
+    }
+  }
+  ~Buffer() {
+    if (handle_) ncclCommDeregister(comm_, handle_);
+    if (plain_.empty() && data_) ncclMemFree(data_);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  unsigned char* data() { return data_; }
+
+ private:
+  ncclComm_t comm_;
+  unsigned char* data_ = nullptr;
+  void* handle_ = nullptr;
+  std::vector<unsigned char> plain_;
+};
+
 enum class Coll { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kReduce, kAllToAll, kSendRecv };
 
 struct Options {
@@ -52,12 +85,13 @@ struct Options {
   int average = 1;
   int threads = 1;
   bool alltoall_api = false;  // -A 1: ncclAllToAll (tutti/MSCCL extension) instead of grouped send/recv
+  bool registered = false;    // -R 1: buffers from ncclMemAlloc, registered (nccl-tests' user buffer registration)
 };
 
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "tutti-perf: %s\nusage: tutti-perf COLL [-b min] [-e max] [-f factor|-i step] [-n iters] [-w warmup] "
-               "[-c 0|1] [-o op|all] [-d type|all] [-r root|-1] [-z 0|1] [-a 0-3] [-t threads] [-A 0|1]\n"
+               "[-c 0|1] [-o op|all] [-d type|all] [-r root|-1] [-z 0|1] [-a 0-3] [-t threads] [-A 0|1] [-R 0|1]\n"
                "COLL: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv\n",
                msg);
   std::exit(2);
@@ -102,6 +136,7 @@ Options parse(int argc, char** argv) {
     else if (f == "-a") o.average = std::atoi(v);
     else if (f == "-t") o.threads = std::atoi(v);
     else if (f == "-A") o.alltoall_api = std::atoi(v) != 0;
+    else if (f == "-R") o.registered = std::atoi(v) != 0;
     else if (f == "-g" || f == "-m" || f == "-p" || f == "-G") continue;  // nccl-tests flags without meaning here
     else usage(("unknown flag " + f).c_str());
   }
@@ -190,8 +225,9 @@ class Rank {
     if (o.coll == Coll::kAllGather) out_elems = count * n;
     if (o.coll == Coll::kReduceScatter || o.coll == Coll::kAllToAll) in_elems = count * n;
     if (o.coll == Coll::kAllToAll) out_elems = count * n;
-    std::vector<unsigned char> send(std::max<size_t>(in_elems, 1) * es), recv(std::max<size_t>(out_elems, 1) * es),
-        expect(std::max<size_t>(out_elems, 1) * es);
+    Buffer send(std::max<size_t>(in_elems, 1) * es, o.registered, comm),
+        recv(std::max<size_t>(out_elems, 1) * es, o.registered, comm);
+    std::vector<unsigned char> expect(std::max<size_t>(out_elems, 1) * es);
     ncclRedOp_t op = static_cast<ncclRedOp_t>(std::min(op_index, 4));
     ncclRedOp_t premul{};
     if (op_index == 5) {
