@@ -4,6 +4,9 @@
 # warm-up and iteration counts; the table gives each one's time and tutti's advantage:
 #   latency ratio  = tutti time / MPI time     (< 1: tutti faster)
 #   busbw ratio    = MPI time / tutti time     (> 1: tutti faster; same bytes, so the busbw ratio)
+# tutti runs twice: with plain malloc'd buffers (like the MPI program), and with buffers from
+# ncclMemAlloc (tutti-perf -R 1, nccl-tests' user buffer registration), which peers read in place.
+# The *_R columns are the latter.
 #
 #   tools/bench/compare_mpi.sh [build-dir] [iters] [warmup]
 set -euo pipefail
@@ -20,17 +23,20 @@ mpicc -O2 -o "$bench" "$here/mpi_bench.c"
 # Both launchers bind ranks to cores when they fit and leave them unbound when oversubscribed.
 mpirun_flags="--allow-run-as-root --oversubscribe -np"
 min=8 max=$((64 << 20)) factor=2
-printf "%-15s %5s %10s %12s %12s %9s %9s\n" collective procs size tutti_us mpi_us lat_ratio bw_ratio
+printf "%-15s %5s %10s %12s %12s %12s %9s %9s %9s %9s\n" collective procs size tutti_us tutti_R_us mpi_us \
+  lat_ratio bw_ratio lat_R bw_R
 for np in 2 4; do
   for coll in all_reduce all_gather reduce_scatter; do
-    t=$(mktemp) m=$(mktemp)
+    t=$(mktemp) r=$(mktemp) m=$(mktemp)
     "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll -b $min -e $max -f $factor \
       -n $iters -w $warmup -c 0 | awk '/^ +[0-9]/ {print $1, $6}' > "$t"
     mpirun $mpirun_flags $np "$bench" $coll $min $max $factor $iters $warmup > "$m"
-    paste -d" " "$t" "$m" | while read size tt msize mt; do
-      awk -v c=$coll -v p=$np -v s=$size -v t=$tt -v m=$mt \
-        'BEGIN { printf "%-15s %5d %10d %12.2f %12.2f %9.2f %9.2f\n", c, p, s, t, m, t / m, m / t }'
+    "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll -b $min -e $max -f $factor \
+      -n $iters -w $warmup -c 0 -R 1 | awk '/^ +[0-9]/ {print $6}' > "$r"
+    paste -d" " "$t" "$r" "$m" | while read size tt rt msize mt; do
+      awk -v c=$coll -v p=$np -v s=$size -v t=$tt -v r=$rt -v m=$mt \
+        'BEGIN { printf "%-15s %5d %10d %12.2f %12.2f %12.2f %9.2f %9.2f %9.2f %9.2f\n", c, p, s, t, r, m, t / m, m / t, r / m, m / r }'
     done
-    rm -f "$t" "$m"
+    rm -f "$t" "$r" "$m"
   done
 done
