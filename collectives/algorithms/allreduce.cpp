@@ -74,6 +74,14 @@ Program allpairs_allreduce(int n, const Params& prm) {
   const int C = prm.at("chunks");
   Program p("allpairs_allreduce", spec_of(Collective::kAllReduce, n, C, prm.at("inplace")));
   const Buffer w = work_buffer(p);
+  if (n == 2 && !prm.at("inplace")) {
+    // Two ranks, out of place: a + b and b + a are the same bits, so each rank reduces the peer's
+    // input straight out of the transport into its output (operand: its own input, once the
+    // compiler forwards the copy): one message each way, no scratch, two instructions per rank.
+    copy_input_to_output(p);
+    for (int r = 0; r < 2; ++r) p.chunk(r, w, 0, C).reduce(p.chunk(1 - r, Buffer::input(), 0, C));
+    return p;
+  }
   for (int r = 0; r < n; ++r)
     for (int q = 0; q < n; ++q)
       if (q != r) p.chunk(q, Buffer::input(), 0, C).copy(r, Buffer::scratch("gathered"), (q < r ? q : q - 1) * C);
