@@ -43,7 +43,11 @@ struct ncclComm {
   std::thread worker;  // non-blocking init or group
   std::mutex mu;
   std::condition_variable cv;
-  int active = 0;  // calls in progress (abort waits for them to leave)
+  // Calls in progress: destroy/abort wait for them to leave. Atomic, and the leaving call takes
+  // `mu` to notify only when `closing` is set (seq_cst on both sides: either the leaver sees
+  // closing, or the closer sees active == 0), so a call costs no lock of its own.
+  std::atomic<int> active{0};
+  std::atomic<bool> closing{false};
   struct UserOp {
     DataType type;
     bool immediate;
@@ -109,8 +113,7 @@ class Use {
       std::lock_guard lock(g_comms_mutex);
       TUTTI_CHECK(c && g_comms.count(c) && c->magic == ncclComm::kMagic, InvalidArgument,
                   "{}: the communicator is NULL, freed or aborted", fn);
-      std::lock_guard l2(c->mu);
-      ++c->active;
+      c->active.fetch_add(1, std::memory_order_seq_cst);
     }
     if (c->worker.joinable() && c->worker.get_id() != std::this_thread::get_id()) c->worker.join();
     TUTTI_CHECK(c->comm != nullptr, InvalidUsage, "{}: the communicator failed to initialize: {}", fn,
@@ -118,9 +121,10 @@ class Use {
     log::set_thread_rank(c->comm->rank());
   }
   ~Use() {
-    std::lock_guard lock(c_->mu);
-    --c_->active;
-    c_->cv.notify_all();
+    if (c_->active.fetch_sub(1, std::memory_order_seq_cst) == 1 && c_->closing.load(std::memory_order_seq_cst)) {
+      std::lock_guard lock(c_->mu);
+      c_->cv.notify_all();
+    }
   }
   ncclComm* operator->() const { return c_; }
 
@@ -473,9 +477,10 @@ ncclResult_t release(ncclComm_t comm, bool abort, const char* fn) {
       g_comms.erase(comm);
     }
     if (abort && comm->comm) comm->comm->abort();
+    comm->closing.store(true, std::memory_order_seq_cst);
     {
       std::unique_lock lock(comm->mu);
-      comm->cv.wait(lock, [&] { return comm->active == 0; });
+      comm->cv.wait(lock, [&] { return comm->active.load(std::memory_order_seq_cst) == 0; });
     }
     if (comm->worker.joinable()) comm->worker.join();
     comm->magic = 0;

@@ -61,7 +61,7 @@ bool ShmConnection::progress_send() {
     }
     Op& op = sendq_[next_post_];
     unsigned char* s = slot(f, head_);
-    SlotHeader h{op.bytes, op.offset, 0, 0, SlotMode::kInline, 0};
+    SlotHeader h{op.bytes, op.offset, 0, 0, SlotMode::kInline, 0, 0};
     SharedBufferRef shared;
     if (!op.started && op.bytes > 0 && op.bytes >= ep_.zero_copy_threshold) {
       if (ep_.same_process) {
@@ -89,7 +89,8 @@ bool ShmConnection::progress_send() {
       op.aux = UINT64_MAX;
     }
     op.started = true;
-    std::memcpy(s, &h, sizeof(h));
+    std::memcpy(s, &h, offsetof(SlotHeader, seq));
+    std::atomic_ref<uint64_t>(reinterpret_cast<SlotHeader*>(s)->seq).store(head_ + 1, std::memory_order_release);
     f->head.store(++head_, std::memory_order_release);
     ring(*ep_.peer_bell);
     moved = true;
@@ -207,8 +208,10 @@ bool ShmConnection::progress_recv() {
   }
   while (!recvq_.empty()) {
     if (tail_ == head_seen_) {
-      head_seen_ = f->head.load(std::memory_order_acquire);
-      if (tail_ == head_seen_) break;
+      if (std::atomic_ref<uint64_t>(reinterpret_cast<SlotHeader*>(slot(f, tail_))->seq).load(std::memory_order_acquire) !=
+          tail_ + 1)
+        break;
+      head_seen_ = tail_ + 1;
     }
     Op& op = recvq_.front();
     unsigned char* s = slot(f, tail_);

@@ -9,8 +9,10 @@
 // Single copy is probed at setup and replaced by the FIFO when the kernel forbids it.
 //
 // Memory ordering (per FIFO):
-// - sender: write slot header and payload; head.store(h + 1, release); ring the receiver's doorbell.
-// - receiver: head.load(acquire); read the slot; tail.store(t + 1, release); ring the sender's.
+// - sender: write slot header and payload; slot.seq.store(h + 1, release); head.store(h + 1,
+//   release); ring the receiver's doorbell.
+// - receiver: slot(t).seq.load(acquire) == t + 1 (or head.load(acquire) > t when reading ahead);
+//   read the slot; tail.store(t + 1, release); ring the sender's.
 // - sender: tail.load(acquire) before it reuses a slot, so the receiver's reads happened first.
 // - single copy: receiver finishes reading, then cma_done.fetch_add(1, release); the sender's
 //   buffer is reported done only after cma_done.load(acquire) passes the message's number.
@@ -26,6 +28,7 @@
 // only for messages that arrive before their receive.
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <vector>
@@ -63,7 +66,12 @@ struct SlotHeader {
   uint64_t source_address;  // kAddress: sender's address; kSegment: offset in the segment
   SlotMode mode;
   uint64_t segment_bytes;  // kSegment: size of the segment, whose name follows the header
+  // Written last (release): k + 1 for the k-th slot ever published. The receiver polls this word
+  // in the slot itself rather than the FIFO's head, so a small message costs the receiver one cache
+  // miss (header and payload share the line), not two dependent ones.
+  uint64_t seq;
 };
+static_assert(sizeof(SlotHeader) % 8 == 0 && offsetof(SlotHeader, seq) == sizeof(SlotHeader) - 8);
 
 struct FifoLayout {
   uint32_t slots;
