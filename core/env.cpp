@@ -43,6 +43,12 @@ constexpr Variable kVariables[] = {
     {"TUTTI_SPIN", "", "200",
      "Microseconds a wait keeps polling after the last progress before it sleeps on a futex (or in poll()). "
      "With more ranks than cores on the host, polling yields the core after every round."},
+    {"TUTTI_MAILBOX_SIZE", "", "32K",
+     "Data capacity of each rank's one-shot mailbox (runtime/mailbox.hpp), used for small collectives when every "
+     "rank is on this host; 0 turns the mailbox off."},
+    {"TUTTI_ONESHOT_THRESHOLD", "", "8K",
+     "Largest collective (nccl-tests' size) the dispatcher runs through the one-shot mailbox instead of a plan "
+     "(a tuning table or TUTTI_ALGO overrides it; 0: never)."},
     {"TUTTI_TILE_SIZE", "", "1M",
      "Largest piece a plan instruction moves at once; larger chunks are pipelined in tiles. Each by-reference "
      "(zero-copy) tile costs a round trip with the receiver, so tiles are larger than FIFO slots."},
@@ -56,6 +62,12 @@ constexpr Variable kVariables[] = {
      "Write a Chrome/Perfetto trace of every plan instruction to this JSON file at exit (%r: the rank; with "
      "ranks as processes and no %r, .rankN is added)."},
     {"TUTTI_CHECK", "", "0", "1: every collective first checks that all ranks called it with the same arguments."},
+    {"TUTTI_TUNING_FILE", "", "",
+     "Decision table (JSON, from tutti-tune or TUTTI_TUNE=1) the dispatcher consults before its fixed size windows; "
+     "TUTTI_TUNE=1 also saves what it measures there (rank 0 writes)."},
+    {"TUTTI_TUNE", "", "0",
+     "1: the first call of a collective at a size the table does not cover measures the model's best candidates and "
+     "every fixed algorithm on the live communicator (a few milliseconds), and uses the fastest from then on."},
     {"TUTTI_PIPELINE_DEPTH", "", "4", "Tiles in flight per reducing receive (staging slots per block)."},
     {"TUTTI_WORKERS", "", "0",
      "Threads per rank that run a plan's blocks (spread by channel; the calling thread is one of them). 0: the "

@@ -57,6 +57,7 @@ CommOptions CommOptions::from_env() {
   o.tcp_sockets = static_cast<int>(env::get_int("TUTTI_TCP_NSOCKS"));
   o.tcp_stripe_threshold = env::get_size("TUTTI_TCP_STRIPE_THRESHOLD");
   o.spin = static_cast<int>(env::get_int("TUTTI_SPIN"));
+  o.mailbox_bytes = env::get_size("TUTTI_MAILBOX_SIZE");
   TUTTI_CHECK(o.shm_slots >= 1, InvalidArgument, "TUTTI_SHM_SLOTS must be at least 1");
   TUTTI_CHECK(o.shm_slot_size >= 64, InvalidArgument, "TUTTI_SHM_SLOT_SIZE must be at least 64 bytes");
   TUTTI_CHECK(o.tcp_sockets >= 1 && o.tcp_sockets <= 64, InvalidArgument, "TUTTI_TCP_NSOCKS must be in 1..64");
@@ -126,8 +127,11 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
     }
     sweep_stale_segments();
   });
-  control_ = ShmSegment::create("ctl", sizeof(Doorbell));
+  // The control segment: this rank's doorbell, then its one-shot outbox (runtime/mailbox.hpp).
+  const bool use_mailbox = options_.mailbox_bytes > 0 && options_.transport != TransportKind::kTcp;
+  control_ = ShmSegment::create("ctl", use_mailbox ? Mailbox::segment_bytes(options_.mailbox_bytes) : sizeof(Doorbell));
   state_->set_doorbell(new (control_.data()) Doorbell());
+  if (use_mailbox) Mailbox::init(control_.data(), options_.mailbox_bytes);
   bootstrap_ = std::make_unique<Bootstrap>(state_, id.secret(), options_.timeout_s);
   PeerInfo self;
   self.rank = rank;
@@ -149,7 +153,7 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
       throw InvalidArgument(fmt::format("rank {}: TUTTI_TRANSPORT=shm but rank {} runs on another host ({})", rank, p,
                                         bootstrap_->peer(p).hostname));
     shm_peer_[p] = same_host && options_.transport != TransportKind::kTcp;
-    if (shm_peer_[p]) peer_controls_[p] = ShmSegment::open(bootstrap_->peer(p).control_shm, sizeof(Doorbell));
+    if (shm_peer_[p]) peer_controls_[p] = ShmSegment::open(bootstrap_->peer(p).control_shm, 0);
   }
   // More ranks on this host than cores: a polling waiter must hand its core to the ranks it waits
   // for, so it yields after every round (as Open MPI does when oversubscribed).
@@ -159,6 +163,18 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
   local_ranks_ = local;
   bool oversubscribed = local > static_cast<int>(std::thread::hardware_concurrency());
   engine_ = std::make_unique<ProgressEngine>(state_, options_.timeout_s, options_.spin, oversubscribed);
+  // The mailbox needs every rank's outbox mapped here (a peer without one has a bare doorbell).
+  bool every_peer_local = use_mailbox;
+  for (int p = 0; p < nranks && every_peer_local; ++p)
+    if (p != rank && (!shm_peer_[p] || Mailbox::capacity_of(peer_controls_[p].size()) == 0)) every_peer_local = false;
+  if (every_peer_local && nranks > 1) {
+    std::vector<Mailbox::Segment> segs(nranks);
+    for (int p = 0; p < nranks; ++p) {
+      const ShmSegment& s = p == rank ? control_ : peer_controls_[p];
+      segs[p] = {s.data(), s.size()};
+    }
+    mailbox_ = std::make_unique<Mailbox>(rank, std::move(segs), *engine_, *state_, oversubscribed);
+  }
   connect_channel(0);  // ends with a barrier: every peer has mapped our control segment
   control_.unlink();
   TUTTI_INFO(log::kInit, "rank {}/{} ready (pid {}, generation {})", rank, nranks, getpid(), generation);

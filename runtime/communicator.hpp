@@ -19,6 +19,7 @@
 
 #include "runtime/bootstrap.hpp"
 #include "runtime/comm_state.hpp"
+#include "runtime/mailbox.hpp"
 #include "runtime/progress.hpp"
 #include "runtime/shm_segment.hpp"
 #include "runtime/transport/connection.hpp"
@@ -40,6 +41,7 @@ struct CommOptions {
   int tcp_sockets = 2;
   uint64_t tcp_stripe_threshold = 256 << 10;
   int spin = 200;  // microseconds
+  uint64_t mailbox_bytes = 32 << 10;  // data capacity of each rank's one-shot outbox (0: none)
 
   // Defaults from TUTTI_* variables (see docs/ENVIRONMENT.md).
   static CommOptions from_env();
@@ -81,6 +83,9 @@ class Communicator {
   void wait_recv(int peer, Ticket t, int channel = 0);
   void barrier() { bootstrap_->barrier(); }
 
+  // The one-shot mailbox (runtime/mailbox.hpp) when every rank shares memory with this one over the
+  // shm transport; null otherwise (other hosts, TUTTI_TRANSPORT=tcp, TUTTI_MAILBOX_SIZE=0).
+  Mailbox* mailbox() { return mailbox_.get(); }
   ProgressEngine& engine() { return *engine_; }
   Bootstrap& bootstrap() { return *bootstrap_; }
   CommState& state() { return *state_; }
@@ -101,6 +106,7 @@ class Communicator {
   std::vector<std::vector<std::unique_ptr<Connection>>> connections_;  // [channel][rank]
   std::vector<bool> shm_peer_;
   int local_ranks_ = 1;
+  std::unique_ptr<Mailbox> mailbox_;
 };
 
 }  // namespace tutti

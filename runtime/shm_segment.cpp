@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -55,6 +56,15 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
   s.name_ = name;
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) throw_system_error(fmt::format("shm_open({}) of a peer's segment", name));
+  if (bytes == 0) {
+    struct stat st {};
+    if (fstat(fd, &st) != 0) {
+      int err = errno;
+      ::close(fd);
+      throw SystemError(fmt::format("fstat of a peer's segment {}", name), err);
+    }
+    bytes = static_cast<size_t>(st.st_size);
+  }
   try {
     s.data_ = map(fd, bytes, name);
   } catch (...) {

@@ -12,7 +12,7 @@ class ShmSegment {
  public:
   ShmSegment() = default;
   static ShmSegment create(const std::string& what, size_t bytes);  // zero-filled
-  static ShmSegment open(const std::string& name, size_t bytes);
+  static ShmSegment open(const std::string& name, size_t bytes);  // bytes 0: the whole segment
   ShmSegment(ShmSegment&& o) noexcept { *this = std::move(o); }
   ShmSegment& operator=(ShmSegment&& o) noexcept;
   ShmSegment(const ShmSegment&) = delete;

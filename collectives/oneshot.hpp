@@ -1,0 +1,27 @@
+#pragma once
+// One-shot collectives over the mailbox (runtime/mailbox.hpp), for small messages when every rank
+// of the communicator is on this host. Each rank publishes its whole input once and reads what it
+// needs of every peer's: the data movement of the all-pairs plans (allpairs_allreduce and friends),
+// without the plan interpreter, whose bookkeeping is most of the time of an 8-byte call.
+//
+// Reductions fold the contributions in rank order 0, 1, ..., n-1 on every rank, so every rank gets
+// the same bits whatever the type and op. avg and premulsum are handled by the caller as for plans
+// (the input is pre-scaled, the output divided): here they combine as sum.
+
+#include <cstdint>
+
+#include "core/reduce.hpp"
+#include "dsl/collective.hpp"
+#include "runtime/mailbox.hpp"
+
+namespace tutti {
+
+// Whether a call of `collective` with NCCL's `count` of `esize`-byte elements fits the mailbox.
+bool oneshot_fits(const Mailbox& mailbox, dsl::Collective collective, int64_t count, int64_t esize);
+
+// Runs one call. input/output follow NCCL (in-place allowed exactly as NCCL defines it); output of
+// a reduce's non-roots is not written. Collective: every rank calls it for the same call.
+void run_oneshot(Mailbox& mailbox, dsl::Collective collective, const void* input, void* output, int64_t count,
+                 const Reduction& reduction, int root);
+
+}  // namespace tutti
