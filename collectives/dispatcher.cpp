@@ -1,6 +1,9 @@
 #include "collectives/dispatcher.hpp"
 
+#include "collectives/oneshot.hpp"
+
 #include <dirent.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -88,7 +91,50 @@ const std::vector<std::shared_ptr<const PreparedPlan>>& Dispatcher::loaded_plans
 }
 
 Dispatcher::Dispatcher(Communicator& comm)
-    : comm_(comm), executor_(comm), check_(env::get_bool("TUTTI_CHECK")), algo_(env::raw("TUTTI_ALGO")) {}
+    : comm_(comm),
+      executor_(comm),
+      check_(env::get_bool("TUTTI_CHECK")),
+      algo_(env::raw("TUTTI_ALGO")),
+      tuning_file_(env::raw("TUTTI_TUNING_FILE")),
+      tune_(env::get_bool("TUTTI_TUNE")),
+      oneshot_threshold_(env::get_size("TUTTI_ONESHOT_THRESHOLD")) {
+  if (tuning_file_ && !tuning_file_->empty() && ::access(tuning_file_->c_str(), F_OK) == 0) {
+    table_ = tuning::Table::load(*tuning_file_);
+    TUTTI_INFO(log::kTuning, "rank {}: decision table {} ({} entries, {})", comm.rank(), *tuning_file_,
+               table_.entries.size(), table_.source);
+  }
+  if (table_.source.empty()) table_.source = "measured";
+}
+
+Choice Dispatcher::tuned(Collective c, uint64_t bytes, bool oneshot_fits,
+                         const std::function<Choice(const tuning::Candidate&)>& make) {
+  const int n = comm_.size();
+  if (const tuning::Entry* e = table_.find(c, n, bytes)) return make(e->choice);
+  if (!tune_) return {};
+  // Measure this size's power-of-two bucket once: the model's shortlist plus every fixed algorithm,
+  // on every rank in the same order (all ranks reach this call together, as NCCL requires).
+  uint64_t hi = 1;
+  while (hi < bytes) hi <<= 1;
+  auto cands = tuning::shortlist(c, n, hi, tuning::live_topology(comm_), 4);
+  if (oneshot_fits) cands.push_back({tuning::kOneShot, {}});
+  auto ranked = tuning::measure(comm_, c, hi, cands, bytes <= (1u << 20) ? 50 : 5, 2);
+  tuning::Entry e;
+  e.collective = c;
+  e.nranks = n;
+  e.min_bytes = hi / 2 + 1;
+  e.max_bytes = hi;
+  e.choice = ranked.front().candidate;
+  e.time_us = ranked.front().time_us;
+  table_.put(e);
+  TUTTI_INFO(log::kTuning, "rank {}: tuned {} of {}..{} bytes: {} ({:.2f} us; next {} {:.2f} us)", comm_.rank(),
+             dsl::to_string(c), e.min_bytes, e.max_bytes, e.choice.describe(), e.time_us,
+             ranked.size() > 1 ? ranked[1].candidate.describe() : "-", ranked.size() > 1 ? ranked[1].time_us : 0.0);
+  if (tuning_file_ && !tuning_file_->empty() && comm_.rank() == 0) {
+    table_.topology = "live";
+    table_.save(*tuning_file_);
+  }
+  return make(e.choice);
+}
 
 std::shared_ptr<const PreparedPlan> Dispatcher::builtin(const std::string& name, std::map<std::string, int> params) {
   std::string key = name;
@@ -101,11 +147,17 @@ std::shared_ptr<const PreparedPlan> Dispatcher::builtin(const std::string& name,
   return prepared;
 }
 
-std::shared_ptr<const PreparedPlan> Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count) {
-  auto key = std::make_tuple(static_cast<int>(c), inplace, root, bytes, count);
+Choice Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize) {
+  auto key = std::make_tuple(static_cast<int>(c), inplace, root, bytes, count, esize);
   auto hit = chosen_.find(key);
   if (hit != chosen_.end()) return hit->second;
   const int n = comm_.size();
+  // TUTTI_TUNE measures a whole power-of-two bucket, so the one-shot path must fit its top.
+  uint64_t bucket = 1;
+  while (bucket < bytes) bucket <<= 1;
+  const bool fits = comm_.mailbox() && oneshot_fits(*comm_.mailbox(), c, count, esize);
+  const uint64_t bucket_published = c == Collective::kAllGather ? bucket / n : bucket;
+  const bool bucket_fits = fits && bucket_published <= comm_.mailbox()->capacity();
   auto applicable = [&](const PreparedPlan& pp) {
     const plan::Plan& p = pp.plan;
     if (p.collective != c || p.nranks != n) return false;
@@ -141,12 +193,13 @@ std::shared_ptr<const PreparedPlan> Dispatcher::choose(Collective c, bool inplac
       }
     return nullptr;
   };
-  auto remember = [&](std::shared_ptr<const PreparedPlan> pp) {
-    chosen_[key] = pp;
-    return pp;
+  auto remember = [&](Choice ch) {
+    chosen_[key] = ch;
+    return ch;
   };
   if (const auto& forced = algo_) {
     std::string want = lower(*forced);
+    if (want == tuning::kOneShot && fits) return remember(Choice::one_shot());
     for (auto& pp : loaded_plans())
       if (lower(pp->plan.name) == want && applicable(*pp)) return remember(pp);
     std::string coll = dsl::to_string(c);
@@ -157,6 +210,26 @@ std::shared_ptr<const PreparedPlan> Dispatcher::choose(Collective c, bool inplac
   }
   for (auto& pp : loaded_plans())
     if (applicable(*pp) && pp->plan.min_bytes <= bytes && bytes <= pp->plan.max_bytes) return remember(pp);
+  // The decision table (or, with TUTTI_TUNE=1, a measurement of this size).
+  auto from_table = [&](const tuning::Candidate& cand) -> Choice {
+    if (cand.algorithm == tuning::kOneShot) return fits ? Choice::one_shot() : Choice{};
+    const algorithms::Builtin& b = algorithms::find_builtin(cand.algorithm);
+    if (b.collective != c) return {};
+    auto prm = params_for(cand.algorithm);
+    for (auto& [k, v] : cand.params) prm[k] = v;
+    std::map<std::string, int> full;
+    try {
+      full = algorithms::resolve(b, n, prm);
+    } catch (const InvalidArgument& e) {
+      TUTTI_WARN("decision table entry {} does not apply to {} ranks: {}", cand.describe(), n, e.what());
+      return {};
+    }
+    auto pp = builtin(cand.algorithm, full);
+    return applicable(*pp) ? Choice(pp) : Choice{};
+  };
+  if (auto ch = tuned(c, bytes, fits && bucket_fits, from_table)) return remember(ch);
+  // Small calls on one host: the one-shot mailbox, while it beats the plans (see PERFORMANCE.md).
+  if (fits && bytes <= oneshot_threshold_) return remember(Choice::one_shot());
   // Built-in defaults for host memory: latency-bound sizes want few steps, bandwidth-bound ones
   // want every byte to cross each link once.
   std::string name;
@@ -233,10 +306,21 @@ void Dispatcher::run(const CollectiveCall& call) {
     inplace = false;
   }
   const uint64_t bytes = static_cast<uint64_t>(std::max(in_elems, out_elems) * esize);
-  auto pp = choose(c, inplace, bytes, call.root, call.count);
-  if (last_plan_ != pp->plan.name)
-    TUTTI_INFO(log::kTuning, "rank {}: {} of {} bytes runs plan '{}'", rank, dsl::to_string(c), bytes, pp->plan.name);
-  last_plan_ = pp->plan.name;
+  Choice choice = choose(c, inplace, bytes, call.root, call.count, esize);
+  if (last_plan_ != choice.name())
+    TUTTI_INFO(log::kTuning, "rank {}: {} of {} bytes runs plan '{}'", rank, dsl::to_string(c), bytes, choice.name());
+  last_plan_ = choice.name();
+  auto finish = [&] {
+    if (call.reduction.op == RedOp::kAvg && (c != Collective::kReduce || rank == call.root))
+      divide(call.reduction.type, out, out, static_cast<uint64_t>(n), static_cast<size_t>(out_elems));
+  };
+  if (choice.oneshot) {
+    // `in` is the premulsum-scaled copy where there is one; in-place calls need nothing more.
+    run_oneshot(*comm_.mailbox(), c, in, out, call.count, call.reduction, call.root);
+    finish();
+    return;
+  }
+  const auto& pp = choice.plan;
   ExecArgs args;
   args.count = call.count;
   args.reduction = call.reduction;
@@ -258,8 +342,7 @@ void Dispatcher::run(const CollectiveCall& call) {
   TUTTI_TRACE(log::kColl, "rank {}: {} count {} {} via plan '{}'", rank, dsl::to_string(c), call.count,
               name(call.reduction.type), pp->plan.name);
   executor_.run(*pp, args);
-  if (call.reduction.op == RedOp::kAvg && (c != Collective::kReduce || rank == call.root))
-    divide(call.reduction.type, out, out, static_cast<uint64_t>(n), static_cast<size_t>(out_elems));
+  finish();
 }
 
 }  // namespace tutti

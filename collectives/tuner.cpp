@@ -1,0 +1,350 @@
+#include "collectives/tuner.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "collectives/oneshot.hpp"
+#include "compiler/compile.hpp"
+#include "core/error.hpp"
+#include "core/function_ref.hpp"
+#include "core/log.hpp"
+#include "runtime/executor.hpp"
+#include "runtime/wire.hpp"
+
+namespace tutti::tuning {
+namespace {
+
+using dsl::Collective;
+using nlohmann::json;
+
+bool scaled(Collective c) {
+  return c == Collective::kAllGather || c == Collective::kReduceScatter || c == Collective::kAllToAll;
+}
+// NCCL's per-rank piece (count x element size) for nccl-tests' size.
+uint64_t piece_of(Collective c, uint64_t bytes, int n) { return scaled(c) ? bytes / n : bytes; }
+
+// The values each tuned parameter takes.
+std::vector<int> values_of(const std::string& param, const std::string& algorithm, int nranks) {
+  if (param == "channels") return {1, 2, 4};
+  if (param == "chunks") return algorithm == "chain_broadcast" ? std::vector<int>{1, 4, 16} : std::vector<int>{1, 2, 4, 8};
+  if (param == "local") {
+    std::vector<int> v;
+    for (int d = 2; d < nranks; ++d)
+      if (nranks % d == 0) v.push_back(d);
+    return v;
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string Candidate::describe() const {
+  std::string s = algorithm;
+  for (auto& [k, v] : params) s += fmt::format(" {}={}", k, v);
+  return s;
+}
+
+const Entry* Table::find(Collective c, int nranks, uint64_t bytes) const {
+  for (const Entry& e : entries)
+    if (e.collective == c && e.nranks == nranks && e.min_bytes <= bytes && bytes <= e.max_bytes) return &e;
+  return nullptr;
+}
+
+void Table::put(const Entry& e) {
+  // Carve [min, max] out of the windows it overlaps, then insert it.
+  std::vector<Entry> kept;
+  for (const Entry& o : entries) {
+    if (o.collective != e.collective || o.nranks != e.nranks || o.max_bytes < e.min_bytes || o.min_bytes > e.max_bytes) {
+      kept.push_back(o);
+      continue;
+    }
+    if (o.min_bytes < e.min_bytes) {
+      Entry lo = o;
+      lo.max_bytes = e.min_bytes - 1;
+      kept.push_back(lo);
+    }
+    if (o.max_bytes > e.max_bytes) {
+      Entry hi = o;
+      hi.min_bytes = e.max_bytes + 1;
+      kept.push_back(hi);
+    }
+  }
+  kept.push_back(e);
+  std::sort(kept.begin(), kept.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.collective, a.nranks, a.min_bytes) < std::tie(b.collective, b.nranks, b.min_bytes);
+  });
+  entries = std::move(kept);
+}
+
+std::string Table::to_json() const {
+  json j;
+  j["version"] = kVersion;
+  j["topology"] = topology;
+  j["source"] = source;
+  j["entries"] = json::array();
+  for (const Entry& e : entries) {
+    json x;
+    x["collective"] = dsl::to_string(e.collective);
+    x["nranks"] = e.nranks;
+    x["min_bytes"] = e.min_bytes;
+    x["max_bytes"] = e.max_bytes;
+    x["algorithm"] = e.choice.algorithm;
+    x["params"] = e.choice.params;
+    x["time_us"] = e.time_us;
+    j["entries"].push_back(x);
+  }
+  return j.dump(1) + "\n";
+}
+
+Table Table::from_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InvalidArgument(fmt::format("tuning table: not JSON: {}", e.what()));
+  }
+  try {
+    TUTTI_CHECK(j.value("version", 0) == kVersion, InvalidArgument, "tuning table: version {} (this build reads {})",
+                j.value("version", 0), kVersion);
+    Table t;
+    t.topology = j.value("topology", "");
+    t.source = j.value("source", "");
+    int index = 0;
+    for (const json& x : j.at("entries")) {
+      Entry e;
+      std::string coll = x.at("collective").get<std::string>();
+      auto c = dsl::parse_collective(coll);
+      TUTTI_CHECK(c.has_value(), InvalidArgument, "tuning table: entry {}: unknown collective '{}'", index, coll);
+      e.collective = *c;
+      e.nranks = x.at("nranks").get<int>();
+      e.min_bytes = x.at("min_bytes").get<uint64_t>();
+      e.max_bytes = x.at("max_bytes").get<uint64_t>();
+      e.choice.algorithm = x.at("algorithm").get<std::string>();
+      e.choice.params = x.value("params", algorithms::Params{});
+      e.time_us = x.value("time_us", 0.0);
+      if (e.choice.algorithm != kOneShot) {
+        const algorithms::Builtin& b = algorithms::find_builtin(e.choice.algorithm);
+        TUTTI_CHECK(b.collective == e.collective, InvalidArgument, "tuning table: entry {}: {} is not a {} algorithm", index,
+                    e.choice.algorithm, coll);
+      }
+      TUTTI_CHECK(e.min_bytes <= e.max_bytes, InvalidArgument, "tuning table: entry {}: min_bytes {} > max_bytes {}",
+                  index, e.min_bytes, e.max_bytes);
+      t.entries.push_back(e);
+      ++index;
+    }
+    return t;
+  } catch (const json::exception& e) {
+    throw InvalidArgument(fmt::format("tuning table: {}", e.what()));
+  }
+}
+
+Table Table::load(const std::string& path) {
+  std::ifstream in(path);
+  TUTTI_CHECK(in.good(), InvalidArgument, "tuning table {} cannot be read", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return from_json(ss.str());
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
+void Table::save(const std::string& path) const {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    TUTTI_CHECK(out.good(), InvalidArgument, "tuning table {} cannot be written", path);
+    out << to_json();
+  }
+  TUTTI_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, InvalidArgument, "tuning table {} cannot be written", path);
+}
+
+std::vector<Candidate> candidates(Collective c, int nranks) {
+  std::vector<Candidate> out;
+  for (const algorithms::Builtin& b : algorithms::builtins()) {
+    if (b.collective != c) continue;
+    std::vector<algorithms::Params> grid{{}};
+    for (const algorithms::Param& p : b.params) {
+      std::vector<int> vals = values_of(p.name, b.name, nranks);
+      if (vals.empty()) continue;
+      std::vector<algorithms::Params> next;
+      for (auto& g : grid)
+        for (int v : vals) {
+          auto x = g;
+          x[p.name] = v;
+          next.push_back(x);
+        }
+      grid = std::move(next);
+    }
+    for (auto& g : grid) {
+      algorithms::Params full = g;
+      full["inplace"] = 0;
+      try {
+        algorithms::resolve(b, nranks, full);
+      } catch (const InvalidArgument&) {
+        continue;
+      }
+      out.push_back({b.name, g});
+    }
+  }
+  return out;
+}
+
+std::vector<Candidate> defaults(Collective c, int nranks) {
+  std::vector<Candidate> out;
+  for (const algorithms::Builtin& b : algorithms::builtins()) {
+    if (b.collective != c) continue;
+    try {
+      algorithms::resolve(b, nranks, {});
+    } catch (const InvalidArgument&) {
+      continue;
+    }
+    out.push_back({b.name, {}});
+  }
+  return out;
+}
+
+plan::Plan plan_of(const Candidate& cand, Collective, int nranks) {
+  algorithms::Params p = cand.params;
+  const algorithms::Builtin& b = algorithms::find_builtin(cand.algorithm);
+  for (auto& q : b.params)
+    if (q.name == "inplace") p["inplace"] = 0;
+  return plan::compile(algorithms::build(cand.algorithm, nranks, p)).plan;
+}
+
+std::vector<Ranked> rank_by_model(Collective c, int nranks, uint64_t bytes, const topo::Topology& t,
+                                  const plan::CostModel& model) {
+  std::vector<Ranked> out;
+  for (const Candidate& cand : candidates(c, nranks)) {
+    plan::Plan p = plan_of(cand, c, nranks);
+    out.push_back({cand, plan::simulate(p, t, piece_of(c, bytes, nranks), model).time_us});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Ranked& a, const Ranked& b) { return a.time_us < b.time_us; });
+  return out;
+}
+
+std::vector<uint64_t> sweep(uint64_t min_bytes, uint64_t max_bytes, double factor) {
+  TUTTI_CHECK(factor > 1, InvalidArgument, "size factor must be > 1, not {}", factor);
+  std::vector<uint64_t> v;
+  for (double s = static_cast<double>(std::max<uint64_t>(min_bytes, 1)); s <= static_cast<double>(max_bytes) * (1 + 1e-12);
+       s *= factor)
+    v.push_back(static_cast<uint64_t>(std::llround(s)));
+  return v;
+}
+
+void add_windows(Table& table, Collective c, int nranks, const std::vector<uint64_t>& sizes, const std::vector<Ranked>& best) {
+  TUTTI_CHECK(sizes.size() == best.size() && !sizes.empty(), InvalidArgument, "add_windows: {} sizes, {} choices",
+              sizes.size(), best.size());
+  size_t start = 0;
+  for (size_t i = 1; i <= sizes.size(); ++i) {
+    if (i < sizes.size() && best[i].candidate == best[start].candidate) continue;
+    Entry e;
+    e.collective = c;
+    e.nranks = nranks;
+    auto mid = [&](size_t k) {  // geometric midpoint between sizes k-1 and k
+      return static_cast<uint64_t>(std::sqrt(static_cast<double>(sizes[k - 1]) * static_cast<double>(sizes[k])));
+    };
+    e.min_bytes = start == 0 ? 0 : mid(start) + 1;
+    e.max_bytes = i == sizes.size() ? UINT64_MAX : mid(i);
+    e.choice = best[start].candidate;
+    e.time_us = best[start].time_us;
+    table.put(e);
+    start = i;
+  }
+}
+
+Table tune_model(const topo::Topology& t, Collective c, int nranks, const std::vector<uint64_t>& sizes,
+                 const plan::CostModel& model) {
+  Table table;
+  table.topology = t.name;
+  table.source = "model";
+  std::vector<Ranked> best;
+  for (uint64_t s : sizes) best.push_back(rank_by_model(c, nranks, s, t, model).front());
+  add_windows(table, c, nranks, sizes, best);
+  return table;
+}
+
+std::vector<Candidate> shortlist(Collective c, int nranks, uint64_t bytes, const topo::Topology& t, int top) {
+  std::vector<Candidate> out;
+  auto ranked = rank_by_model(c, nranks, bytes, t);
+  for (size_t k = 0; k < ranked.size() && static_cast<int>(k) < top; ++k) out.push_back(ranked[k].candidate);
+  for (const Candidate& d : defaults(c, nranks))
+    if (std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+  return out;
+}
+
+std::vector<Ranked> measure(Communicator& comm, Collective c, uint64_t bytes, const std::vector<Candidate>& cands, int iters,
+                            int warmup) {
+  const int n = comm.size();
+  const int64_t count = static_cast<int64_t>(piece_of(c, bytes, n) / 4);
+  const int64_t in_elems = c == Collective::kReduceScatter || c == Collective::kAllToAll ? count * n : count;
+  const int64_t out_elems = c == Collective::kAllGather || c == Collective::kAllToAll ? count * n : count;
+  std::vector<float> in(static_cast<size_t>(std::max<int64_t>(in_elems, 1)), 1.0f);
+  std::vector<float> out(static_cast<size_t>(std::max<int64_t>(out_elems, 1)), 0.0f);
+  Executor ex(comm);
+  ExecArgs args;
+  args.input = in.data();
+  args.output = out.data();
+  args.count = count;
+  args.reduction.op = RedOp::kSum;
+  args.reduction.type = DataType::kFloat32;
+  std::vector<double> mine;
+  // Warm-up, a barrier so every rank starts the timed calls together, then the mean per call.
+  auto time_of = [&](FunctionRef<void()> once) {
+    for (int i = 0; i < warmup; ++i) once();
+    comm.barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) once();
+    auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(iters, 1);
+  };
+  constexpr double kUnusable = 1e300;  // never chosen, and the same on every rank
+  for (const Candidate& cand : cands) {
+    if (cand.algorithm == kOneShot) {
+      Mailbox* mb = comm.mailbox();
+      if (!mb || !oneshot_fits(*mb, c, count, 4)) {
+        mine.push_back(kUnusable);
+        continue;
+      }
+      mine.push_back(time_of([&] { run_oneshot(*mb, c, in.data(), out.data(), count, args.reduction, 0); }));
+      continue;
+    }
+    auto pp = PreparedPlan::make(plan_of(cand, c, n));
+    if (!pp->any_count && count % pp->plan.chunk_factor != 0) {
+      mine.push_back(kUnusable);  // cannot split this count
+      continue;
+    }
+    mine.push_back(time_of([&] { ex.run(*pp, args); }));
+  }
+  // The slowest rank's time decides, identically on every rank.
+  wire::Writer w;
+  for (double t : mine) w.put<double>(t);
+  auto all = comm.bootstrap().allgather(w.bytes());
+  std::vector<Ranked> out_ranked;
+  for (size_t k = 0; k < cands.size(); ++k) out_ranked.push_back({cands[k], 0});
+  for (int r = 0; r < n; ++r) {
+    wire::Reader rd(all[r], "tuning times");
+    for (size_t k = 0; k < cands.size(); ++k) out_ranked[k].time_us = std::max(out_ranked[k].time_us, rd.get<double>());
+  }
+  std::stable_sort(out_ranked.begin(), out_ranked.end(), [](const Ranked& a, const Ranked& b) { return a.time_us < b.time_us; });
+  return out_ranked;
+}
+
+topo::Topology live_topology(const Communicator& comm) {
+  topo::Topology t = topo::detect();
+  if (t.rank_device.empty()) t = topo::preset("cpu-tcp", 1);
+  std::vector<int> devices = t.rank_device;
+  t.rank_device.clear();
+  for (int r = 0; r < comm.size(); ++r) t.rank_device.push_back(devices[static_cast<size_t>(r) % devices.size()]);
+  return t;
+}
+
+}  // namespace tutti::tuning

@@ -1,0 +1,97 @@
+#pragma once
+// The tuner: which built-in algorithm, with which parameters, for each collective, rank count and
+// size window. It enumerates candidates (algorithm x channels x chunks x levels), ranks them with the
+// cost model (plan::simulate on a topology), and on the live machine confirms the best by measuring
+// them on the communicator. The result is a decision table, which the dispatcher consults before its
+// fixed size windows (TUTTI_TUNING_FILE loads it; TUTTI_TUNE=1 fills it while running and saves it
+// there).
+//
+// Measurement is collective: every rank runs the same candidates in the same order, and the time
+// of a candidate is the slowest rank's, so every rank reaches the same decision.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collectives/algorithms/registry.hpp"
+#include "compiler/simulate.hpp"
+#include "runtime/communicator.hpp"
+#include "topologies/topology.hpp"
+
+namespace tutti::tuning {
+
+// The one-shot mailbox path (collectives/oneshot.hpp): a candidate the dispatcher runs without a
+// plan, on communicators whose ranks all share memory, for calls that fit the mailbox.
+inline constexpr const char* kOneShot = "oneshot";
+
+struct Candidate {
+  std::string algorithm;      // built-in name
+  algorithms::Params params;  // tuned parameters only (the dispatcher adds inplace and root)
+  std::string describe() const;  // "ring_allreduce channels=2"
+  bool operator==(const Candidate&) const = default;
+};
+
+struct Entry {
+  dsl::Collective collective = dsl::Collective::kAllReduce;
+  int nranks = 1;
+  uint64_t min_bytes = 0, max_bytes = UINT64_MAX;  // nccl-tests' size, inclusive
+  Candidate choice;
+  double time_us = 0;  // predicted or measured at the size the entry was tuned for
+};
+
+struct Table {
+  static constexpr int kVersion = 1;
+  std::string topology;  // what it was tuned on
+  std::string source;    // "model" or "measured"
+  std::vector<Entry> entries;
+
+  const Entry* find(dsl::Collective c, int nranks, uint64_t bytes) const;
+  // Adds or replaces the entry for [min, max] of (collective, nranks).
+  void put(const Entry& e);
+  std::string to_json() const;
+  static Table from_json(const std::string& text);  // InvalidArgument naming what is wrong
+  static Table load(const std::string& path);
+  void save(const std::string& path) const;
+};
+
+// Every candidate of a collective at a rank count: each built-in it supports, with channels in
+// {1, 2, 4}, chunks in {1, 2, 4, 8} and hierarchical levels at every divisor of nranks.
+std::vector<Candidate> candidates(dsl::Collective c, int nranks);
+// The built-ins with their default parameters: "fixed" algorithms, as TUTTI_ALGO would pick them.
+std::vector<Candidate> defaults(dsl::Collective c, int nranks);
+// The compiled plan of a candidate (out-of-place, root 0).
+plan::Plan plan_of(const Candidate& c, dsl::Collective coll, int nranks);
+
+struct Ranked {
+  Candidate candidate;
+  double time_us;
+};
+// Candidates sorted by predicted time (fastest first) for `bytes` on `topology`.
+std::vector<Ranked> rank_by_model(dsl::Collective c, int nranks, uint64_t bytes, const topo::Topology& topology,
+                                  const plan::CostModel& model = {});
+
+// Sizes from min to max by factor (nccl-tests' -b -e -f).
+std::vector<uint64_t> sweep(uint64_t min_bytes, uint64_t max_bytes, double factor);
+// One entry per size, merged into windows where consecutive sizes agree. Windows meet halfway (in
+// log scale) between tuned sizes; the first starts at 0 and the last ends at UINT64_MAX.
+void add_windows(Table& table, dsl::Collective c, int nranks, const std::vector<uint64_t>& sizes,
+                 const std::vector<Ranked>& best);
+
+// The model alone (presets, machines we do not have).
+Table tune_model(const topo::Topology& topology, dsl::Collective c, int nranks, const std::vector<uint64_t>& sizes,
+                 const plan::CostModel& model = {});
+
+// Measures candidates on a live communicator (collective call); returns them fastest first, with the
+// slowest rank's time per call.
+std::vector<Ranked> measure(Communicator& comm, dsl::Collective c, uint64_t bytes, const std::vector<Candidate>& cands,
+                            int iters, int warmup);
+// What to measure at one size: the model's top `top` candidates plus every fixed algorithm, so the
+// tuned choice is never worse than the best fixed one as far as measurement can tell.
+std::vector<Candidate> shortlist(dsl::Collective c, int nranks, uint64_t bytes, const topo::Topology& topology, int top);
+
+// A topology for the live communicator: its ranks on this host's shared memory (or TCP between
+// hosts), for the model's first ranking.
+topo::Topology live_topology(const Communicator& comm);
+
+}  // namespace tutti::tuning
