@@ -43,11 +43,24 @@ std::vector<int> values_of(const std::string& param, const std::string& algorith
   return {};
 }
 
+std::optional<dsl::Protocol> parse_protocol(const std::string& s) {
+  for (auto p : {dsl::Protocol::kAuto, dsl::Protocol::kSimple, dsl::Protocol::kLL, dsl::Protocol::kLL128})
+    if (s == dsl::to_string(p)) return p;
+  return std::nullopt;
+}
+
+bool gpu_ranks(const topo::Topology& t) {
+  for (int d : t.rank_device)
+    if (t.devices[d].type == topo::DeviceType::kGpu) return true;
+  return false;
+}
+
 }  // namespace
 
 std::string Candidate::describe() const {
   std::string s = algorithm;
   for (auto& [k, v] : params) s += fmt::format(" {}={}", k, v);
+  if (protocol != dsl::Protocol::kAuto) s += fmt::format(" protocol={}", dsl::to_string(protocol));
   return s;
 }
 
@@ -97,6 +110,7 @@ std::string Table::to_json() const {
     x["max_bytes"] = e.max_bytes;
     x["algorithm"] = e.choice.algorithm;
     x["params"] = e.choice.params;
+    if (e.choice.protocol != dsl::Protocol::kAuto) x["protocol"] = dsl::to_string(e.choice.protocol);
     x["time_us"] = e.time_us;
     j["entries"].push_back(x);
   }
@@ -128,6 +142,11 @@ Table Table::from_json(const std::string& text) {
       e.max_bytes = x.at("max_bytes").get<uint64_t>();
       e.choice.algorithm = x.at("algorithm").get<std::string>();
       e.choice.params = x.value("params", algorithms::Params{});
+      std::string proto = x.value("protocol", std::string("auto"));
+      auto pr = parse_protocol(proto);
+      TUTTI_CHECK(pr.has_value(), InvalidArgument, "tuning table: entry {}: unknown protocol '{}' (Simple, LL, LL128)",
+                  index, proto);
+      e.choice.protocol = *pr;
       e.time_us = x.value("time_us", 0.0);
       if (e.choice.algorithm != kOneShot) {
         const algorithms::Builtin& b = algorithms::find_builtin(e.choice.algorithm);
@@ -167,7 +186,7 @@ void Table::save(const std::string& path) const {
   TUTTI_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, InvalidArgument, "tuning table {} cannot be written", path);
 }
 
-std::vector<Candidate> candidates(Collective c, int nranks) {
+std::vector<Candidate> candidates(Collective c, int nranks, bool protocols) {
   std::vector<Candidate> out;
   for (const algorithms::Builtin& b : algorithms::builtins()) {
     if (b.collective != c) continue;
@@ -186,13 +205,18 @@ std::vector<Candidate> candidates(Collective c, int nranks) {
     }
     for (auto& g : grid) {
       algorithms::Params full = g;
-      full["inplace"] = 0;
+      for (const algorithms::Param& q : b.params)
+        if (q.name == "inplace" || q.name == "root") full[q.name] = 0;
       try {
         algorithms::resolve(b, nranks, full);
       } catch (const InvalidArgument&) {
         continue;
       }
-      out.push_back({b.name, g});
+      if (!protocols) {
+        out.push_back({b.name, g});
+        continue;
+      }
+      for (auto pr : {dsl::Protocol::kSimple, dsl::Protocol::kLL, dsl::Protocol::kLL128}) out.push_back({b.name, g, pr});
     }
   }
   return out;
@@ -216,17 +240,21 @@ plan::Plan plan_of(const Candidate& cand, Collective, int nranks) {
   algorithms::Params p = cand.params;
   const algorithms::Builtin& b = algorithms::find_builtin(cand.algorithm);
   for (auto& q : b.params)
-    if (q.name == "inplace") p["inplace"] = 0;
-  return plan::compile(algorithms::build(cand.algorithm, nranks, p)).plan;
+    if (q.name == "inplace" || q.name == "root") p.emplace(q.name, 0);
+  plan::Plan plan = plan::compile(algorithms::build(cand.algorithm, nranks, p)).plan;
+  if (cand.protocol != dsl::Protocol::kAuto) plan.protocol = cand.protocol;
+  return plan;
 }
 
 std::vector<Ranked> rank_by_model(Collective c, int nranks, uint64_t bytes, const topo::Topology& t,
                                   const plan::CostModel& model) {
   std::vector<Ranked> out;
-  for (const Candidate& cand : candidates(c, nranks)) {
+  for (const Candidate& cand : candidates(c, nranks, gpu_ranks(t))) {
     plan::Plan p = plan_of(cand, c, nranks);
     out.push_back({cand, plan::simulate(p, t, piece_of(c, bytes, nranks), model).time_us});
   }
+  TUTTI_CHECK(!out.empty(), InvalidArgument, "tuner: no built-in {} algorithm applies to {} ranks", dsl::to_string(c),
+              nranks);
   std::stable_sort(out.begin(), out.end(), [](const Ranked& a, const Ranked& b) { return a.time_us < b.time_us; });
   return out;
 }

@@ -28,7 +28,8 @@ inline constexpr const char* kOneShot = "oneshot";
 struct Candidate {
   std::string algorithm;      // built-in name
   algorithms::Params params;  // tuned parameters only (the dispatcher adds inplace and root)
-  std::string describe() const;  // "ring_allreduce channels=2"
+  dsl::Protocol protocol = dsl::Protocol::kAuto;  // kAuto: the plan's own (GPU ranks only differ)
+  std::string describe() const;  // "ring_allreduce channels=2 protocol=LL"
   bool operator==(const Candidate&) const = default;
 };
 
@@ -56,8 +57,9 @@ struct Table {
 };
 
 // Every candidate of a collective at a rank count: each built-in it supports, with channels in
-// {1, 2, 4}, chunks in {1, 2, 4, 8} and hierarchical levels at every divisor of nranks.
-std::vector<Candidate> candidates(dsl::Collective c, int nranks);
+// {1, 2, 4}, chunks in {1, 2, 4, 8} and hierarchical levels at every divisor of nranks; with
+// `protocols`, each of those with Simple, LL and LL128 (for GPU ranks, whose cost depends on it).
+std::vector<Candidate> candidates(dsl::Collective c, int nranks, bool protocols = false);
 // The built-ins with their default parameters: "fixed" algorithms, as TUTTI_ALGO would pick them.
 std::vector<Candidate> defaults(dsl::Collective c, int nranks);
 // The compiled plan of a candidate (out-of-place, root 0).

@@ -19,6 +19,7 @@ struct Transfer {
   double left = 0;     // bytes
   double done = kInf;  // completion time, once known
   double rate = 0;     // bytes/us now
+  double eta = kInf;   // when it would finish at this rate
 };
 
 }  // namespace
@@ -28,10 +29,13 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
               p.nranks, t.name, t.nranks());
   const double chunk_bytes = static_cast<double>(bytes) / p.chunk_factor;
   std::vector<double> mem(p.nranks);  // bytes per us, per rank
+  std::vector<bool> gpu(p.nranks, false);
+  const ProtocolCost& proto = m.protocol(p.protocol);
   for (int r = 0; r < p.nranks; ++r) {
     const topo::Device& d = t.devices[t.rank_device[r]];
     double gbps = m.memory_gbps;
     if (d.type == topo::DeviceType::kGpu) {
+      gpu[r] = true;
       auto it = d.attrs.find("sm");
       int sm = it == d.attrs.end() ? 80 : std::atoi(it->second.c_str());
       gbps = sm >= 90 ? 3000 : sm >= 80 ? 1500 : 900;
@@ -63,11 +67,13 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
       link_rate[best] = t.links[best].gbps * 1e3;
       ls.push_back({best, u < v ? 0 : 1});
     }
-    // A path between GPUs on the same NVSwitches uses all of them: one virtual link of that width.
+    // A path between GPUs on the same NVSwitches uses all of them: the sender's egress into the
+    // switch fabric and the receiver's ingress, each that wide and shared by every flow through it
+    // (so an all-pairs step splits a GPU's NVLink bandwidth among its peers).
     if (path.hops.size() == 2 && path.hops[0] == topo::LinkType::kNvLink && path.gbps * 1e3 > link_rate[ls[0].first]) {
-      int id = -1000000 - a * 4096 - b;
-      link_rate[id] = path.gbps * 1e3;
-      ls = {{id, 0}};
+      int egress = -1000000 - 2 * t.rank_device[a], ingress = -1000000 - 2 * t.rank_device[b] - 1;
+      link_rate[egress] = link_rate[ingress] = path.gbps * 1e3;
+      ls = {{egress, 0}, {ingress, 0}};
     }
     return route.emplace(key, ls).first->second;
   };
@@ -129,8 +135,8 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
           if (sends(in.op)) {
             Transfer x;
             x.links = links_of(r, in.send_peer);
-            x.start = begin + latency_of(r, in.send_peer);
-            x.left = msg;
+            x.start = begin + latency_of(r, in.send_peer) + (gpu[r] ? proto.latency_us : 0.0);
+            x.left = gpu[r] ? msg / proto.bandwidth : msg;  // line overhead rides along with the data
             transfers.push_back(x);
             int id = static_cast<int>(transfers.size()) - 1;
             sent[{r, in.send_peer, b.block->channel}].push_back(id);
@@ -156,7 +162,9 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
       }
       x.rate = kInf;
       for (auto& l : x.links) x.rate = std::min(x.rate, link_rate[l.first] / users[l]);
-      next = std::min(next, x.left <= 0 ? now : now + x.left / x.rate);
+      // At tiny sizes now + left / rate can round to now: the completion time decides, not `left`.
+      x.eta = x.left <= 0 ? now : now + x.left / x.rate;
+      next = std::min(next, x.eta);
     }
     for (auto& rb : blocks)
       for (auto& b : rb)
@@ -173,7 +181,10 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
     for (auto& x : transfers)
       if (x.done == kInf && x.start <= now) {
         x.left -= x.rate * dt;
-        if (x.left <= 1e-9 * std::max(1.0, chunk_bytes)) x.done = next;
+        if (x.eta <= next || x.left <= 1e-9 * std::max(1.0, chunk_bytes)) {
+          x.left = 0;
+          x.done = next;
+        }
       }
     now = next;
     for (auto& rb : blocks)

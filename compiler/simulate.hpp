@@ -16,7 +16,21 @@
 
 namespace tutti::plan {
 
+// What a protocol does to a message between GPU ranks (NCCL's model): the fraction of the link's
+// bandwidth that carries data, and a fixed cost per message on top of the path's latency. LL sends
+// 4 data bytes with every 4-byte flag and needs no handshake; LL128 carries 120 of every 128 bytes;
+// Simple uses the whole bandwidth but pays a flag/fence handshake per message. CPU ranks have one
+// protocol (the executor's FIFO), so the plan's protocol does not change their cost.
+struct ProtocolCost {
+  double bandwidth = 1.0;
+  double latency_us = 0.0;
+};
+
 struct CostModel {
+  ProtocolCost simple{1.0, 2.0}, ll{0.5, 0.0}, ll128{120.0 / 128.0, 0.6};
+  const ProtocolCost& protocol(dsl::Protocol p) const {
+    return p == dsl::Protocol::kLL ? ll : p == dsl::Protocol::kLL128 ? ll128 : simple;
+  }
   double instruction_us = 1.0;  // executor overhead per instruction
   double memory_gbps = 10.0;    // local copies and reductions on CPU ranks; GPU ranks use their HBM
                                 // (900 / 1500 / 3000 GB/s for sm70 / sm80 / sm90 and later)

@@ -1,0 +1,237 @@
+// The tuner (collectives/tuner.hpp): decision tables, their JSON, the checked-in tables of the
+// presets (current and sane), and the dispatcher's use of a table (TUTTI_TUNING_FILE, TUTTI_TUNE).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "collectives/dispatcher.hpp"
+#include "collectives/tuner.hpp"
+#include "core/error.hpp"
+
+using namespace tutti;
+using dsl::Collective;
+using tuning::Candidate;
+using tuning::Entry;
+using tuning::Table;
+
+namespace {
+
+const std::vector<uint64_t>& preset_sizes() {
+  static const auto s = tuning::sweep(8, uint64_t{1} << 30, 4);  // what tools/tune/preset_tables.sh uses
+  return s;
+}
+
+std::string checked_in(const std::string& preset) {
+  return std::string(TUTTI_SOURCE_DIR) + "/topologies/tuning/" + preset + ".json";
+}
+
+const Collective kTuned[] = {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter,
+                             Collective::kBroadcast, Collective::kReduce,    Collective::kAllToAll};
+
+// Entries of one collective, in window order.
+std::vector<Entry> of(const Table& t, Collective c) {
+  std::vector<Entry> v;
+  for (auto& e : t.entries)
+    if (e.collective == c) v.push_back(e);
+  return v;
+}
+
+template <class F>
+void on_ranks(std::vector<std::unique_ptr<Communicator>>& comms, F fn) {
+  std::vector<std::thread> ts;
+  std::vector<std::exception_ptr> errors(comms.size());
+  for (size_t r = 0; r < comms.size(); ++r)
+    ts.emplace_back([&, r] {
+      try {
+        fn(static_cast<int>(r), *comms[r]);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// One float all-reduce of `count` on a dispatcher; returns the plan it ran.
+std::string allreduce(Dispatcher& d, int64_t count) {
+  std::vector<float> in(static_cast<size_t>(count), 1.f), out(static_cast<size_t>(count));
+  CollectiveCall call;
+  call.input = in.data();
+  call.output = out.data();
+  call.count = count;
+  d.run(call);
+  return d.last_plan();
+}
+
+}  // namespace
+
+TEST(Tuner, TablesRoundTripThroughJsonAndNameWhatIsWrong) {
+  Table t;
+  t.topology = "dgx-h100";
+  t.source = "model";
+  t.put({Collective::kAllReduce, 8, 0, 4096, {"allpairs_allreduce", {{"chunks", 2}}, dsl::Protocol::kLL}, 3.5});
+  t.put({Collective::kAllReduce, 8, 4097, UINT64_MAX, {"ring_allreduce", {{"channels", 4}}}, 99});
+  t.put({Collective::kAllReduce, 2, 0, 1024, {tuning::kOneShot, {}}, 0.2});
+  Table back = Table::from_json(t.to_json());
+  ASSERT_EQ(back.entries.size(), 3u);
+  EXPECT_EQ(back.to_json(), t.to_json());
+  EXPECT_EQ(back.find(Collective::kAllReduce, 8, 5000)->choice.algorithm, "ring_allreduce");
+  EXPECT_EQ(back.find(Collective::kAllReduce, 8, 100)->choice.protocol, dsl::Protocol::kLL);
+  EXPECT_EQ(back.find(Collective::kAllGather, 8, 100), nullptr);
+
+  auto error_of = [](const std::string& text) {
+    try {
+      Table::from_json(text);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string head = R"({"version": 1, "entries": [{"collective": "allreduce", "nranks": 2, )";
+  EXPECT_NE(error_of("{").find("not JSON"), std::string::npos);
+  EXPECT_NE(error_of(R"({"version": 7, "entries": []})").find("version 7"), std::string::npos);
+  EXPECT_NE(error_of(head + R"("min_bytes": 0, "max_bytes": 8, "algorithm": "ring_allgather"}]})")
+                .find("entry 0: ring_allgather is not a allreduce algorithm"),
+            std::string::npos);
+  EXPECT_NE(error_of(head + R"("min_bytes": 9, "max_bytes": 8, "algorithm": "ring_allreduce"}]})").find("min_bytes 9 > max_bytes 8"),
+            std::string::npos);
+  EXPECT_NE(error_of(head + R"("min_bytes": 0, "max_bytes": 8, "algorithm": "ring_allreduce", "protocol": "LL64"}]})")
+                .find("unknown protocol 'LL64'"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"version": 1, "entries": [{"collective": "allsum", "nranks": 2}]})").find("unknown collective 'allsum'"),
+            std::string::npos);
+}
+
+TEST(Tuner, PutCarvesOverlappingWindows) {
+  Table t;
+  t.put({Collective::kAllReduce, 4, 0, UINT64_MAX, {"ring_allreduce", {}}, 0});
+  t.put({Collective::kAllReduce, 4, 100, 200, {"rhd_allreduce", {}}, 0});
+  ASSERT_EQ(t.entries.size(), 3u);
+  EXPECT_EQ(t.find(Collective::kAllReduce, 4, 99)->choice.algorithm, "ring_allreduce");
+  EXPECT_EQ(t.find(Collective::kAllReduce, 4, 150)->choice.algorithm, "rhd_allreduce");
+  EXPECT_EQ(t.find(Collective::kAllReduce, 4, 201)->choice.algorithm, "ring_allreduce");
+}
+
+TEST(Tuner, CandidatesCoverTheParameterGrid) {
+  auto cands = tuning::candidates(Collective::kAllReduce, 8);
+  auto has = [&](const Candidate& c) { return std::find(cands.begin(), cands.end(), c) != cands.end(); };
+  EXPECT_TRUE(has({"ring_allreduce", {{"channels", 4}}}));
+  EXPECT_TRUE(has({"hier_allreduce", {{"local", 4}}}));
+  EXPECT_FALSE(has({"hier_allreduce", {{"local", 3}}}));  // not a divisor of 8
+  auto with_protocols = tuning::candidates(Collective::kAllReduce, 8, true);
+  EXPECT_EQ(with_protocols.size(), 3 * cands.size());
+  for (Collective c : kTuned) EXPECT_FALSE(tuning::candidates(c, 5).empty()) << dsl::to_string(c);
+}
+
+class PresetTable : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PresetTable, IsCurrentCoversEverySizeAndChoosesSensibly) {
+  const std::string preset = GetParam();
+  const topo::Topology topo = topo::preset(preset);
+  const Table file = Table::load(checked_in(preset));
+  EXPECT_EQ(file.source, "model");
+  for (Collective c : kTuned) {
+    // Current: the model today makes the same choices (regenerate with tools/tune/preset_tables.sh).
+    const Table now = tuning::tune_model(topo, c, topo.nranks(), preset_sizes());
+    auto mine = of(file, c), theirs = of(now, c);
+    ASSERT_EQ(mine.size(), theirs.size()) << preset << " " << dsl::to_string(c)
+                                          << ": checked-in table is stale; run tools/tune/preset_tables.sh";
+    for (size_t k = 0; k < mine.size(); ++k) {
+      EXPECT_EQ(mine[k].choice, theirs[k].choice) << preset << " " << dsl::to_string(c) << " window " << k;
+      EXPECT_EQ(mine[k].min_bytes, theirs[k].min_bytes);
+      EXPECT_EQ(mine[k].max_bytes, theirs[k].max_bytes);
+      EXPECT_NEAR(mine[k].time_us, theirs[k].time_us, 1e-6 * std::max(1.0, theirs[k].time_us));
+    }
+    // Every size has exactly one choice: windows from 0 to the end, each starting where the last ended.
+    ASSERT_FALSE(mine.empty());
+    EXPECT_EQ(mine.front().min_bytes, 0u);
+    EXPECT_EQ(mine.back().max_bytes, UINT64_MAX);
+    for (size_t k = 1; k < mine.size(); ++k) EXPECT_EQ(mine[k].min_bytes, mine[k - 1].max_bytes + 1);
+    // Neighbouring windows differ (else they would be one), and larger sizes never predict less time.
+    for (size_t k = 1; k < mine.size(); ++k) {
+      EXPECT_FALSE(mine[k].choice == mine[k - 1].choice);
+      EXPECT_GE(mine[k].time_us, mine[k - 1].time_us) << preset << " " << dsl::to_string(c) << " window " << k;
+    }
+  }
+  // All-reduce: few steps for small messages, every byte over each link once for large ones.
+  auto ar = of(file, Collective::kAllReduce);
+  EXPECT_NE(ar.front().choice.algorithm, "ring_allreduce") << preset;
+  const std::string large = ar.back().choice.algorithm;
+  EXPECT_TRUE(large == "ring_allreduce" || large == "hier_allreduce") << preset << ": " << large;
+  const bool nvswitch = topo.count(topo::DeviceType::kNvSwitch) > 0;
+  if (nvswitch) {
+    EXPECT_EQ(ar.front().choice.algorithm, "allpairs_allreduce") << preset;
+    EXPECT_EQ(large, "ring_allreduce") << preset;
+  }
+  // GPU presets: LL while latency dominates, Simple at the largest sizes, as NCCL does.
+  if (topo.count(topo::DeviceType::kGpu) > 0)
+    for (Collective c : kTuned) {
+      auto v = of(file, c);
+      EXPECT_EQ(v.front().choice.protocol, dsl::Protocol::kLL) << preset << " " << dsl::to_string(c);
+      EXPECT_EQ(v.back().choice.protocol, dsl::Protocol::kSimple) << preset << " " << dsl::to_string(c);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, PresetTable,
+                         ::testing::Values("dgx1", "dgx-a100", "ndv4", "dgx-h100", "ndv5", "ncv4", "pcie8", "cpu-tcp"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+TEST(Tuner, DispatcherFollowsTheTuningFile) {
+  const std::string path = testing::TempDir() + "tutti_tuning_" + std::to_string(getpid()) + ".json";
+  Table t;
+  t.put({Collective::kAllReduce, 2, 0, 1024, {"ring_allreduce", {{"channels", 2}}}, 0});
+  t.put({Collective::kAllReduce, 2, 1025, 4096, {tuning::kOneShot, {}}, 0});
+  t.put({Collective::kAllReduce, 2, 4097, UINT64_MAX, {"hier_allreduce", {{"local", 3}}}, 0});  // not for 2 ranks
+  t.save(path);
+  setenv("TUTTI_TUNING_FILE", path.c_str(), 1);
+  auto comms = Communicator::create_local(2);
+  std::vector<std::vector<std::string>> plans(2);
+  on_ranks(comms, [&](int rank, Communicator& comm) {
+    Dispatcher d(comm);
+    for (int64_t count : {16, 512, 8192}) plans[rank].push_back(allreduce(d, count));
+  });
+  unsetenv("TUTTI_TUNING_FILE");
+  std::remove(path.c_str());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(plans[r][0].find("ring"), std::string::npos) << plans[r][0];
+    EXPECT_EQ(plans[r][1], "oneshot");
+    // An entry that does not apply falls back to the fixed windows (with a warning).
+    EXPECT_EQ(plans[r][2].find("hier"), std::string::npos) << plans[r][2];
+  }
+}
+
+TEST(Tuner, TuneMeasuresOnFirstUseAgreesOnEveryRankAndSavesTheTable) {
+  const std::string path = testing::TempDir() + "tutti_tuned_" + std::to_string(getpid()) + ".json";
+  std::remove(path.c_str());
+  setenv("TUTTI_TUNING_FILE", path.c_str(), 1);
+  setenv("TUTTI_TUNE", "1", 1);
+  auto comms = Communicator::create_local(3);
+  std::vector<std::vector<std::string>> plans(3);
+  on_ranks(comms, [&](int rank, Communicator& comm) {
+    Dispatcher d(comm);
+    for (int64_t count : {2, 3000, 100000, 3000}) plans[rank].push_back(allreduce(d, count));
+    EXPECT_NE(d.table().find(Collective::kAllReduce, 3, 12000), nullptr);
+  });
+  unsetenv("TUTTI_TUNE");
+  unsetenv("TUTTI_TUNING_FILE");
+  EXPECT_EQ(plans[0], plans[1]);
+  EXPECT_EQ(plans[0], plans[2]);
+  EXPECT_EQ(plans[0][1], plans[0][3]);  // measured once, then reused
+  Table saved = Table::load(path);
+  std::remove(path.c_str());
+  EXPECT_EQ(saved.source, "measured");
+  for (uint64_t bytes : {8u, 12000u, 400000u}) {
+    const Entry* e = saved.find(Collective::kAllReduce, 3, bytes);
+    ASSERT_NE(e, nullptr) << bytes;
+    EXPECT_GT(e->time_us, 0);
+  }
+}
