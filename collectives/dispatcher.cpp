@@ -90,14 +90,23 @@ const std::vector<std::shared_ptr<const PreparedPlan>>& Dispatcher::loaded_plans
   return plans;
 }
 
-Dispatcher::Dispatcher(Communicator& comm)
+DispatcherOptions DispatcherOptions::from_env() {
+  DispatcherOptions o;
+  o.algo = env::raw("TUTTI_ALGO");
+  o.tuning_file = env::raw("TUTTI_TUNING_FILE");
+  o.tune = env::get_bool("TUTTI_TUNE");
+  o.oneshot_threshold = env::get_size("TUTTI_ONESHOT_THRESHOLD");
+  return o;
+}
+
+Dispatcher::Dispatcher(Communicator& comm, const DispatcherOptions& options)
     : comm_(comm),
       executor_(comm),
       check_(env::get_bool("TUTTI_CHECK")),
-      algo_(env::raw("TUTTI_ALGO")),
-      tuning_file_(env::raw("TUTTI_TUNING_FILE")),
-      tune_(env::get_bool("TUTTI_TUNE")),
-      oneshot_threshold_(env::get_size("TUTTI_ONESHOT_THRESHOLD")) {
+      algo_(options.algo),
+      tuning_file_(options.tuning_file),
+      tune_(options.tune),
+      oneshot_threshold_(options.oneshot_threshold) {
   if (tuning_file_ && !tuning_file_->empty() && ::access(tuning_file_->c_str(), F_OK) == 0) {
     table_ = tuning::Table::load(*tuning_file_);
     TUTTI_INFO(log::kTuning, "rank {}: decision table {} ({} entries, {})", comm.rank(), *tuning_file_,

@@ -46,9 +46,19 @@ struct Choice {
   std::string name() const { return oneshot ? std::string(tuning::kOneShot) : plan->plan.name; }
 };
 
+// What a dispatcher is told to prefer; from_env() reads TUTTI_ALGO/NCCL_ALGO, TUTTI_TUNING_FILE,
+// TUTTI_TUNE and TUTTI_ONESHOT_THRESHOLD.
+struct DispatcherOptions {
+  std::optional<std::string> algo;         // a forced algorithm
+  std::optional<std::string> tuning_file;  // decision table to load (and save, when tuning)
+  bool tune = false;
+  uint64_t oneshot_threshold = 8 << 10;
+  static DispatcherOptions from_env();
+};
+
 class Dispatcher {
  public:
-  explicit Dispatcher(Communicator& comm);
+  explicit Dispatcher(Communicator& comm, const DispatcherOptions& options = DispatcherOptions::from_env());
   void run(const CollectiveCall& call);
   // The plan the last run used (for logs and tests).
   const std::string& last_plan() const { return last_plan_; }

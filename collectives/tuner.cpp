@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -226,12 +227,18 @@ std::vector<Candidate> defaults(Collective c, int nranks) {
   std::vector<Candidate> out;
   for (const algorithms::Builtin& b : algorithms::builtins()) {
     if (b.collective != c) continue;
+    algorithms::Params full;
     try {
-      algorithms::resolve(b, nranks, {});
+      full = algorithms::resolve(b, nranks, {});
     } catch (const InvalidArgument&) {
       continue;
     }
-    out.push_back({b.name, {}});
+    // Spelled like candidates() spells them (the tuned parameters at their defaults), so the same
+    // plan is one candidate.
+    Candidate d{b.name, {}};
+    for (auto& [k, v] : full)
+      if (!values_of(k, b.name, nranks).empty()) d.params[k] = v;
+    out.push_back(d);
   }
   return out;
 }
@@ -289,6 +296,32 @@ void add_windows(Table& table, Collective c, int nranks, const std::vector<uint6
   }
 }
 
+std::vector<Ranked> choose_smoothed(const std::vector<std::vector<Ranked>>& rankings) {
+  std::vector<Ranked> out;
+  for (size_t i = 0; i < rankings.size(); ++i) {
+    TUTTI_CHECK(!rankings[i].empty(), InvalidArgument, "tuner: nothing was measured at size {}", i);
+    const Ranked* best = nullptr;
+    double best_score = 0;
+    for (const Ranked& cand : rankings[i]) {
+      if (cand.time_us >= 1e299) continue;  // could not run here
+      double sum = 0;
+      int terms = 0;
+      for (size_t j = i == 0 ? 0 : i - 1; j <= i + 1 && j < rankings.size(); ++j) {
+        const double fastest = rankings[j].front().time_us;
+        for (const Ranked& r : rankings[j])
+          if (r.candidate == cand.candidate && r.time_us < 1e299) {
+            sum += r.time_us / fastest;
+            ++terms;
+          }
+      }
+      const double score = sum / terms;
+      if (!best || score < best_score) best = &cand, best_score = score;
+    }
+    out.push_back(best ? *best : rankings[i].front());
+  }
+  return out;
+}
+
 Table tune_model(const topo::Topology& t, Collective c, int nranks, const std::vector<uint64_t>& sizes,
                  const plan::CostModel& model) {
   Table table;
@@ -309,8 +342,41 @@ std::vector<Candidate> shortlist(Collective c, int nranks, uint64_t bytes, const
   return out;
 }
 
+std::vector<double> interleaved_medians(Communicator& comm, const std::vector<FunctionRef<void()>>& ways, int rounds,
+                                        int iters) {
+  const size_t k = ways.size();
+  const int n = comm.size();
+  TUTTI_CHECK(rounds >= 1 && iters >= 1, InvalidArgument, "timing needs at least one round and one call ({} x {})", rounds,
+              iters);
+  wire::Writer w;
+  for (int r = 0; r < rounds; ++r)
+    for (size_t j = 0; j < k; ++j) {
+      auto& way = ways[(j + static_cast<size_t>(r)) % k];
+      comm.barrier();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) way();
+      w.put<double>(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters);
+    }
+  auto all = comm.bootstrap().allgather(w.bytes());
+  std::vector<std::vector<double>> per(k, std::vector<double>(static_cast<size_t>(rounds), 0.0));
+  for (int q = 0; q < n; ++q) {
+    wire::Reader rd(all[q], "timings");
+    for (int r = 0; r < rounds; ++r)
+      for (size_t j = 0; j < k; ++j) {
+        double& slot = per[(j + static_cast<size_t>(r)) % k][static_cast<size_t>(r)];
+        slot = std::max(slot, rd.get<double>());
+      }
+  }
+  std::vector<double> out;
+  for (auto& v : per) {
+    std::sort(v.begin(), v.end());
+    out.push_back(v[v.size() / 2]);
+  }
+  return out;
+}
+
 std::vector<Ranked> measure(Communicator& comm, Collective c, uint64_t bytes, const std::vector<Candidate>& cands, int iters,
-                            int warmup) {
+                            int warmup, int rounds) {
   const int n = comm.size();
   const int64_t count = static_cast<int64_t>(piece_of(c, bytes, n) / 4);
   const int64_t in_elems = c == Collective::kReduceScatter || c == Collective::kAllToAll ? count * n : count;
@@ -324,46 +390,37 @@ std::vector<Ranked> measure(Communicator& comm, Collective c, uint64_t bytes, co
   args.count = count;
   args.reduction.op = RedOp::kSum;
   args.reduction.type = DataType::kFloat32;
-  std::vector<double> mine;
-  // Warm-up, a barrier so every rank starts the timed calls together, then the mean per call.
-  auto time_of = [&](FunctionRef<void()> once) {
-    for (int i = 0; i < warmup; ++i) once();
-    comm.barrier();
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) once();
-    auto t1 = std::chrono::steady_clock::now();
-    return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(iters, 1);
-  };
-  constexpr double kUnusable = 1e300;  // never chosen, and the same on every rank
+  // What each candidate runs; one that cannot take this call is never chosen (the same on every
+  // rank, since the reasons depend only on the arguments).
+  std::vector<std::shared_ptr<const PreparedPlan>> plans;
+  std::vector<std::function<void()>> runs;
+  std::vector<bool> usable;
+  Mailbox* mb = comm.mailbox();
   for (const Candidate& cand : cands) {
     if (cand.algorithm == kOneShot) {
-      Mailbox* mb = comm.mailbox();
-      if (!mb || !oneshot_fits(*mb, c, count, 4)) {
-        mine.push_back(kUnusable);
-        continue;
-      }
-      mine.push_back(time_of([&] { run_oneshot(*mb, c, in.data(), out.data(), count, args.reduction, 0); }));
+      usable.push_back(mb && oneshot_fits(*mb, c, count, 4));
+      runs.push_back([&, mb] { run_oneshot(*mb, c, in.data(), out.data(), count, args.reduction, 0); });
       continue;
     }
     auto pp = PreparedPlan::make(plan_of(cand, c, n));
-    if (!pp->any_count && count % pp->plan.chunk_factor != 0) {
-      mine.push_back(kUnusable);  // cannot split this count
-      continue;
+    usable.push_back(pp->any_count || count % pp->plan.chunk_factor == 0);
+    plans.push_back(pp);
+    runs.push_back([&ex, &args, pp] { ex.run(*pp, args); });
+  }
+  std::vector<FunctionRef<void()>> ways;
+  std::vector<size_t> which;
+  for (size_t k = 0; k < cands.size(); ++k)
+    if (usable[k]) {
+      for (int i = 0; i < warmup; ++i) runs[k]();
+      ways.emplace_back(runs[k]);
+      which.push_back(k);
     }
-    mine.push_back(time_of([&] { ex.run(*pp, args); }));
-  }
-  // The slowest rank's time decides, identically on every rank.
-  wire::Writer w;
-  for (double t : mine) w.put<double>(t);
-  auto all = comm.bootstrap().allgather(w.bytes());
-  std::vector<Ranked> out_ranked;
-  for (size_t k = 0; k < cands.size(); ++k) out_ranked.push_back({cands[k], 0});
-  for (int r = 0; r < n; ++r) {
-    wire::Reader rd(all[r], "tuning times");
-    for (size_t k = 0; k < cands.size(); ++k) out_ranked[k].time_us = std::max(out_ranked[k].time_us, rd.get<double>());
-  }
-  std::stable_sort(out_ranked.begin(), out_ranked.end(), [](const Ranked& a, const Ranked& b) { return a.time_us < b.time_us; });
-  return out_ranked;
+  std::vector<double> times = ways.empty() ? std::vector<double>{} : interleaved_medians(comm, ways, rounds, iters);
+  std::vector<Ranked> ranked;
+  for (size_t k = 0; k < cands.size(); ++k) ranked.push_back({cands[k], 1e300});
+  for (size_t i = 0; i < which.size(); ++i) ranked[which[i]].time_us = times[i];
+  std::stable_sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) { return a.time_us < b.time_us; });
+  return ranked;
 }
 
 topo::Topology live_topology(const Communicator& comm) {

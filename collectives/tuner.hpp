@@ -16,6 +16,7 @@
 
 #include "collectives/algorithms/registry.hpp"
 #include "compiler/simulate.hpp"
+#include "core/function_ref.hpp"
 #include "runtime/communicator.hpp"
 #include "topologies/topology.hpp"
 
@@ -80,14 +81,28 @@ std::vector<uint64_t> sweep(uint64_t min_bytes, uint64_t max_bytes, double facto
 void add_windows(Table& table, dsl::Collective c, int nranks, const std::vector<uint64_t>& sizes,
                  const std::vector<Ranked>& best);
 
+// The choices of a measured sweep: rankings[i] is what was measured at the i-th size. Each size
+// takes the candidate with the lowest mean of time / fastest time over that size and its two
+// neighbours (where it was measured), so one noisy measurement cannot pick a plan that is not
+// really faster; with one size this is the fastest.
+std::vector<Ranked> choose_smoothed(const std::vector<std::vector<Ranked>>& rankings);
+
 // The model alone (presets, machines we do not have).
 Table tune_model(const topo::Topology& topology, dsl::Collective c, int nranks, const std::vector<uint64_t>& sizes,
                  const plan::CostModel& model = {});
 
+// Times several ways of running the same call on a live communicator (collective: every rank passes
+// the same list). For `rounds` rounds, each way in turn (a different one first each round) gets a
+// barrier and `iters` timed calls; a way's time is the median over rounds of the slowest rank's mean
+// per call, the same on every rank. Interleaving puts every way through the same moments of a noisy
+// machine; the median drops preempted rounds.
+std::vector<double> interleaved_medians(Communicator& comm, const std::vector<FunctionRef<void()>>& ways, int rounds,
+                                        int iters);
+
 // Measures candidates on a live communicator (collective call); returns them fastest first, with the
-// slowest rank's time per call.
+// slowest rank's time per call (interleaved_medians; warmup calls each first).
 std::vector<Ranked> measure(Communicator& comm, dsl::Collective c, uint64_t bytes, const std::vector<Candidate>& cands,
-                            int iters, int warmup);
+                            int iters, int warmup, int rounds = 5);
 // What to measure at one size: the model's top `top` candidates plus every fixed algorithm, so the
 // tuned choice is never worse than the best fixed one as far as measurement can tell.
 std::vector<Candidate> shortlist(dsl::Collective c, int nranks, uint64_t bytes, const topo::Topology& topology, int top);

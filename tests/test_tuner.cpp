@@ -1,4 +1,4 @@
-// The tuner (collectives/tuner.hpp): decision tables, their JSON, the checked-in tables of the
+// The tuner (collectives/tuner.hpp) and calibration (collectives/calibrate.hpp): decision tables, their JSON, the checked-in tables of the
 // presets (current and sane), and the dispatcher's use of a table (TUTTI_TUNING_FILE, TUTTI_TUNE).
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -8,7 +8,10 @@
 #include <fstream>
 #include <thread>
 
+#include "collectives/algorithms/registry.hpp"
+#include "collectives/calibrate.hpp"
 #include "collectives/dispatcher.hpp"
+#include "compiler/compile.hpp"
 #include "collectives/tuner.hpp"
 #include "core/error.hpp"
 
@@ -234,4 +237,103 @@ TEST(Tuner, TuneMeasuresOnFirstUseAgreesOnEveryRankAndSavesTheTable) {
     ASSERT_NE(e, nullptr) << bytes;
     EXPECT_GT(e->time_us, 0);
   }
+}
+
+TEST(Tuner, SmoothedChoiceIgnoresOneNoisyMeasurement) {
+  auto at = [](double ring, double rhd) {
+    return std::vector<tuning::Ranked>{{{"ring_allreduce", {}}, ring}, {{"rhd_allreduce", {}}, rhd}};
+  };
+  auto sorted = [](std::vector<tuning::Ranked> v) {
+    std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.time_us < b.time_us; });
+    return v;
+  };
+  // rhd looks 5 % faster at the middle size only; ring is 30 % faster on both sides.
+  std::vector<std::vector<tuning::Ranked>> m = {sorted(at(10, 13)), sorted(at(20, 19)), sorted(at(40, 52))};
+  auto best = tuning::choose_smoothed(m);
+  for (auto& b : best) EXPECT_EQ(b.candidate.algorithm, "ring_allreduce");
+  // A real change of regime (rhd faster on two sizes in a row) is kept.
+  m = {sorted(at(10, 16)), sorted(at(20, 15)), sorted(at(40, 30))};
+  best = tuning::choose_smoothed(m);
+  EXPECT_EQ(best[0].candidate.algorithm, "ring_allreduce");
+  EXPECT_EQ(best[2].candidate.algorithm, "rhd_allreduce");
+}
+
+TEST(Calibration, FitRecoversAlphaAndBetaAndNamesBadInput) {
+  std::vector<std::pair<uint64_t, double>> pts;
+  for (uint64_t s = 8; s <= (4u << 20); s *= 8) pts.emplace_back(s, 0.7 + static_cast<double>(s) / (12.5 * 1e3));
+  auto [alpha, beta] = tuning::fit_alpha_beta(pts);
+  EXPECT_NEAR(alpha, 0.7, 1e-9);
+  EXPECT_NEAR(beta, 12.5, 1e-9);
+  try {
+    tuning::fit_alpha_beta({{64, 1.0}, {64, 1.1}});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("1 distinct message sizes"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Calibration, IsStoredReusedAndAppliedToTheModel) {
+  const std::string path = testing::TempDir() + "tutti_cal_" + std::to_string(getpid()) + "/calibration.json";
+  tuning::Calibration a;
+  a.transport = "shm";
+  a.nranks = 2;
+  a.alpha_us = 1.0;
+  a.beta_gbps = 4.0;
+  a.memory_gbps = 8.0;
+  a.instruction_us = 0.5;
+  a.pingpong = {{8, 1.0}, {4096, 2.0}};
+  tuning::save_calibration(path, a);
+  tuning::Calibration b = a;
+  b.transport = "tcp";
+  b.alpha_us = 9;
+  tuning::save_calibration(path, b);
+  a.alpha_us = 2.0;  // replaces the shm entry
+  tuning::save_calibration(path, a);
+  auto all = tuning::load_calibrations(path);
+  ASSERT_EQ(all.size(), 2u);
+  auto shm = tuning::find_calibration(path, "shm", 2);
+  ASSERT_TRUE(shm.has_value());
+  EXPECT_EQ(shm->alpha_us, 2.0);
+  EXPECT_EQ(shm->pingpong.size(), 2u);
+  EXPECT_FALSE(tuning::find_calibration(path, "shm", 4).has_value());
+  // Applied: a 2-rank ring all-reduce costs 2 (alpha + S/2 / beta + instruction) plus the local
+  // reduction, and the calibrated numbers move it.
+  topo::Topology t = tuning::host_topology(2);
+  plan::CostModel m;
+  tuning::apply(*shm, t, m);
+  EXPECT_EQ(m.memory_gbps, 8.0);
+  EXPECT_EQ(t.path(0, 1).latency_us, 2.0);
+  plan::Plan ring = plan::compile(algorithms::build("ring_allreduce", 2, {{"inplace", 0}})).plan;
+  double slow = plan::simulate(ring, t, 1 << 20, m).time_us;
+  shm->beta_gbps *= 2;
+  tuning::apply(*shm, t, m);
+  EXPECT_LT(plan::simulate(ring, t, 1 << 20, m).time_us, slow);
+  // A damaged file is an error that names it and the entry.
+  {
+    std::ofstream(path) << R"({"version": 1, "entries": [{"transport": "shm", "nranks": 2, "alpha_us": 1, "beta_gbps": -3,
+                            "memory_gbps": 1, "instruction_us": 0}]})";
+  }
+  try {
+    tuning::load_calibrations(path);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("entry 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+}
+
+TEST(Calibration, MeasuresTheLiveCommunicator) {
+  auto comms = Communicator::create_local(2);
+  std::vector<tuning::Calibration> got(2);
+  on_ranks(comms, [&](int rank, Communicator& comm) { got[rank] = tuning::calibrate(comm); });
+  for (auto& c : got) {
+    EXPECT_EQ(c.transport, "shm");
+    EXPECT_EQ(c.nranks, 2);
+    EXPECT_GT(c.beta_gbps, 0);
+    EXPECT_GT(c.memory_gbps, 0);
+    EXPECT_GE(c.alpha_us, 0);
+    EXPECT_EQ(c.pingpong.size(), 8u);
+  }
+  EXPECT_EQ(got[0].alpha_us, got[1].alpha_us);  // every rank reaches the same model
+  EXPECT_EQ(got[0].beta_gbps, got[1].beta_gbps);
 }

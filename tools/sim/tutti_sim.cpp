@@ -3,12 +3,16 @@
 //   tutti-sim --builtin ring_allreduce [--ranks N] [-p k=v] --topo dgx-h100|FILE [--nodes N] [--sizes 1K:1G]
 //   tutti-sim --plan FILE.{json,xml} --topo ...
 //   tutti-sim --compare allreduce --topo ...      every built-in for the collective, fastest first per size
+//   tutti-sim --builtin ring_allreduce --ranks 4 --topo live [--transport shm|tcp] [--calibration FILE]
+//       this host, with the cost model calibrated by `tutti-tune --calibrate` (collectives/calibrate.hpp)
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 
 #include "collectives/algorithms/registry.hpp"
+#include "collectives/calibrate.hpp"
+#include "collectives/tuner.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/simulate.hpp"
 #include "core/env.hpp"
@@ -35,26 +39,44 @@ uint64_t total_bytes(dsl::Collective c, uint64_t piece, int n) {
 
 int main(int argc, char** argv) {
   CLI::App app{"tutti-sim: predicted time, algbw and busbw of a plan on a topology"};
-  std::string builtin, plan_file, topo_name, sizes = "1K:1G", compare;
+  std::string builtin, plan_file, topo_name, sizes = "1K:1G", compare, transport, calibration;
   int ranks = 0, nodes = 1;
+  double factor = 4;
   std::vector<std::string> params;
   app.add_option("--builtin", builtin, "built-in algorithm");
   app.add_option("--plan", plan_file, "plan file (.json or MSCCL .xml)");
   app.add_option("--compare", compare, "rank every built-in of this collective (allreduce, allgather, ...)");
   app.add_option("--ranks,-n", ranks, "ranks (default: all ranks of the topology)");
   app.add_option("--param,-p", params, "algorithm parameter k=v");
-  app.add_option("--topo", topo_name, "preset name or topology file")->required();
+  app.add_option("--topo", topo_name, "preset name, topology file, or live (this host, calibrated)")->required();
+  app.add_option("--transport", transport, "live: the calibration of shm or tcp (default: TUTTI_TRANSPORT, else shm)");
+  app.add_option("--calibration", calibration, "live: calibration file (default: TUTTI_CALIBRATION_FILE or the cache)");
+  app.add_option("-f,--factor", factor, "size step factor");
   app.add_option("--nodes", nodes, "nodes of a preset");
-  app.add_option("--sizes", sizes, "MIN:MAX sizes in bytes (nccl-tests' size), x4 steps");
+  app.add_option("--sizes", sizes, "MIN:MAX sizes in bytes (nccl-tests' size), steps of --factor");
   CLI11_PARSE(app, argc, argv);
   try {
-    topo::Topology t = topo_name.find('.') != std::string::npos ? topo::load_file(topo_name) : topo::preset(topo_name, nodes);
+    topo::Topology t;
+    plan::CostModel model;
+    if (topo_name == "live") {
+      if (ranks == 0) ranks = 2;
+      if (transport.empty()) transport = env::get_string("TUTTI_TRANSPORT") == "tcp" ? "tcp" : "shm";
+      if (calibration.empty()) calibration = tuning::calibration_path();
+      auto cal = tuning::find_calibration(calibration, transport, ranks);
+      TUTTI_CHECK(cal.has_value(), InvalidArgument,
+                  "no calibration for {} ranks over {} in {}: run tutti-run -n {} tutti-tune --calibrate{}", ranks, transport,
+                  calibration, ranks, transport == "tcp" ? " (with TUTTI_TRANSPORT=tcp)" : "");
+      t = tuning::host_topology(ranks);
+      tuning::apply(*cal, t, model);
+    } else {
+      t = topo_name.find('.') != std::string::npos ? topo::load_file(topo_name) : topo::preset(topo_name, nodes);
+    }
     if (ranks == 0) ranks = t.nranks();
     auto colon = sizes.find(':');
     TUTTI_CHECK(colon != std::string::npos, InvalidArgument, "--sizes '{}' is not MIN:MAX", sizes);
     uint64_t lo = env::parse_size(sizes.substr(0, colon)), hi = env::parse_size(sizes.substr(colon + 1));
     std::vector<uint64_t> list;
-    for (uint64_t s = std::max<uint64_t>(lo, 1); s <= hi; s *= 4) list.push_back(s);
+    list = tuning::sweep(lo, hi, factor);
     std::vector<std::pair<std::string, plan::Plan>> candidates;
     if (!compare.empty()) {
       auto c = dsl::parse_collective(compare);
@@ -80,7 +102,7 @@ int main(int argc, char** argv) {
       std::vector<std::pair<double, std::string>> rows;
       for (auto& [name, p] : candidates) {
         uint64_t piece = size / (total_bytes(p.collective, 1, p.nranks));
-        double us = plan::simulate(p, t, piece, {}).time_us;
+        double us = plan::simulate(p, t, piece, model).time_us;
         rows.push_back({us, name});
       }
       std::sort(rows.begin(), rows.end());

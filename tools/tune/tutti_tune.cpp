@@ -5,17 +5,34 @@
 // measures, at each size, the cost model's best candidates and every fixed algorithm, keeps the
 // fastest (slowest rank's time), and writes the table (default: TUTTI_TUNING_FILE).
 //
+// Calibration of the cost model (collectives/calibrate.hpp), stored for tutti-sim --topo live and
+// the tuner:
+//   tutti-run -n 2 tutti-tune --calibrate [--calibration FILE]
+//
+// The tuned dispatcher against the fixed windows and every fixed all-reduce algorithm, in one run:
+//   tutti-run -n 2 tutti-tune --compare table.json [-b 8] [-e 64M] [--rounds 7]
+// Every configuration is a dispatcher of its own on the same communicator; at each size they take
+// turns for `rounds` rounds (each round a barrier, then timed calls), and each one's time is the
+// median over rounds of the slowest rank's mean. Prints the ratio tuned / best fixed per size.
+//
 // From the model alone, for a machine we do not have:
 //   tutti-tune --topo dgx-h100 [--nodes N] [--ranks N] [-c all_reduce] [-b 8] [-e 1G] [-f 2] [-o table.json]
 
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <functional>
 #include <cstdio>
 #include <thread>
 
+#include "collectives/calibrate.hpp"
+#include "collectives/dispatcher.hpp"
+#include "collectives/oneshot.hpp"
 #include "collectives/tuner.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "runtime/wire.hpp"
 
 using namespace tutti;
 
@@ -43,6 +60,78 @@ void print(const tuning::Table& t) {
                 e.time_us);
 }
 
+// Timed calls per round: enough to rise above the clock at small sizes, few at large ones.
+int calls_per_round(uint64_t bytes) { return bytes <= (64u << 10) ? 100 : bytes <= (4u << 20) ? 10 : 4; }
+
+// See the header comment: --compare.
+void compare(Communicator& comm, const std::string& table, const std::vector<uint64_t>& sizes, int rounds, int iters) {
+  const int n = comm.size();
+  std::vector<std::pair<std::string, DispatcherOptions>> configs;
+  DispatcherOptions base = DispatcherOptions::from_env();
+  base.algo.reset();
+  base.tune = false;
+  base.tuning_file.reset();
+  DispatcherOptions tuned = base;
+  tuned.tuning_file = table;
+  configs.push_back({"tuned", tuned});
+  configs.push_back({"windows", base});
+  for (const char* a : {"ring", "rhd", "allpairs", "tree", "hier"}) {
+    try {
+      algorithms::resolve(algorithms::find_builtin(std::string(a) + "_allreduce"), n, {});
+    } catch (const InvalidArgument&) {
+      continue;  // not for this rank count
+    }
+    DispatcherOptions o = base;
+    o.algo = a;
+    configs.push_back({a, o});
+  }
+  std::vector<std::unique_ptr<Dispatcher>> ds;
+  for (auto& [name, o] : configs) ds.push_back(std::make_unique<Dispatcher>(comm, o));
+  const size_t k = configs.size();
+  std::vector<std::vector<double>> median(k);  // [config][size]
+  if (comm.rank() == 0)
+    std::printf("# all_reduce, %d ranks, float sum, out of place; median of %d interleaved rounds (us)\n%10s %10s %10s %10s %10s %10s\n",
+                n, rounds, "size", "tuned", "windows", "best_fixed", "fixed", "tuned/best");
+  double worst = 0;
+  for (uint64_t s : sizes) {
+    const int64_t count = static_cast<int64_t>(std::max<uint64_t>(s / 4, 1));
+    std::vector<float> in(static_cast<size_t>(count), 1.f), out(static_cast<size_t>(count));
+    CollectiveCall call;
+    call.input = in.data();
+    call.output = out.data();
+    call.count = count;
+    const int it = iters > 0 ? iters : calls_per_round(s);
+    for (auto& d : ds) d->run(call);  // warm-up: plans compiled, connections made
+    std::vector<std::function<void()>> runs;
+    for (auto& d : ds) runs.push_back([&call, dp = d.get()] { dp->run(call); });
+    std::vector<FunctionRef<void()>> ways(runs.begin(), runs.end());
+    auto t = tuning::interleaved_medians(comm, ways, rounds, it);
+    for (size_t j = 0; j < k; ++j) median[j].push_back(t[j]);
+    size_t best = 2;
+    for (size_t j = 2; j < k; ++j)
+      if (median[j].back() < median[best].back()) best = j;
+    double ratio = median[0].back() / median[best].back();
+    worst = std::max(worst, ratio);
+    if (comm.rank() == 0)
+      std::printf("%10llu %10.2f %10.2f %10s %10.2f %10.3f\n", static_cast<unsigned long long>(s), median[0].back(),
+                  median[1].back(), configs[best].first.c_str(), median[best].back(), ratio);
+  }
+  if (comm.rank() != 0) return;
+  std::printf("worst tuned / best fixed: %.3f\n%-10s %16s %14s %14s\n", worst, "against", "geomean tuned/x", "sum x (us)",
+              "sum tuned (us)");
+  double tuned_sum = 0;
+  for (double t : median[0]) tuned_sum += t;
+  for (size_t j = 1; j < k; ++j) {
+    double g = 0, sum = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      g += std::log(median[0][i] / median[j][i]);
+      sum += median[j][i];
+    }
+    std::printf("%-10s %16.3f %14.1f %14.1f\n", configs[j].first.c_str(), std::exp(g / static_cast<double>(sizes.size())), sum,
+                tuned_sum);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,6 +139,9 @@ int main(int argc, char** argv) {
   std::string coll = "all_reduce", topo_name, output, min_s = "8", max_s = "64M";
   double factor = 2;
   int top = 4, iters = 0, warmup = 2, ranks = 0, nodes = 1, threads = 0;
+  bool calibrate = false;
+  std::string calibration, compare_table;
+  int rounds = 7, tune_rounds = 9;
   app.add_option("-c,--collective", coll, "collective, or all");
   app.add_option("-b", min_s, "smallest size (nccl-tests' size)");
   app.add_option("-e", max_s, "largest size");
@@ -62,6 +154,11 @@ int main(int argc, char** argv) {
   app.add_option("--nodes", nodes, "nodes of a preset");
   app.add_option("--ranks", ranks, "ranks (model: default all of the topology)");
   app.add_option("-t,--threads", threads, "live: run this many ranks as threads of this process");
+  app.add_flag("--calibrate", calibrate, "live: measure alpha, beta, memory rate and instruction overhead, and store them");
+  app.add_option("--calibration", calibration, "calibration file (default: TUTTI_CALIBRATION_FILE or the cache)");
+  app.add_option("--compare", compare_table, "live: compare this decision table with every fixed all-reduce algorithm");
+  app.add_option("--rounds", rounds, "--compare: interleaved rounds per size");
+  app.add_option("--tune-rounds", tune_rounds, "live tuning: interleaved rounds per size");
   CLI11_PARSE(app, argc, argv);
   try {
     if (output.empty())
@@ -83,20 +180,46 @@ int main(int argc, char** argv) {
       return 0;
     }
     auto tune_rank = [&](Communicator& comm) {
+      if (!compare_table.empty()) {
+        compare(comm, compare_table, sizes, rounds, iters);
+        return;
+      }
+      if (calibrate) {
+        tuning::Calibration cal = tuning::calibrate(comm);
+        if (comm.rank() == 0) {
+          const std::string path = calibration.empty() ? tuning::calibration_path() : calibration;
+          tuning::save_calibration(path, cal);
+          std::printf("# calibration (%s, %d ranks, %d cores) -> %s\n", cal.transport.c_str(), cal.nranks, cal.cores,
+                      path.c_str());
+          std::printf("alpha %.3f us, beta %.3f GB/s, memory %.3f GB/s, instruction %.3f us\n", cal.alpha_us,
+                      cal.beta_gbps, cal.memory_gbps, cal.instruction_us);
+          for (auto& [s, t] : cal.pingpong)
+            std::printf("  %10llu B  %10.2f us  (fit %.2f us)\n", static_cast<unsigned long long>(s), t,
+                        cal.alpha_us + static_cast<double>(s) / (cal.beta_gbps * 1e3));
+        }
+        return;
+      }
       tuning::Table table;
       table.topology = "live";
       table.source = "measured";
       topo::Topology t = tuning::live_topology(comm);
       for (auto c : colls) {
-        std::vector<tuning::Ranked> best;
+        std::vector<std::vector<tuning::Ranked>> rankings;
         for (uint64_t s : sizes) {
-          int n = iters > 0 ? iters : s <= (64u << 10) ? 200 : s <= (4u << 20) ? 20 : 5;
-          auto ranked = tuning::measure(comm, c, s, tuning::shortlist(c, comm.size(), s, t, top), n, warmup);
-          if (comm.rank() == 0)
-            TUTTI_INFO(log::kTuning, "{} {} B: {} {:.2f} us", dsl::to_string(c), s, ranked.front().candidate.describe(),
-                       ranked.front().time_us);
-          best.push_back(ranked.front());
+          int n = iters > 0 ? iters : calls_per_round(s);
+          auto cands = tuning::shortlist(c, comm.size(), s, t, top);
+          // The one-shot path, where every rank shares memory and the call fits its mailbox.
+          const int64_t count = static_cast<int64_t>((c == dsl::Collective::kAllGather ? s / comm.size() : s) / 4);
+          if (comm.mailbox() && oneshot_fits(*comm.mailbox(), c, c == dsl::Collective::kReduceScatter || c == dsl::Collective::kAllToAll ? count / comm.size() : count, 4))
+            cands.push_back({tuning::kOneShot, {}});
+          rankings.push_back(tuning::measure(comm, c, s, cands, n, warmup, tune_rounds));
         }
+        auto best = tuning::choose_smoothed(rankings);
+        if (comm.rank() == 0)
+          for (size_t i = 0; i < sizes.size(); ++i)
+            TUTTI_INFO(log::kTuning, "{} {} B: {} {:.2f} us (fastest {} {:.2f} us)", dsl::to_string(c), sizes[i],
+                       best[i].candidate.describe(), best[i].time_us, rankings[i].front().candidate.describe(),
+                       rankings[i].front().time_us);
         tuning::add_windows(table, c, comm.size(), sizes, best);
       }
       if (comm.rank() == 0) {

@@ -1,0 +1,256 @@
+#include "collectives/calibrate.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "collectives/algorithms/registry.hpp"
+#include "compiler/compile.hpp"
+#include "core/error.hpp"
+#include "runtime/executor.hpp"
+#include "runtime/wire.hpp"
+
+namespace tutti::tuning {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
+
+// One-way time of `bytes` between this rank and its partner (rank ^ 1), best of a few rounds of
+// `iters` round trips; ranks without a partner return 0.
+double pingpong(Communicator& comm, uint64_t bytes, int iters) {
+  const int me = comm.rank(), peer = me ^ 1;
+  std::vector<unsigned char> buf(std::max<uint64_t>(bytes, 1));
+  double best = 1e300;
+  for (int round = 0; round < 3; ++round) {
+    comm.barrier();
+    if (peer >= comm.size()) continue;
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      if (me < peer) {
+        comm.send(peer, buf.data(), bytes);
+        comm.recv(peer, buf.data(), bytes);
+      } else {
+        comm.recv(peer, buf.data(), bytes);
+        comm.send(peer, buf.data(), bytes);
+      }
+    }
+    best = std::min(best, us_since(t0) / iters / 2);
+  }
+  return peer >= comm.size() ? 0 : best;
+}
+
+// This rank's copy rate (GB/s) while every rank copies 8 MiB at once.
+double copy_rate(Communicator& comm) {
+  const size_t bytes = 8u << 20;
+  std::vector<unsigned char> a(bytes, 1), b(bytes, 2);
+  double best = 1e300;
+  for (int i = 0; i < 8; ++i) {
+    comm.barrier();
+    auto t0 = Clock::now();
+    std::memcpy(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes);
+    best = std::min(best, us_since(t0));
+  }
+  return static_cast<double>(bytes) / best / 1e3;
+}
+
+json to_json(const Calibration& c) {
+  json x;
+  x["transport"] = c.transport;
+  x["nranks"] = c.nranks;
+  x["cores"] = c.cores;
+  x["alpha_us"] = c.alpha_us;
+  x["beta_gbps"] = c.beta_gbps;
+  x["memory_gbps"] = c.memory_gbps;
+  x["instruction_us"] = c.instruction_us;
+  x["pingpong"] = json::array();
+  for (auto& [s, t] : c.pingpong) x["pingpong"].push_back({s, t});
+  return x;
+}
+
+Calibration from_json(const json& x) {
+  Calibration c;
+  c.transport = x.at("transport").get<std::string>();
+  c.nranks = x.at("nranks").get<int>();
+  c.cores = x.value("cores", 0);
+  c.alpha_us = x.at("alpha_us").get<double>();
+  c.beta_gbps = x.at("beta_gbps").get<double>();
+  c.memory_gbps = x.at("memory_gbps").get<double>();
+  c.instruction_us = x.at("instruction_us").get<double>();
+  for (auto& p : x.value("pingpong", json::array())) c.pingpong.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
+  TUTTI_CHECK(c.alpha_us >= 0 && c.beta_gbps > 0 && c.memory_gbps > 0 && c.instruction_us >= 0, InvalidArgument,
+              "alpha_us and instruction_us must be >= 0, beta_gbps and memory_gbps > 0");
+  return c;
+}
+
+}  // namespace
+
+std::pair<double, double> fit_alpha_beta(const std::vector<std::pair<uint64_t, double>>& points) {
+  // Minimise sum(((alpha + S * g) - t) / t)^2 over alpha and g = 1 / beta: linear least squares in
+  // the rows (1/t, S/t) . (alpha, g) = 1.
+  double a11 = 0, a12 = 0, a22 = 0, b1 = 0, b2 = 0;
+  std::vector<uint64_t> sizes;
+  for (auto& [s, t] : points) {
+    if (t <= 0) continue;
+    const double x1 = 1 / t, x2 = static_cast<double>(s) / t;
+    a11 += x1 * x1, a12 += x1 * x2, a22 += x2 * x2, b1 += x1, b2 += x2;
+    sizes.push_back(s);
+  }
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  TUTTI_CHECK(sizes.size() >= 2, InvalidArgument, "calibration: {} distinct message sizes, at least 2 needed to fit alpha and beta",
+              sizes.size());
+  const double det = a11 * a22 - a12 * a12;
+  double alpha = (b1 * a22 - b2 * a12) / det, g = (a11 * b2 - a12 * b1) / det;
+  if (alpha < 0) {  // a negative latency fits noise: refit the bandwidth alone
+    alpha = 0;
+    g = b2 / a22;
+  }
+  TUTTI_CHECK(g > 0, InvalidArgument, "calibration: the times do not grow with the size (no bandwidth to fit)");
+  return {alpha, 1e-3 / g};  // bytes/us -> GB/s
+}
+
+Calibration calibrate(Communicator& comm) {
+  const int n = comm.size();
+  TUTTI_CHECK(n >= 2, InvalidArgument, "calibration needs at least 2 ranks, the communicator has {}", n);
+  Calibration c;
+  c.transport = comm.transport_to(comm.rank() == 0 ? 1 : 0);
+  c.nranks = n;
+  c.cores = static_cast<int>(std::thread::hardware_concurrency());
+  for (uint64_t s = 8; s <= (4u << 20); s *= 8) {
+    const int iters = s <= (32u << 10) ? 1000 : s <= (512u << 10) ? 50 : 10;
+    c.pingpong.emplace_back(s, pingpong(comm, s, iters));
+  }
+  c.pingpong.emplace_back(4u << 20, pingpong(comm, 4u << 20, 10));
+  double mem = copy_rate(comm);
+  // The executor: 2(n-1) dependent messages of a ring all-reduce of 8 bytes.
+  auto ring = PreparedPlan::make(plan::compile(algorithms::build("ring_allreduce", n, {{"inplace", 0}})).plan);
+  float in[64] = {}, out[64] = {};
+  Executor ex(comm);
+  ExecArgs args;
+  args.input = in;
+  args.output = out;
+  args.count = std::max<int64_t>(2, ring->plan.chunk_factor);
+  for (int i = 0; i < 50; ++i) ex.run(*ring, args);
+  std::vector<double> rounds;  // the median of several rounds: one preempted round does not count
+  for (int r = 0; r < 9; ++r) {
+    comm.barrier();
+    auto t0 = Clock::now();
+    for (int i = 0; i < 100; ++i) ex.run(*ring, args);
+    rounds.push_back(us_since(t0) / 100);
+  }
+  std::sort(rounds.begin(), rounds.end());
+  double ring_us = rounds[rounds.size() / 2];
+  // Every rank gets rank 0's transport fit and ring time, and the slowest memory rate.
+  wire::Writer w;
+  w.put<double>(mem).put<double>(ring_us);
+  for (auto& [s, t] : c.pingpong) w.put<double>(t);
+  auto all = comm.bootstrap().allgather(w.bytes());
+  double slowest_mem = 1e300;
+  for (int r = 0; r < n; ++r) {
+    wire::Reader rd(all[r], "calibration");
+    slowest_mem = std::min(slowest_mem, rd.get<double>());
+    double ring_r = rd.get<double>();
+    if (r == 0) {
+      ring_us = ring_r;
+      for (auto& p : c.pingpong) p.second = rd.get<double>();
+    }
+  }
+  auto [alpha, beta] = fit_alpha_beta(c.pingpong);
+  c.alpha_us = alpha;
+  c.beta_gbps = beta;
+  c.memory_gbps = slowest_mem;
+  c.instruction_us = std::max(0.0, ring_us / (2.0 * (n - 1)) - alpha);
+  return c;
+}
+
+std::string calibration_path() {
+  if (const char* p = std::getenv("TUTTI_CALIBRATION_FILE"); p && *p) return p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/tutti/calibration.json";
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/tmp") + "/.cache/tutti/calibration.json";
+}
+
+std::vector<Calibration> load_calibrations(const std::string& path) {
+  std::ifstream in(path);
+  if (!in.good()) return {};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    json j = json::parse(ss.str());
+    TUTTI_CHECK(j.value("version", 0) == 1, InvalidArgument, "version {} (this build reads 1)", j.value("version", 0));
+    std::vector<Calibration> out;
+    int index = 0;
+    for (auto& x : j.at("entries")) {
+      try {
+        out.push_back(from_json(x));
+      } catch (const std::exception& e) {
+        throw InvalidArgument(fmt::format("entry {}: {}", index, e.what()));
+      }
+      ++index;
+    }
+    return out;
+  } catch (const std::exception& e) {
+    throw InvalidArgument(fmt::format("calibration file {}: {}", path, e.what()));
+  }
+}
+
+void save_calibration(const std::string& path, const Calibration& c) {
+  auto all = load_calibrations(path);
+  std::erase_if(all, [&](const Calibration& o) { return o.transport == c.transport && o.nranks == c.nranks; });
+  all.push_back(c);
+  json j;
+  j["version"] = 1;
+  j["entries"] = json::array();
+  for (auto& x : all) j["entries"].push_back(to_json(x));
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = path + ".tmp" + std::to_string(getpid());
+  {
+    std::ofstream out(tmp);
+    TUTTI_CHECK(out.good(), InvalidArgument, "calibration file {} cannot be written", path);
+    out << j.dump(1) << "\n";
+  }
+  TUTTI_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, InvalidArgument, "calibration file {} cannot be written", path);
+}
+
+std::optional<Calibration> find_calibration(const std::string& path, const std::string& transport, int nranks) {
+  for (auto& c : load_calibrations(path))
+    if (c.transport == transport && c.nranks == nranks) return c;
+  return std::nullopt;
+}
+
+void apply(const Calibration& c, topo::Topology& t, plan::CostModel& m) {
+  // The ranks' shared path carries every concurrent flow; during the ping-pong floor(n/2) pairs
+  // moved at once, each at beta, so the path as a whole carries that many times beta.
+  const double concurrent = std::max(1, c.nranks / 2);
+  for (int d : t.rank_device) {
+    t.devices[d].attrs["shm_gbps"] = fmt::format("{:.6g}", c.beta_gbps * concurrent);
+    t.devices[d].attrs["shm_latency_us"] = fmt::format("{:.6g}", c.alpha_us);
+  }
+  m.memory_gbps = c.memory_gbps;
+  m.instruction_us = c.instruction_us;
+}
+
+topo::Topology host_topology(int nranks) {
+  topo::Topology t;
+  t.name = fmt::format("host x{} ranks", nranks);
+  int host = t.add_device(topo::DeviceType::kHost, "host0", -1, 0);
+  int numa = t.add_device(topo::DeviceType::kNuma, "numa0", host, host);
+  t.devices[numa].attrs["shm_gbps"] = "7";
+  t.rank_device.assign(static_cast<size_t>(nranks), numa);
+  return t;
+}
+
+}  // namespace tutti::tuning

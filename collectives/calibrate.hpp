@@ -1,0 +1,62 @@
+#pragma once
+// Calibration of the cost model on the live machine. A short collective microbenchmark measures,
+// with every rank of the communicator taking part at once (so oversubscription shows):
+// - the transport: ping-pong between rank pairs (0,1), (2,3), ... at 8 B .. 4 MiB; a least-squares
+//   fit of the one-way time t(S) = alpha + S / beta, relative error weighted so small and large
+//   sizes count alike;
+// - memory: every rank copying 8 MiB at once (the rate of the executor's local copies/reductions);
+// - the executor: a ring all-reduce of 8 bytes, whose 2(n-1) dependent steps cost alpha plus the
+//   per-instruction overhead each.
+// The result is stored per (transport, ranks) in a JSON file (TUTTI_CALIBRATION_FILE, default
+// ~/.cache/tutti/calibration.json), reused by the tuner and tutti-sim, and may be edited to
+// override any value.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compiler/simulate.hpp"
+#include "runtime/communicator.hpp"
+#include "topologies/topology.hpp"
+
+namespace tutti::tuning {
+
+struct Calibration {
+  std::string transport;  // "shm" or "tcp": what connects the ranks
+  int nranks = 0;         // ranks on the host when measured
+  int cores = 0;
+  double alpha_us = 0;    // one-way latency of a message
+  double beta_gbps = 0;   // transport bandwidth per direction, GB/s
+  double memory_gbps = 0;     // a rank's local copy rate while every rank copies
+  double instruction_us = 0;  // executor overhead per plan instruction
+  // The measurements behind the fit: size -> one-way time (us).
+  std::vector<std::pair<uint64_t, double>> pingpong;
+};
+
+// Collective: every rank measures; every rank returns the same calibration (rank 0's view of the
+// transport fit, the slowest rank's memory rate).
+Calibration calibrate(Communicator& comm);
+
+// Fits alpha and beta to (size, time) points by relative least squares. InvalidArgument for fewer
+// than two distinct sizes.
+std::pair<double, double> fit_alpha_beta(const std::vector<std::pair<uint64_t, double>>& points);
+
+// The calibration file: TUTTI_CALIBRATION_FILE, else $XDG_CACHE_HOME/tutti/calibration.json, else
+// ~/.cache/tutti/calibration.json.
+std::string calibration_path();
+// Entries of the file (none if it does not exist); InvalidArgument naming the file and field if
+// it is malformed.
+std::vector<Calibration> load_calibrations(const std::string& path);
+// Adds or replaces the entry for (transport, nranks).
+void save_calibration(const std::string& path, const Calibration& c);
+// The stored entry for (transport, nranks), if any.
+std::optional<Calibration> find_calibration(const std::string& path, const std::string& transport, int nranks);
+
+// Puts a calibration into a topology (the ranks' shared-memory path: latency and bandwidth) and a
+// cost model (memory rate, instruction overhead).
+void apply(const Calibration& c, topo::Topology& t, plan::CostModel& m);
+
+// A topology of `nranks` CPU ranks on one host, as the live machine runs them.
+topo::Topology host_topology(int nranks);
+
+}  // namespace tutti::tuning
