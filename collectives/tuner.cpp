@@ -423,13 +423,27 @@ std::vector<Ranked> measure(Communicator& comm, Collective c, uint64_t bytes, co
   return ranked;
 }
 
-topo::Topology live_topology(const Communicator& comm) {
-  topo::Topology t = topo::detect();
-  if (t.rank_device.empty()) t = topo::preset("cpu-tcp", 1);
-  std::vector<int> devices = t.rank_device;
-  t.rank_device.clear();
-  for (int r = 0; r < comm.size(); ++r) t.rank_device.push_back(devices[static_cast<size_t>(r) % devices.size()]);
-  return t;
+topo::Topology live_topology(Communicator& comm) {
+  // Each rank's view of its own host, with the host's identity; one view per host is kept.
+  wire::Writer w;
+  w.put<uint64_t>(comm.peer_info(comm.rank()).host_hash).put_string(topo::to_json(topo::detect()));
+  auto all = comm.bootstrap().allgather(w.bytes());
+  std::vector<uint64_t> host_ids;
+  std::vector<topo::Topology> hosts;
+  std::vector<int> host_of_rank;
+  for (int r = 0; r < comm.size(); ++r) {
+    wire::Reader rd(all[r], "topology exchange");
+    const uint64_t id = rd.get<uint64_t>();
+    std::string text = rd.get_string();
+    auto it = std::find(host_ids.begin(), host_ids.end(), id);
+    if (it == host_ids.end()) {
+      host_ids.push_back(id);
+      hosts.push_back(topo::parse_json(text));
+      it = host_ids.end() - 1;
+    }
+    host_of_rank.push_back(static_cast<int>(it - host_ids.begin()));
+  }
+  return topo::merge(hosts, host_of_rank);
 }
 
 }  // namespace tutti::tuning

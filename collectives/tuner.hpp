@@ -107,8 +107,9 @@ std::vector<Ranked> measure(Communicator& comm, dsl::Collective c, uint64_t byte
 // tuned choice is never worse than the best fixed one as far as measurement can tell.
 std::vector<Candidate> shortlist(dsl::Collective c, int nranks, uint64_t bytes, const topo::Topology& topology, int top);
 
-// A topology for the live communicator: its ranks on this host's shared memory (or TCP between
-// hosts), for the model's first ranking.
-topo::Topology live_topology(const Communicator& comm);
+// The world topology of a live communicator (collective): every rank's detected view of its host
+// goes through the bootstrap, and one view per host is merged (topo::merge) with the ranks placed
+// on their hosts. Ranks on one host share its devices; hosts are joined through their NICs.
+topo::Topology live_topology(Communicator& comm);
 
 }  // namespace tutti::tuning

@@ -4,6 +4,8 @@
 //   tutti-test-rank kill VICTIM           VICTIM kills itself after setup; survivors must get a
 //                                         RemoteError naming it (exit 3), not hang
 //   tutti-test-rank split                 split into even/odd ranks and exchange in each half
+//   tutti-test-rank world HOSTS           merges the ranks' topologies through the bootstrap and
+//                                         checks HOSTS hosts, every rank placed on its own host's device
 //
 // Exit status: 0 success, 1 failure, 3 "expected remote error seen".
 #include <signal.h>
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "collectives/tuner.hpp"
 #include "core/error.hpp"
 #include "tests/support/exchange.hpp"
 
@@ -55,6 +58,21 @@ int main(int argc, char** argv) {
       test_support::random_exchange(*half, spec);
       std::printf("rank %d: split rank %d of %d ok\n", comm->rank(), half->rank(), half->size());
       return 0;
+    }
+    if (scenario == "world") {
+      const int want = argc > 2 ? std::atoi(argv[2]) : 1;
+      topo::Topology w = tuning::live_topology(*comm);
+      int bad = 0;
+      for (int r = 0; r < comm->size(); ++r) {
+        // Ranks of one host (same host hash) share a host device; ranks of different hosts do not.
+        const bool same = comm->peer_info(r).host_hash == comm->peer_info(comm->rank()).host_hash;
+        const int mine = w.devices[w.rank_device[comm->rank()]].host, theirs = w.devices[w.rank_device[r]].host;
+        if (same != (mine == theirs)) ++bad;
+      }
+      std::printf("rank %d: world topology of %d hosts (want %d), %d ranks, %d misplaced; path to rank 0: %.2f GB/s\n",
+                  comm->rank(), w.count(topo::DeviceType::kHost), want, w.nranks(), bad,
+                  comm->rank() == 0 ? 0.0 : w.path(comm->rank(), 0).gbps);
+      return w.count(topo::DeviceType::kHost) == want && w.nranks() == comm->size() && bad == 0 ? 0 : 1;
     }
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     return 1;

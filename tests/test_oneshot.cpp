@@ -13,29 +13,15 @@
 #include "collectives/oneshot.hpp"
 #include "core/element.hpp"
 #include "runtime/communicator.hpp"
+#include "tests/support/ranks.hpp"
 
 using namespace tutti;
+using test_support::on_ranks;
 using dsl::Collective;
 
 namespace {
 
 // Runs fn(rank, comm) on a thread per rank; rethrows the first failure.
-template <class F>
-void on_ranks(std::vector<std::unique_ptr<Communicator>>& comms, F fn) {
-  std::vector<std::thread> ts;
-  std::vector<std::exception_ptr> errors(comms.size());
-  for (size_t r = 0; r < comms.size(); ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(static_cast<int>(r), *comms[r]);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
 
 // Input element i of rank r: small integers, so any summation order is exact in float.
 float value(int r, int64_t i, int seed) { return static_cast<float>((r * 7 + i * 3 + seed) % 13 - 6); }

@@ -136,3 +136,42 @@ TEST(Topology, DetectionDescribesThisMachine) {
 }
 
 }  // namespace
+
+TEST(Topology, MergeJoinsHostViewsIntoOneWorld) {
+  // Two hosts as their own detection would see them: a two-socket CPU box and an 8-GPU node.
+  Topology cpu = preset("cpu-tcp"), gpu = preset("dgx-a100");
+  Topology w = merge({cpu, gpu}, {0, 1, 1, 0, 1});
+  EXPECT_EQ(w.count(DeviceType::kHost), 2);
+  EXPECT_EQ(w.count(DeviceType::kGpu), 8);
+  EXPECT_EQ(w.nranks(), 5);
+  // Ranks of one host take that host's rank devices in order.
+  EXPECT_EQ(w.devices[w.rank_device[0]].host, w.devices[w.rank_device[3]].host);
+  EXPECT_NE(w.devices[w.rank_device[0]].host, w.devices[w.rank_device[1]].host);
+  EXPECT_EQ(w.devices[w.rank_device[1]].type, DeviceType::kGpu);
+  EXPECT_NE(w.rank_device[1], w.rank_device[2]);
+  // Inside the GPU host NVLink, between hosts the slower NIC (25 GbE of the CPU box).
+  EXPECT_GT(w.path(1, 2).gbps, 100);
+  Path across = w.path(0, 1);
+  EXPECT_NEAR(across.gbps, 25.0 / 8, 1e-9);
+  EXPECT_NE(std::find(across.hops.begin(), across.hops.end(), LinkType::kEthernet), across.hops.end());
+  // The merged world round-trips like any topology, and bad input is named.
+  EXPECT_EQ(parse_json(to_json(w)), w);
+  try {
+    merge({cpu}, {0, 1});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 is on host 1, but 1 hosts were given"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Topology, MergeGivesAHostWithoutANicANetworkLink) {
+  Topology bare;
+  bare.name = "bare";
+  int host = bare.add_device(DeviceType::kHost, "bare", -1, 0);
+  int numa = bare.add_device(DeviceType::kNuma, "numa0", host, host);
+  bare.rank_device = {numa, numa};
+  Topology w = merge({bare, bare}, {0, 0, 1, 1});
+  EXPECT_EQ(w.count(DeviceType::kNic), 2);
+  EXPECT_NEAR(w.path(0, 2).gbps, 10.0 / 8, 1e-9);
+  EXPECT_EQ(w.path(0, 1).hops, std::vector<LinkType>{LinkType::kShm});
+}

@@ -14,8 +14,10 @@
 #include "compiler/compile.hpp"
 #include "collectives/tuner.hpp"
 #include "core/error.hpp"
+#include "tests/support/ranks.hpp"
 
 using namespace tutti;
+using test_support::on_ranks;
 using dsl::Collective;
 using tuning::Candidate;
 using tuning::Entry;
@@ -43,22 +45,6 @@ std::vector<Entry> of(const Table& t, Collective c) {
   return v;
 }
 
-template <class F>
-void on_ranks(std::vector<std::unique_ptr<Communicator>>& comms, F fn) {
-  std::vector<std::thread> ts;
-  std::vector<std::exception_ptr> errors(comms.size());
-  for (size_t r = 0; r < comms.size(); ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(static_cast<int>(r), *comms[r]);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
 
 // One float all-reduce of `count` on a dispatcher; returns the plan it ran.
 std::string allreduce(Dispatcher& d, int64_t count) {
@@ -336,4 +322,15 @@ TEST(Calibration, MeasuresTheLiveCommunicator) {
   }
   EXPECT_EQ(got[0].alpha_us, got[1].alpha_us);  // every rank reaches the same model
   EXPECT_EQ(got[0].beta_gbps, got[1].beta_gbps);
+}
+
+TEST(Tuner, LiveTopologyPutsRanksOfOneHostOnIt) {
+  auto comms = Communicator::create_local(3);
+  std::vector<topo::Topology> views(3);
+  on_ranks(comms, [&](int rank, Communicator& comm) { views[rank] = tuning::live_topology(comm); });
+  for (auto& v : views) {
+    EXPECT_EQ(v, views[0]);  // every rank builds the same world
+    EXPECT_EQ(v.count(topo::DeviceType::kHost), 1);
+    EXPECT_EQ(v.nranks(), 3);
+  }
 }

@@ -134,14 +134,10 @@ Topology preset(const std::string& name, int nodes) {
   // Fat tree between nodes with full bisection: every NIC reaches every NIC of the other nodes at
   // its own speed.
   const bool ethernet = name == "cpu-tcp" || name == "pcie8";
-  LinkType net = ethernet ? LinkType::kEthernet : LinkType::kIb;
-  for (int a = 0; a < nodes; ++a)
-    for (int b = a + 1; b < nodes; ++b)
-      for (int na : parts[a].nics)
-        for (int nb : parts[b].nics) {
-          double gbps = std::atof(t.devices[na].attrs["speed"].c_str()) / 8000;
-          t.add_link(na, nb, net, gbps, net == LinkType::kIb ? 2.0 : 10.0);
-        }
+  std::vector<std::vector<int>> nics;
+  for (auto& p : parts) nics.push_back(p.nics);
+  const LinkType net = ethernet ? LinkType::kEthernet : LinkType::kIb;
+  join_hosts(t, nics, [net](int, int) { return net; });
   for (auto& p : parts)
     for (int g : p.gpus) t.rank_device.push_back(g);
   return t;

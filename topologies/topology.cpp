@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace tutti::topo {
 namespace {
@@ -64,7 +65,8 @@ Path Topology::path(int ra, int rb) const {
     // Two ranks on one device (CPU ranks on a NUMA node): shared memory at its copy bandwidth.
     auto it = devices[src].attrs.find("shm_gbps");
     p.gbps = it != devices[src].attrs.end() ? std::atof(it->second.c_str()) : std::numeric_limits<double>::infinity();
-    p.latency_us = 0.3;
+    auto lat = devices[src].attrs.find("shm_latency_us");  // calibrated (collectives/calibrate.hpp)
+    p.latency_us = lat != devices[src].attrs.end() ? std::atof(lat->second.c_str()) : 0.3;
     p.devices = {src};
     p.hops = {LinkType::kShm};
     return p;
@@ -153,6 +155,70 @@ double pcie_gbps(const std::string& link_speed, int width) {
   if (width <= 0) width = 16;
   double encoding = gts >= 8 ? 128.0 / 130.0 : 0.8;  // 128b/130b from gen3, 8b/10b before
   return gts * encoding / 8.0 * width;
+}
+
+}  // namespace tutti::topo
+
+namespace tutti::topo {
+
+void join_hosts(Topology& t, const std::vector<std::vector<int>>& nics_per_host,
+                const std::function<LinkType(int, int)>& net) {
+  auto speed = [&](int nic) { return std::atof(t.devices[nic].attrs["speed"].c_str()) / 8000; };  // Mb/s -> GB/s
+  for (size_t a = 0; a < nics_per_host.size(); ++a)
+    for (size_t b = a + 1; b < nics_per_host.size(); ++b)
+      for (int na : nics_per_host[a])
+        for (int nb : nics_per_host[b]) {
+          const LinkType type = net(na, nb);
+          t.add_link(na, nb, type, std::min(speed(na), speed(nb)), type == LinkType::kIb ? 2.0 : 10.0);
+        }
+}
+
+Topology merge(const std::vector<Topology>& hosts, const std::vector<int>& host_of_rank) {
+  Topology w;
+  w.name = hosts.size() == 1 ? hosts[0].name : fmt::format("{} hosts", hosts.size());
+  std::vector<size_t> offset;
+  std::vector<std::vector<int>> nics(hosts.size());
+  std::set<int> ib;  // NICs that are InfiniBand HCAs (ibverbs names, or a GUID)
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    const Topology& v = hosts[h];
+    TUTTI_CHECK(!v.rank_device.empty(), InvalidArgument, "topology merge: host {} ({}) maps no rank devices", h, v.name);
+    const int base = static_cast<int>(w.devices.size());
+    offset.push_back(static_cast<size_t>(base));
+    for (const Device& d : v.devices) {
+      Device c = d;
+      c.id += base;
+      if (c.parent >= 0) c.parent += base;
+      c.host += base;
+      w.devices.push_back(c);
+      if (d.type == DeviceType::kNic) {
+        nics[h].push_back(c.id);
+        if (d.name.rfind("mlx", 0) == 0 || d.attrs.count("guid")) ib.insert(c.id);
+      }
+    }
+    for (Link l : v.links) {
+      l.a += base;
+      l.b += base;
+      w.links.push_back(l);
+    }
+    if (nics[h].empty() && hosts.size() > 1) {
+      int parent = v.rank_device.front() + base;
+      int nic = w.add_device(DeviceType::kNic, "net0", parent, w.devices[static_cast<size_t>(parent)].host);
+      w.devices[static_cast<size_t>(nic)].attrs["speed"] = "10000";
+      w.add_link(parent, nic, LinkType::kPcie, pcie_gbps("8", 8), 0.5);
+      nics[h].push_back(nic);
+      TUTTI_INFO(log::kGraph, "topology: host {} ({}) shows no network interface; assuming one of 10 Gb/s", h, v.name);
+    }
+  }
+  join_hosts(w, nics, [&](int a, int b) { return ib.count(a) && ib.count(b) ? LinkType::kIb : LinkType::kEthernet; });
+  std::vector<size_t> next(hosts.size(), 0);  // local rank index per host
+  for (size_t r = 0; r < host_of_rank.size(); ++r) {
+    const int h = host_of_rank[r];
+    TUTTI_CHECK(h >= 0 && static_cast<size_t>(h) < hosts.size(), InvalidArgument,
+                "topology merge: rank {} is on host {}, but {} hosts were given", r, h, hosts.size());
+    const auto& devs = hosts[static_cast<size_t>(h)].rank_device;
+    w.rank_device.push_back(devs[next[static_cast<size_t>(h)]++ % devs.size()] + static_cast<int>(offset[static_cast<size_t>(h)]));
+  }
+  return w;
 }
 
 }  // namespace tutti::topo

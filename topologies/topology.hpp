@@ -5,6 +5,7 @@
 // Sources: NCCL's topology XML, our JSON, presets for machines we do not have, detection.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -80,6 +81,17 @@ Topology load_file(const std::string& path);  // .xml (NCCL) or .json
 // a fat tree (NICs of every node reach every other node's NICs at NIC speed).
 std::vector<std::string> preset_names();
 Topology preset(const std::string& name, int nodes = 1);
+
+// Joins hosts with a full-bisection fat tree: every NIC of a host reaches every NIC of the other
+// hosts at the slower one's speed (attr "speed", Mb/s), over the link type net(nic_a, nic_b).
+void join_hosts(Topology& t, const std::vector<std::vector<int>>& nics_per_host,
+                const std::function<LinkType(int, int)>& net);
+
+// One world topology from each host's own view (what detect() sees there): hosts[h] is one view per
+// distinct host, host_of_rank[r] the view of rank r's host. A host's ranks take its view's rank
+// devices in order; hosts are joined by join_hosts (Ethernet, or IB where a NIC says so). A host
+// without a NIC gets a 10 Gb/s one, with a logged note. InvalidArgument for an index out of range.
+Topology merge(const std::vector<Topology>& hosts, const std::vector<int>& host_of_rank);
 
 // The machine we run on: NUMA nodes and cores (hwloc), GPUs (sysfs), NICs (sysfs, ibverbs names),
 // network interfaces. Anything unreadable is logged and skipped, never an error.

@@ -3,13 +3,16 @@
 //   tutti-topo                                  the machine we run on, as a tree
 //   tutti-topo --preset dgx-h100 [--nodes 2]    a preset (dgx1, dgx-a100, ndv4, dgx-h100, ndv5, ncv4, pcie8, cpu-tcp)
 //   tutti-topo --load FILE.{xml,json}           an NCCL topology XML or a tutti topology JSON
+//   tutti-run -n N tutti-topo --world           every rank's host merged through the bootstrap (rank 0 prints)
 //   ... [--json | --export-nccl-xml | --dot]    output format (default: readable tree)
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <functional>
 
+#include "collectives/tuner.hpp"
 #include "core/error.hpp"
+#include "runtime/communicator.hpp"
 #include "topologies/topology.hpp"
 
 using namespace tutti;
@@ -70,16 +73,24 @@ int main(int argc, char** argv) {
   CLI::App app{"tutti-topo: show a topology (detected, preset or loaded)"};
   std::string preset_name, load;
   int nodes = 1;
-  bool json = false, xml = false, dot = false;
+  bool json = false, xml = false, dot = false, world = false;
   app.add_option("--preset", preset_name, "preset machine: dgx1, dgx-a100, ndv4, dgx-h100, ndv5, ncv4, pcie8, cpu-tcp");
   app.add_option("--nodes", nodes, "nodes of the preset, joined by a fat tree");
   app.add_option("--load", load, "NCCL topology XML or tutti topology JSON");
   app.add_flag("--json", json, "print tutti's JSON");
   app.add_flag("--export-nccl-xml", xml, "print NCCL's topology XML");
   app.add_flag("--dot", dot, "print a Graphviz graph");
+  app.add_flag("--world", world, "under a launcher: the world topology of all ranks' hosts, merged through the bootstrap");
   CLI11_PARSE(app, argc, argv);
   try {
-    Topology t = !load.empty() ? load_file(load) : !preset_name.empty() ? preset(preset_name, nodes) : detect();
+    Topology t;
+    if (world) {
+      auto comm = Communicator::create_from_env();
+      t = tuning::live_topology(*comm);
+      if (comm->rank() != 0) return 0;
+    } else {
+      t = !load.empty() ? load_file(load) : !preset_name.empty() ? preset(preset_name, nodes) : detect();
+    }
     if (json) std::printf("%s\n", to_json(t).c_str());
     else if (xml) std::printf("%s", export_nccl_xml(t).c_str());
     else if (dot) print_dot(t);
