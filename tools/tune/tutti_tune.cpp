@@ -75,6 +75,9 @@ void compare(Communicator& comm, const std::string& table, const std::vector<uin
   tuned.tuning_file = table;
   configs.push_back({"tuned", tuned});
   configs.push_back({"windows", base});
+  DispatcherOptions online = base;  // TUTTI_TUNE=1: measured in this process on first use
+  online.tune = true;
+  configs.push_back({"online", online});
   for (const char* a : {"ring", "rhd", "allpairs", "tree", "hier"}) {
     try {
       algorithms::resolve(algorithms::find_builtin(std::string(a) + "_allreduce"), n, {});
@@ -90,9 +93,10 @@ void compare(Communicator& comm, const std::string& table, const std::vector<uin
   const size_t k = configs.size();
   std::vector<std::vector<double>> median(k);  // [config][size]
   if (comm.rank() == 0)
-    std::printf("# all_reduce, %d ranks, float sum, out of place; median of %d interleaved rounds (us)\n%10s %10s %10s %10s %10s %10s\n",
-                n, rounds, "size", "tuned", "windows", "best_fixed", "fixed", "tuned/best");
-  double worst = 0;
+    std::printf("# all_reduce, %d ranks, float sum, out of place; median of %d interleaved rounds (us)\n%10s %10s %10s %10s %10s %10s %10s %11s\n",
+                n, rounds, "size", "tuned", "windows", "online", "best_fixed", "fixed", "tuned/best", "online/best");
+  double worst = 0, worst_online = 0;
+  constexpr size_t kFixed = 3;  // configs before this are tuned, windows, online
   for (uint64_t s : sizes) {
     const int64_t count = static_cast<int64_t>(std::max<uint64_t>(s / 4, 1));
     std::vector<float> in(static_cast<size_t>(count), 1.f), out(static_cast<size_t>(count));
@@ -107,29 +111,35 @@ void compare(Communicator& comm, const std::string& table, const std::vector<uin
     std::vector<FunctionRef<void()>> ways(runs.begin(), runs.end());
     auto t = tuning::interleaved_medians(comm, ways, rounds, it);
     for (size_t j = 0; j < k; ++j) median[j].push_back(t[j]);
-    size_t best = 2;
-    for (size_t j = 2; j < k; ++j)
+    size_t best = kFixed;
+    for (size_t j = kFixed; j < k; ++j)
       if (median[j].back() < median[best].back()) best = j;
-    double ratio = median[0].back() / median[best].back();
+    double ratio = median[0].back() / median[best].back(), online_ratio = median[2].back() / median[best].back();
     worst = std::max(worst, ratio);
+    worst_online = std::max(worst_online, online_ratio);
     if (comm.rank() == 0)
-      std::printf("%10llu %10.2f %10.2f %10s %10.2f %10.3f\n", static_cast<unsigned long long>(s), median[0].back(),
-                  median[1].back(), configs[best].first.c_str(), median[best].back(), ratio);
+      std::printf("%10llu %10.2f %10.2f %10.2f %10s %10.2f %10.3f %11.3f\n", static_cast<unsigned long long>(s),
+                  median[0].back(), median[1].back(), median[2].back(), configs[best].first.c_str(), median[best].back(),
+                  ratio, online_ratio);
   }
   if (comm.rank() != 0) return;
-  std::printf("worst tuned / best fixed: %.3f\n%-10s %16s %14s %14s\n", worst, "against", "geomean tuned/x", "sum x (us)",
-              "sum tuned (us)");
-  double tuned_sum = 0;
-  for (double t : median[0]) tuned_sum += t;
-  for (size_t j = 1; j < k; ++j) {
-    double g = 0, sum = 0;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      g += std::log(median[0][i] / median[j][i]);
-      sum += median[j][i];
-    }
-    std::printf("%-10s %16.3f %14.1f %14.1f\n", configs[j].first.c_str(), std::exp(g / static_cast<double>(sizes.size())), sum,
-                tuned_sum);
-  }
+  std::printf("worst tuned / best fixed: %.3f, online / best fixed: %.3f\n%-10s %16s %17s %14s %14s %15s\n", worst,
+              worst_online, "against", "geomean tuned/x", "geomean online/x", "sum x (us)", "sum tuned (us)",
+              "sum online (us)");
+  auto total = [&](size_t j) {
+    double sum = 0;
+    for (double t : median[j]) sum += t;
+    return sum;
+  };
+  auto geomean = [&](size_t a, size_t b) {
+    double g = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) g += std::log(median[a][i] / median[b][i]);
+    return std::exp(g / static_cast<double>(sizes.size()));
+  };
+  for (size_t j = 1; j < k; ++j)
+    if (j != 2)
+      std::printf("%-10s %16.3f %17.3f %14.1f %14.1f %15.1f\n", configs[j].first.c_str(), geomean(0, j), geomean(2, j),
+                  total(j), total(0), total(2));
 }
 
 }  // namespace
