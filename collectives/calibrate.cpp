@@ -15,6 +15,7 @@
 
 #include "collectives/algorithms/registry.hpp"
 #include "compiler/compile.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/wire.hpp"
@@ -176,7 +177,7 @@ Calibration calibrate(Communicator& comm) {
 }
 
 std::string calibration_path() {
-  if (const char* p = std::getenv("TUTTI_CALIBRATION_FILE"); p && *p) return p;
+  if (auto p = env::raw("TUTTI_CALIBRATION_FILE"); p && !p->empty()) return *p;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/tutti/calibration.json";
   const char* home = std::getenv("HOME");
   return std::string(home && *home ? home : "/tmp") + "/.cache/tutti/calibration.json";

@@ -65,6 +65,9 @@ constexpr Variable kVariables[] = {
     {"TUTTI_TUNING_FILE", "", "",
      "Decision table (JSON, from tutti-tune or TUTTI_TUNE=1) the dispatcher consults before its fixed size windows; "
      "TUTTI_TUNE=1 also saves what it measures there (rank 0 writes)."},
+    {"TUTTI_CALIBRATION_FILE", "", "",
+     "Cost-model calibration (tutti-tune --calibrate) per transport and rank count, read by tutti-sim --topo live; "
+     "default $XDG_CACHE_HOME/tutti/calibration.json or ~/.cache/tutti/calibration.json."},
     {"TUTTI_TUNE", "", "0",
      "1: the first call of a collective at a size the table does not cover measures the model's best candidates and "
      "every fixed algorithm on the live communicator (a few milliseconds), and uses the fastest from then on."},
