@@ -52,6 +52,27 @@ double pingpong(Communicator& comm, uint64_t bytes, int iters) {
   return peer >= comm.size() ? 0 : best;
 }
 
+// Per-direction bandwidth (GB/s) while every rank sends `bytes` to its partner (rank ^ 1) and
+// receives as much from it at the same time, as the steps of a collective do; 0 without a partner.
+double exchange_rate(Communicator& comm, uint64_t bytes, int iters) {
+  const int me = comm.rank(), peer = me ^ 1;
+  std::vector<unsigned char> out(bytes, 1), in(bytes);
+  double best = 1e300;
+  for (int round = 0; round < 3; ++round) {
+    comm.barrier();
+    if (peer >= comm.size()) continue;
+    Connection& c = comm.connection(peer, 0);
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      Ticket s = c.send(out.data(), bytes), r = c.recv(in.data(), bytes);
+      comm.wait_send(peer, s);
+      comm.wait_recv(peer, r);
+    }
+    best = std::min(best, us_since(t0) / iters);
+  }
+  return peer >= comm.size() ? 0 : static_cast<double>(bytes) / best / 1e3;
+}
+
 // This rank's copy rate (GB/s) while every rank copies 8 MiB at once.
 double copy_rate(Communicator& comm) {
   const size_t bytes = 8u << 20;
@@ -75,6 +96,9 @@ json to_json(const Calibration& c) {
   x["beta_gbps"] = c.beta_gbps;
   x["memory_gbps"] = c.memory_gbps;
   x["instruction_us"] = c.instruction_us;
+  x["exchange_gbps"] = c.exchange_gbps;
+  x["curve"] = json::array();
+  for (auto& [s, t] : c.curve) x["curve"].push_back({s, t});
   x["pingpong"] = json::array();
   for (auto& [s, t] : c.pingpong) x["pingpong"].push_back({s, t});
   return x;
@@ -89,6 +113,8 @@ Calibration from_json(const json& x) {
   c.beta_gbps = x.at("beta_gbps").get<double>();
   c.memory_gbps = x.at("memory_gbps").get<double>();
   c.instruction_us = x.at("instruction_us").get<double>();
+  c.exchange_gbps = x.value("exchange_gbps", 0.0);
+  for (auto& p : x.value("curve", json::array())) c.curve.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
   for (auto& p : x.value("pingpong", json::array())) c.pingpong.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
   TUTTI_CHECK(c.alpha_us >= 0 && c.beta_gbps > 0 && c.memory_gbps > 0 && c.instruction_us >= 0, InvalidArgument,
               "alpha_us and instruction_us must be >= 0, beta_gbps and memory_gbps > 0");
@@ -135,6 +161,14 @@ Calibration calibrate(Communicator& comm) {
   }
   c.pingpong.emplace_back(4u << 20, pingpong(comm, 4u << 20, 10));
   double mem = copy_rate(comm);
+  const double both_ways = exchange_rate(comm, 4u << 20, 10);
+  // The curve under a collective's load: ping-pong times up to 512 B (latency-bound, one message
+  // each way looks the same), exchange times from 4 KiB.
+  std::vector<std::pair<uint64_t, double>> load;
+  for (uint64_t s = 4096; s <= (4u << 20); s *= 4) {
+    const double gbps = exchange_rate(comm, s, s <= (64u << 10) ? 200 : 20);
+    load.emplace_back(s, gbps > 0 ? static_cast<double>(s) / (gbps * 1e3) : 0.0);
+  }
   // The executor: 2(n-1) dependent messages of a ring all-reduce of 8 bytes.
   auto ring = PreparedPlan::make(plan::compile(algorithms::build("ring_allreduce", n, {{"inplace", 0}})).plan);
   float in[64] = {}, out[64] = {};
@@ -155,19 +189,27 @@ Calibration calibrate(Communicator& comm) {
   double ring_us = rounds[rounds.size() / 2];
   // Every rank gets rank 0's transport fit and ring time, and the slowest memory rate.
   wire::Writer w;
-  w.put<double>(mem).put<double>(ring_us);
+  w.put<double>(mem).put<double>(ring_us).put<double>(both_ways);
+  for (auto& [sz, t] : load) w.put<double>(t);
   for (auto& [s, t] : c.pingpong) w.put<double>(t);
   auto all = comm.bootstrap().allgather(w.bytes());
   double slowest_mem = 1e300;
   for (int r = 0; r < n; ++r) {
     wire::Reader rd(all[r], "calibration");
     slowest_mem = std::min(slowest_mem, rd.get<double>());
-    double ring_r = rd.get<double>();
+    double ring_r = rd.get<double>(), both_r = rd.get<double>();
     if (r == 0) {
       ring_us = ring_r;
+      c.exchange_gbps = both_r;
+      for (auto& p : load) p.second = rd.get<double>();
       for (auto& p : c.pingpong) p.second = rd.get<double>();
+    } else {
+      for (size_t k = 0; k < load.size() + c.pingpong.size(); ++k) rd.get<double>();
     }
   }
+  for (auto& p : c.pingpong)
+    if (p.first <= 512) c.curve.push_back(p);
+  for (auto& p : load) c.curve.push_back(p);
   auto [alpha, beta] = fit_alpha_beta(c.pingpong);
   c.alpha_us = alpha;
   c.beta_gbps = beta;
@@ -233,12 +275,20 @@ std::optional<Calibration> find_calibration(const std::string& path, const std::
 }
 
 void apply(const Calibration& c, topo::Topology& t, plan::CostModel& m) {
-  // The ranks' shared path carries every concurrent flow; during the ping-pong floor(n/2) pairs
-  // moved at once, each at beta, so the path as a whole carries that many times beta.
-  const double concurrent = std::max(1, c.nranks / 2);
+  // The ranks' shared path carries every concurrent flow. In the exchange every rank sent one flow
+  // (n flows at once, each at exchange_gbps), which is how collectives load it; without that
+  // measurement, the ping-pong's floor(n/2) flows at beta.
+  const double capacity = c.exchange_gbps > 0 ? c.exchange_gbps * (c.nranks / 2 * 2)
+                                              : c.beta_gbps * std::max(1, c.nranks / 2);
   for (int d : t.rank_device) {
-    t.devices[d].attrs["shm_gbps"] = fmt::format("{:.6g}", c.beta_gbps * concurrent);
+    t.devices[d].attrs["shm_gbps"] = fmt::format("{:.6g}", capacity);
     t.devices[d].attrs["shm_latency_us"] = fmt::format("{:.6g}", c.alpha_us);
+    if (!c.curve.empty()) {
+      std::string curve;
+      for (auto& [s, us] : c.curve) curve += fmt::format("{}{}:{:.6g}", curve.empty() ? "" : ",", s, us);
+      t.devices[d].attrs["shm_curve"] = curve;
+      t.devices[d].attrs["shm_curve_flows"] = std::to_string(c.nranks / 2 * 2);
+    }
   }
   m.memory_gbps = c.memory_gbps;
   m.instruction_us = c.instruction_us;

@@ -4,6 +4,7 @@
 // - the transport: ping-pong between rank pairs (0,1), (2,3), ... at 8 B .. 4 MiB; a least-squares
 //   fit of the one-way time t(S) = alpha + S / beta, relative error weighted so small and large
 //   sizes count alike;
+// - both ways: every rank exchanging 4 MiB with its partner at once, the load of a collective step;
 // - memory: every rank copying 8 MiB at once (the rate of the executor's local copies/reductions);
 // - the executor: a ring all-reduce of 8 bytes, whose 2(n-1) dependent steps cost alpha plus the
 //   per-instruction overhead each.
@@ -26,11 +27,15 @@ struct Calibration {
   int nranks = 0;         // ranks on the host when measured
   int cores = 0;
   double alpha_us = 0;    // one-way latency of a message
-  double beta_gbps = 0;   // transport bandwidth per direction, GB/s
+  double beta_gbps = 0;   // transport bandwidth per direction, GB/s (one direction at a time)
+  double exchange_gbps = 0;  // per direction while every rank sends and receives 4 MiB at once
   double memory_gbps = 0;     // a rank's local copy rate while every rank copies
   double instruction_us = 0;  // executor overhead per plan instruction
   // The measurements behind the fit: size -> one-way time (us).
   std::vector<std::pair<uint64_t, double>> pingpong;
+  // One-way time per size under a collective's load (ping-pong up to 512 B, then every rank
+  // exchanging with its partner at once), which the simulator interpolates for shared memory.
+  std::vector<std::pair<uint64_t, double>> curve;
 };
 
 // Collective: every rank measures; every rank returns the same calibration (rank 0's view of the

@@ -20,7 +20,46 @@ struct Transfer {
   double done = kInf;  // completion time, once known
   double rate = 0;     // bytes/us now
   double eta = kInf;   // when it would finish at this rate
+  int curve_link = 0;  // a shared-memory link with a measured curve (0: none)
+  double curve_rate = 0;  // that link's capacity for this message's size (bytes/us)
 };
+
+// A measured time curve of a device's shared-memory path (attr "shm_curve": "size:us,size:us,...",
+// from collectives/calibrate.hpp): one-way time per message size while `flows` messages move at
+// once (attr "shm_curve_flows"). Linear between points, the last slope beyond them.
+struct Curve {
+  std::vector<std::pair<double, double>> points;
+  double flows = 1;
+  double time_us(double bytes) const {
+    if (points.size() == 1 || bytes <= points.front().first) return points.front().second;
+    size_t k = 1;
+    while (k + 1 < points.size() && points[k].first < bytes) ++k;
+    auto [s0, t0] = points[k - 1];
+    auto [s1, t1] = points[k];
+    return t0 + (bytes - s0) * (t1 - t0) / (s1 - s0);
+  }
+};
+
+Curve parse_curve(const topo::Device& d) {
+  Curve c;
+  auto it = d.attrs.find("shm_curve");
+  if (it == d.attrs.end()) return c;
+  std::string text = it->second;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t colon = item.find(':');
+    TUTTI_CHECK(colon != std::string::npos, InvalidArgument, "device {}: shm_curve item '{}' is not size:us", d.name, item);
+    c.points.emplace_back(std::atof(item.substr(0, colon).c_str()), std::atof(item.substr(colon + 1).c_str()));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  std::sort(c.points.begin(), c.points.end());
+  auto f = d.attrs.find("shm_curve_flows");
+  if (f != d.attrs.end()) c.flows = std::max(1.0, std::atof(f->second.c_str()));
+  return c;
+}
 
 }  // namespace
 
@@ -42,6 +81,7 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
     }
     mem[r] = gbps * 1e3;
   }
+  std::map<int, Curve> curves;  // virtual shm link id -> measured curve
   // Links of a rank-to-rank path; shared memory inside one device is a virtual link of that device.
   std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> route;
   std::map<int, double> link_rate;  // bytes per us, per link id (virtual ids are negative)
@@ -55,6 +95,8 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
       int id = -1 - path.devices[0];
       link_rate[id] = path.gbps * 1e3;
       ls.push_back({id, 0});
+      Curve c = parse_curve(t.devices[path.devices[0]]);
+      if (!c.points.empty()) curves[id] = c;
     }
     for (size_t h = 0; h + 1 < path.devices.size(); ++h) {
       int u = path.devices[h], v = path.devices[h + 1];
@@ -137,6 +179,15 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
             x.links = links_of(r, in.send_peer);
             x.start = begin + latency_of(r, in.send_peer) + (gpu[r] ? proto.latency_us : 0.0);
             x.left = gpu[r] ? msg / proto.bandwidth : msg;  // line overhead rides along with the data
+            if (x.links.size() == 1 && curves.count(x.links[0].first)) {
+              // Measured: the curve's time for this size when as many flows share the path as
+              // during the measurement, latency included.
+              const Curve& c = curves.at(x.links[0].first);
+              x.start = begin;
+              x.curve_link = x.links[0].first;
+              x.curve_rate = c.flows * std::max(msg, 1.0) / std::max(c.time_us(msg), 1e-6);
+              x.left = std::max(msg, 1.0);
+            }
             transfers.push_back(x);
             int id = static_cast<int>(transfers.size()) - 1;
             sent[{r, in.send_peer, b.block->channel}].push_back(id);
@@ -161,7 +212,8 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
         continue;
       }
       x.rate = kInf;
-      for (auto& l : x.links) x.rate = std::min(x.rate, link_rate[l.first] / users[l]);
+      for (auto& l : x.links)
+        x.rate = std::min(x.rate, (l.first == x.curve_link && x.curve_link != 0 ? x.curve_rate : link_rate[l.first]) / users[l]);
       // At tiny sizes now + left / rate can round to now: the completion time decides, not `left`.
       x.eta = x.left <= 0 ? now : now + x.left / x.rate;
       next = std::min(next, x.eta);

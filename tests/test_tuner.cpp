@@ -334,3 +334,26 @@ TEST(Tuner, LiveTopologyPutsRanksOfOneHostOnIt) {
     EXPECT_EQ(v.nranks(), 3);
   }
 }
+
+TEST(Calibration, AMeasuredCurveSetsSharedMemoryTransferTimes) {
+  // With a curve, a 2-rank ring's two 512 KiB messages each take the curve's time at 512 KiB (both
+  // directions at once, as measured), on top of the executor's local work.
+  tuning::Calibration c;
+  c.transport = "shm";
+  c.nranks = 2;
+  c.alpha_us = 0.5;
+  c.beta_gbps = 10;
+  c.memory_gbps = 1e6;  // local work free, so the transfers are the time
+  c.instruction_us = 0;
+  c.curve = {{1024, 1.0}, {1 << 20, 101.0}};
+  topo::Topology t = tuning::host_topology(2);
+  plan::CostModel m;
+  tuning::apply(c, t, m);
+  plan::Plan ring = plan::compile(algorithms::build("ring_allreduce", 2, {{"inplace", 0}})).plan;
+  const double per_message = 1.0 + (512.0 * 1024 - 1024) * 100.0 / ((1 << 20) - 1024);
+  EXPECT_NEAR(plan::simulate(ring, t, 1 << 20, m).time_us, 2 * per_message, 0.05 * per_message);
+  // A slower measurement predicts a slower collective.
+  for (auto& p : c.curve) p.second *= 2;
+  tuning::apply(c, t, m);
+  EXPECT_NEAR(plan::simulate(ring, t, 1 << 20, m).time_us, 4 * per_message, 0.1 * per_message);
+}
