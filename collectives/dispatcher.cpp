@@ -115,8 +115,7 @@ Dispatcher::Dispatcher(Communicator& comm, const DispatcherOptions& options)
   if (table_.source.empty()) table_.source = "measured";
 }
 
-Choice Dispatcher::tuned(Collective c, uint64_t bytes, bool oneshot_fits,
-                         const std::function<Choice(const tuning::Candidate&)>& make) {
+Choice Dispatcher::tuned(Collective c, uint64_t bytes, const std::function<Choice(const tuning::Candidate&)>& make) {
   const int n = comm_.size();
   if (const tuning::Entry* e = table_.find(c, n, bytes)) return make(e->choice);
   if (!tune_) return {};
@@ -125,7 +124,8 @@ Choice Dispatcher::tuned(Collective c, uint64_t bytes, bool oneshot_fits,
   uint64_t hi = 1;
   while (hi < bytes) hi <<= 1;
   auto cands = tuning::shortlist(c, n, hi, tuning::live_topology(comm_), 4);
-  if (oneshot_fits) cands.push_back({tuning::kOneShot, {}});
+  // measure() rules the one-shot path out where the bucket's top does not fit the mailbox.
+  if (comm_.mailbox()) cands.push_back({tuning::kOneShot, {}});
   auto ranked = tuning::measure(comm_, c, hi, cands, bytes <= (1u << 20) ? 50 : 5, 2);
   tuning::Entry e;
   e.collective = c;
@@ -161,12 +161,7 @@ Choice Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, 
   auto hit = chosen_.find(key);
   if (hit != chosen_.end()) return hit->second;
   const int n = comm_.size();
-  // TUTTI_TUNE measures a whole power-of-two bucket, so the one-shot path must fit its top.
-  uint64_t bucket = 1;
-  while (bucket < bytes) bucket <<= 1;
   const bool fits = comm_.mailbox() && oneshot_fits(*comm_.mailbox(), c, count, esize);
-  const uint64_t bucket_published = c == Collective::kAllGather ? bucket / n : bucket;
-  const bool bucket_fits = fits && bucket_published <= comm_.mailbox()->capacity();
   auto applicable = [&](const PreparedPlan& pp) {
     const plan::Plan& p = pp.plan;
     if (p.collective != c || p.nranks != n) return false;
@@ -236,7 +231,7 @@ Choice Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, 
     auto pp = builtin(cand.algorithm, full);
     return applicable(*pp) ? Choice(pp) : Choice{};
   };
-  if (auto ch = tuned(c, bytes, fits && bucket_fits, from_table)) return remember(ch);
+  if (auto ch = tuned(c, bytes, from_table)) return remember(ch);
   // Small calls on one host: the one-shot mailbox, while it beats the plans (see PERFORMANCE.md).
   if (fits && bytes <= oneshot_threshold_) return remember(Choice::one_shot());
   // Built-in defaults for host memory: latency-bound sizes want few steps, bandwidth-bound ones

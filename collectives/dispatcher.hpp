@@ -80,8 +80,7 @@ class Dispatcher {
   bool tune_ = false;                       // TUTTI_TUNE
   tuning::Table table_;
   uint64_t oneshot_threshold_;              // TUTTI_ONESHOT_THRESHOLD
-  Choice tuned(dsl::Collective c, uint64_t bytes, bool oneshot_fits,
-               const std::function<Choice(const tuning::Candidate&)>& make);
+  Choice tuned(dsl::Collective c, uint64_t bytes, const std::function<Choice(const tuning::Candidate&)>& make);
   // Choices already made: (collective, in-place, root, bytes, count, element size) -> choice.
   std::map<std::tuple<int, bool, int, uint64_t, int64_t, int64_t>, Choice> chosen_;
   std::map<std::string, std::shared_ptr<const PreparedPlan>> cache_;

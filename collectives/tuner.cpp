@@ -118,6 +118,38 @@ std::string Table::to_json() const {
   return j.dump(1) + "\n";
 }
 
+namespace {
+
+// One entry of a table file; InvalidArgument naming the entry for values that make no sense.
+Entry entry_from_json(const json& x, int index) {
+  Entry e;
+  std::string coll = x.at("collective").get<std::string>();
+  auto c = dsl::parse_collective(coll);
+  TUTTI_CHECK(c.has_value(), InvalidArgument, "tuning table: entry {}: unknown collective '{}'", index, coll);
+  e.collective = *c;
+  e.nranks = x.at("nranks").get<int>();
+  e.min_bytes = x.at("min_bytes").get<uint64_t>();
+  e.max_bytes = x.at("max_bytes").get<uint64_t>();
+  e.choice.algorithm = x.at("algorithm").get<std::string>();
+  e.choice.params = x.value("params", algorithms::Params{});
+  std::string proto = x.value("protocol", std::string("auto"));
+  auto pr = parse_protocol(proto);
+  TUTTI_CHECK(pr.has_value(), InvalidArgument, "tuning table: entry {}: unknown protocol '{}' (Simple, LL, LL128)",
+              index, proto);
+  e.choice.protocol = *pr;
+  e.time_us = x.value("time_us", 0.0);
+  if (e.choice.algorithm != kOneShot) {
+    const algorithms::Builtin& b = algorithms::find_builtin(e.choice.algorithm);
+    TUTTI_CHECK(b.collective == e.collective, InvalidArgument, "tuning table: entry {}: {} is not a {} algorithm", index,
+                e.choice.algorithm, coll);
+  }
+  TUTTI_CHECK(e.min_bytes <= e.max_bytes, InvalidArgument, "tuning table: entry {}: min_bytes {} > max_bytes {}",
+              index, e.min_bytes, e.max_bytes);
+  return e;
+}
+
+}  // namespace
+
 Table Table::from_json(const std::string& text) {
   json j;
   try {
@@ -133,30 +165,11 @@ Table Table::from_json(const std::string& text) {
     t.source = j.value("source", "");
     int index = 0;
     for (const json& x : j.at("entries")) {
-      Entry e;
-      std::string coll = x.at("collective").get<std::string>();
-      auto c = dsl::parse_collective(coll);
-      TUTTI_CHECK(c.has_value(), InvalidArgument, "tuning table: entry {}: unknown collective '{}'", index, coll);
-      e.collective = *c;
-      e.nranks = x.at("nranks").get<int>();
-      e.min_bytes = x.at("min_bytes").get<uint64_t>();
-      e.max_bytes = x.at("max_bytes").get<uint64_t>();
-      e.choice.algorithm = x.at("algorithm").get<std::string>();
-      e.choice.params = x.value("params", algorithms::Params{});
-      std::string proto = x.value("protocol", std::string("auto"));
-      auto pr = parse_protocol(proto);
-      TUTTI_CHECK(pr.has_value(), InvalidArgument, "tuning table: entry {}: unknown protocol '{}' (Simple, LL, LL128)",
-                  index, proto);
-      e.choice.protocol = *pr;
-      e.time_us = x.value("time_us", 0.0);
-      if (e.choice.algorithm != kOneShot) {
-        const algorithms::Builtin& b = algorithms::find_builtin(e.choice.algorithm);
-        TUTTI_CHECK(b.collective == e.collective, InvalidArgument, "tuning table: entry {}: {} is not a {} algorithm", index,
-                    e.choice.algorithm, coll);
+      try {
+        t.entries.push_back(entry_from_json(x, index));
+      } catch (const json::exception& e) {
+        throw InvalidArgument(fmt::format("tuning table: entry {}: {}", index, e.what()));
       }
-      TUTTI_CHECK(e.min_bytes <= e.max_bytes, InvalidArgument, "tuning table: entry {}: min_bytes {} > max_bytes {}",
-                  index, e.min_bytes, e.max_bytes);
-      t.entries.push_back(e);
       ++index;
     }
     return t;
@@ -392,7 +405,6 @@ std::vector<Ranked> measure(Communicator& comm, Collective c, uint64_t bytes, co
   args.reduction.type = DataType::kFloat32;
   // What each candidate runs; one that cannot take this call is never chosen (the same on every
   // rank, since the reasons depend only on the arguments).
-  std::vector<std::shared_ptr<const PreparedPlan>> plans;
   std::vector<std::function<void()>> runs;
   std::vector<bool> usable;
   Mailbox* mb = comm.mailbox();
@@ -404,7 +416,6 @@ std::vector<Ranked> measure(Communicator& comm, Collective c, uint64_t bytes, co
     }
     auto pp = PreparedPlan::make(plan_of(cand, c, n));
     usable.push_back(pp->any_count || count % pp->plan.chunk_factor == 0);
-    plans.push_back(pp);
     runs.push_back([&ex, &args, pp] { ex.run(*pp, args); });
   }
   std::vector<FunctionRef<void()>> ways;

@@ -27,12 +27,10 @@
 
 #include "collectives/calibrate.hpp"
 #include "collectives/dispatcher.hpp"
-#include "collectives/oneshot.hpp"
 #include "collectives/tuner.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "runtime/wire.hpp"
 
 using namespace tutti;
 
@@ -73,6 +71,7 @@ void compare(Communicator& comm, const std::string& table, const std::vector<uin
   base.tuning_file.reset();
   DispatcherOptions tuned = base;
   tuned.tuning_file = table;
+  tuning::Table::load(table);  // a missing or damaged table is an error, not an untuned run
   configs.push_back({"tuned", tuned});
   configs.push_back({"windows", base});
   DispatcherOptions online = base;  // TUTTI_TUNE=1: measured in this process on first use
@@ -218,10 +217,9 @@ int main(int argc, char** argv) {
         for (uint64_t s : sizes) {
           int n = iters > 0 ? iters : calls_per_round(s);
           auto cands = tuning::shortlist(c, comm.size(), s, t, top);
-          // The one-shot path, where every rank shares memory and the call fits its mailbox.
-          const int64_t count = static_cast<int64_t>((c == dsl::Collective::kAllGather ? s / comm.size() : s) / 4);
-          if (comm.mailbox() && oneshot_fits(*comm.mailbox(), c, c == dsl::Collective::kReduceScatter || c == dsl::Collective::kAllToAll ? count / comm.size() : count, 4))
-            cands.push_back({tuning::kOneShot, {}});
+          // The one-shot path where every rank shares memory; measure() rules it out where the
+          // call does not fit the mailbox.
+          if (comm.mailbox()) cands.push_back({tuning::kOneShot, {}});
           rankings.push_back(tuning::measure(comm, c, s, cands, n, warmup, tune_rounds));
         }
         auto best = tuning::choose_smoothed(rankings);
