@@ -29,7 +29,9 @@ constexpr Variable kVariables[] = {
     {"TUTTI_INIT_TIMEOUT", "", "120", "Seconds a rank waits for all ranks to arrive at communicator creation."},
     {"TUTTI_TIMEOUT", "", "1800", "Seconds any other blocking wait may last before it fails; 0 waits forever."},
     {"TUTTI_TRANSPORT", "", "auto", "auto (shm within a host, tcp across hosts), shm, or tcp for every peer."},
-    {"TUTTI_SHM_SLOTS", "", "8", "Slots in each shared-memory FIFO."},
+    {"TUTTI_SHM_SLOTS", "", "16",
+     "Slots in each shared-memory FIFO. 2 MiB per direction keeps both ranks of a 2-core exchange busy; 1 MiB "
+     "left them waiting for each other (docs/PERFORMANCE.md)."},
     {"TUTTI_SHM_SLOT_SIZE", "", "128K", "Bytes per shared-memory FIFO slot."},
     {"TUTTI_SHM_CMA", "", "1", "Use single-copy process_vm_readv for large shared-memory messages (0 disables)."},
     {"TUTTI_SHM_ZERO_COPY_THRESHOLD", "", "32K",
@@ -52,6 +54,9 @@ constexpr Variable kVariables[] = {
     {"TUTTI_TILE_SIZE", "", "1M",
      "Largest piece a plan instruction moves at once; larger chunks are pipelined in tiles. Each by-reference "
      "(zero-copy) tile costs a round trip with the receiver, so tiles are larger than FIFO slots."},
+    {"TUTTI_STREAM_THRESHOLD", "", "8M",
+     "Collectives whose output buffer is at least this large write their received and copied data into it with "
+     "non-temporal stores (core/copy.hpp), around the caches; 0: never."},
     {"TUTTI_ALGO", "NCCL_ALGO", "",
      "Force an algorithm: a built-in name (ring_allreduce) or its family (ring, rhd, allpairs, tree, hier, rd, bruck, "
      "chain, pairwise), or the name of a loaded plan."},

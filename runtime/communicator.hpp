@@ -33,7 +33,7 @@ struct CommOptions {
   double init_timeout_s = 120;
   double timeout_s = 1800;
   TransportKind transport = TransportKind::kAuto;
-  uint32_t shm_slots = 8;
+  uint32_t shm_slots = 16;
   uint64_t shm_slot_size = 128 << 10;
   bool shm_single_copy = true;
   uint64_t shm_single_copy_threshold = 64 << 20;

@@ -9,6 +9,7 @@
 #include <span>
 #include <thread>
 
+#include "core/copy.hpp"
 #include "core/element.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
@@ -58,6 +59,7 @@ Executor::Executor(Communicator& comm) : comm_(comm), pool_(comm.rank()) {
   tile_ = static_cast<int64_t>(env::get_size("TUTTI_TILE_SIZE"));
   staging_slots_ = static_cast<int>(env::get_int("TUTTI_PIPELINE_DEPTH"));
   workers_ = static_cast<int>(env::get_int("TUTTI_WORKERS"));
+  stream_threshold_ = env::get_size("TUTTI_STREAM_THRESHOLD");
   TUTTI_CHECK(tile_ >= 64, InvalidArgument, "TUTTI_TILE_SIZE must be at least 64 bytes");
   tile_ = tile_ / 64 * 64;  // a multiple of every element size
   TUTTI_CHECK(staging_slots_ >= 1, InvalidArgument, "TUTTI_PIPELINE_DEPTH must be at least 1");
@@ -90,6 +92,7 @@ struct Run {
   bool started = false;
   // The current instruction.
   exec::OpShape shape{};
+  bool stream = false;  // a plain receive into a large user buffer: written around the caches
   int64_t bytes = 0, tiles = 0;
   unsigned char* dst = nullptr;
   const unsigned char* local = nullptr;  // srcs[0] of reducing receives, or what a send sends
@@ -163,6 +166,14 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
                                                                   : scratch_.data();
     return base + g.offset(l.index);
   };
+  // Large outputs are written with non-temporal stores where nothing reads them back during the
+  // call: plain receives and local copies into the user's buffers (never scratch, never the landing
+  // place of a tile that is forwarded from there).
+  const int64_t output_bytes = g.bytes(0, pp.spec.output_chunks());
+  const bool stream_output = stream_threshold_ > 0 && static_cast<uint64_t>(output_bytes) >= stream_threshold_;
+  auto streams = [&](const plan::Ref& ref) {
+    return stream_output && pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index)).buffer != dsl::BufferKind::kScratch;
+  };
 
   if (!layout_ || layout_->plan_id != pp.id) {
     auto l = std::make_unique<Layout>();
@@ -224,9 +235,24 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
     r.dst = in.dst ? pointer(*in.dst) : nullptr;
     switch (in.op) {
       case plan::Opcode::kNop: return true;
-      case plan::Opcode::kCopy:
-        if (r.bytes) std::memmove(r.dst, pointer(in.srcs[0]), static_cast<size_t>(r.bytes));
+      case plan::Opcode::kCopy: {
+        const unsigned char* src = pointer(in.srcs[0]);
+        const size_t len = static_cast<size_t>(r.bytes);
+        if (len == 0 || src == r.dst) return true;
+        if (src + len > r.dst && r.dst + len > src) {  // overlapping: one memmove
+          std::memmove(r.dst, src, len);
+          return true;
+        }
+        // A large copy moves a tile per turn (advance), between the other blocks' transfers, so a
+        // peer waiting for this rank's sends is served while it runs.
+        r.stream = streams(*in.dst);
+        r.local = src;
+        r.tiles = exec::tile_count(r.bytes, tile_);
+        r.processed = 0;
+        if (r.tiles > 1) return false;
+        copy_bytes(r.dst, src, len, r.stream);
         return true;
+      }
       case plan::Opcode::kReduce: {
         std::vector<const void*> srcs;
         for (auto& s : in.srcs) srcs.push_back(pointer(s));
@@ -247,6 +273,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
       default: break;
     }
     r.tiles = exec::tile_count(r.bytes, tile_);
+    r.stream = in.op == plan::Opcode::kRecv && in.dst && streams(*in.dst);
     if (r.shape.recv) r.rconn = &comm_.connection(in.recv_peer, r.block->channel + kPlanChannelBase);
     if (r.shape.send) r.sconn = &comm_.connection(in.send_peer, r.block->channel + kPlanChannelBase);
     r.local = in.srcs.empty() ? nullptr : pointer(in.srcs[0]);
@@ -272,6 +299,13 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
   auto advance = [&](size_t b, bool& moved) {
     Run& r = runs[b];
     const plan::Instruction& in = r.block->steps[r.pc];
+    if (in.op == plan::Opcode::kCopy) {  // a tiled local copy: one tile per turn
+      int64_t t = r.processed++;
+      int64_t at = exec::tile_begin(t, tile_);
+      copy_bytes(r.dst + at, r.local + at, static_cast<size_t>(exec::tile_bytes(t, r.bytes, tile_)), r.stream);
+      moved = true;
+      return r.processed == r.tiles;
+    }
     // Reducing receives combine straight out of the transport (recv_reduce): into dst when they
     // store, into a staging slot (free again once its forward is done or owned) when they only forward.
     const bool staged = in.op == plan::Opcode::kRecvReduceSend;
@@ -290,7 +324,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
       }
       r.recv_tickets.push_back(r.shape.reduce_local ? r.rconn->recv_reduce(to, r.local + exec::tile_begin(t, tile_), len,
                                                                            op, type)
-                                                    : r.rconn->recv(to, len));
+                                                    : r.rconn->recv(to, len, r.stream));
       ++r.recv_posted;
       moved = true;
     }

@@ -71,6 +71,7 @@ class Executor {
   int64_t tile_;
   int staging_slots_;
   int workers_;
+  uint64_t stream_threshold_;  // TUTTI_STREAM_THRESHOLD: outputs this large are written around the caches
   std::vector<unsigned char> scratch_;
   std::vector<std::vector<unsigned char>> staging_;  // per block, grown on demand
   WorkerPool pool_;

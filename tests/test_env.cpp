@@ -38,7 +38,7 @@ TEST(Env, TypedLookupsAndErrorsNameTheVariable) {
     EXPECT_NE(std::string(e.what()).find("TUTTI_SHM_SLOTS='twelve'"), std::string::npos) << e.what();
   }
   unsetenv("TUTTI_SHM_SLOTS");
-  EXPECT_EQ(env::get_int("TUTTI_SHM_SLOTS"), 8);  // the declared default
+  EXPECT_EQ(env::get_int("TUTTI_SHM_SLOTS"), 16);  // the declared default
   EXPECT_EQ(env::parse_size("64K"), 65536u);
   EXPECT_EQ(env::parse_size("16M"), 16u << 20);
   EXPECT_EQ(env::parse_size("1G"), 1u << 30);

@@ -1,4 +1,4 @@
-// The Highway reduction kernels against a plain scalar reference, bit for bit, for every type and
+// The bulk copy and the Highway reduction kernels against a plain scalar reference, bit for bit, for every type and
 // operator, on odd sizes and misaligned pointers.
 #include <gtest/gtest.h>
 
@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "core/copy.hpp"
 #include "core/element.hpp"
 #include "core/error.hpp"
 #include "core/reduce.hpp"
@@ -184,6 +185,28 @@ TEST(Reduce, BadArgumentsAreNamed) {
   }
   EXPECT_THROW(combine(RedOp::kSum, static_cast<DataType>(-1), &c, &a, &b, 1), InvalidArgument);
   EXPECT_NE(std::string(reduce_target_name()), "");
+}
+
+// Streaming copies land every byte, and only those, for every size around the vector and
+// cache-line edges and every destination/source misalignment.
+TEST(Copy, StreamingMatchesMemcpyAtEveryAlignment) {
+  std::mt19937_64 rng(7);
+  std::vector<unsigned char> src(70000), dst(70000 + 64), want(dst.size());
+  for (auto& b : src) b = static_cast<unsigned char>(rng());
+  for (size_t bytes : {0u, 1u, 15u, 16u, 63u, 255u, 256u, 257u, 1000u, 4096u, 65536u + 17u}) {
+    for (size_t doff = 0; doff < 17; doff += 3) {
+      for (size_t soff = 0; soff < 17; soff += 4) {
+        std::fill(dst.begin(), dst.end(), 0xA5);
+        want = dst;
+        std::memcpy(want.data() + doff, src.data() + soff, bytes);
+        copy_streaming(dst.data() + doff, src.data() + soff, bytes);
+        ASSERT_EQ(dst, want) << bytes << " bytes, dst+" << doff << ", src+" << soff;
+        std::fill(dst.begin(), dst.end(), 0xA5);
+        copy_bytes(dst.data() + doff, src.data() + soff, bytes, false);
+        ASSERT_EQ(dst, want) << "memcpy path, " << bytes << " bytes";
+      }
+    }
+  }
 }
 
 }  // namespace

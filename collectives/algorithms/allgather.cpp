@@ -23,7 +23,8 @@ Program ring_allgather(int n, const Params& prm) {
     dsl::Annotations a;
     a.channel = ch;
     for (int r = 0; r < n; ++r) {
-      auto c = p.chunk(r, Buffer::output(), r * channels + ch);
+      // The first hop reads the input, not the own slot, so it does not wait for the own copy.
+      auto c = p.chunk(r, Buffer::input(), ch);
       for (int step = 1; step < n; ++step) c = c.copy((r + step) % n, Buffer::output(), r * channels + ch, a);
     }
   }

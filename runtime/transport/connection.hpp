@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/copy.hpp"
 #include "core/reduce.hpp"
 
 namespace tutti {
@@ -43,8 +44,12 @@ class Connection {
     sendq_.push_back({static_cast<unsigned char*>(const_cast<void*>(data)), bytes, ++sends_posted_});
     return sends_posted_;
   }
-  Ticket recv(void* data, size_t bytes) {
-    recvq_.push_back({static_cast<unsigned char*>(data), bytes, ++recvs_posted_});
+  // `stream`: the receiver will not read `data` again soon, so the transport may write it around
+  // the caches (core/copy.hpp). The bytes are visible, as always, once the ticket is done.
+  Ticket recv(void* data, size_t bytes, bool stream = false) {
+    Op o{static_cast<unsigned char*>(data), bytes, ++recvs_posted_};
+    o.stream = stream;
+    recvq_.push_back(std::move(o));
     return recvs_posted_;
   }
   // Receives a message and stores dst = message (op) local, element-wise, as it arrives: the
@@ -104,6 +109,7 @@ class Connection {
     // recv_reduce: data = incoming (op) local.
     const unsigned char* local = nullptr;
     bool reduce = false;
+    bool stream = false;  // recv: write data with non-temporal stores
     RedOp redop = RedOp::kSum;
     DataType type = DataType::kFloat32;
     std::shared_ptr<unsigned char[]> owned;  // own(): the message's private copy
@@ -117,7 +123,7 @@ class Connection {
   static void deliver(const Op& op, size_t offset, const void* incoming, size_t bytes) {
     if (!bytes) return;
     if (!op.reduce) {
-      std::memcpy(op.data + offset, incoming, bytes);
+      copy_bytes(op.data + offset, incoming, bytes, op.stream);
       return;
     }
     combine(op.redop, op.type, op.data + offset, incoming, op.local + offset, bytes / size_of(op.type));
