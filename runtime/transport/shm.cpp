@@ -1,5 +1,6 @@
 #include "runtime/transport/shm.hpp"
 
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -37,10 +38,32 @@ unsigned char* ShmConnection::slot(FifoControl* f, uint64_t index) const {
   return reinterpret_cast<unsigned char*>(f) + sizeof(FifoControl) + (index % f->slots) * l.stride();
 }
 
+namespace {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+// Maps every page of a FIFO into this process at once. Left to first touch, a FIFO's slots fault in
+// one by one over its first few dozen messages, each fault costing more than the message (16-256 KiB
+// all-gathers ran 5-20x slower than later ones). Done on first use, not at setup, because most
+// connections of a communicator never carry data. A hint: kernels without it fault lazily as before.
+void populate(FifoControl* f) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(f) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(f) + FifoLayout{f->slots, f->slot_size}.bytes();
+  (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
+}
+}  // namespace
+
 bool ShmConnection::progress() {
   bool moved = false;
-  if (!sendq_.empty()) moved |= progress_send();
-  if (!recvq_.empty()) moved |= progress_recv();
+  if (!sendq_.empty()) {
+    if (!out_populated_) populate(ep_.out), out_populated_ = true;
+    moved |= progress_send();
+  }
+  if (!recvq_.empty()) {
+    if (!in_populated_) populate(ep_.in), in_populated_ = true;
+    moved |= progress_recv();
+  }
   return moved;
 }
 
