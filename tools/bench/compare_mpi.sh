@@ -7,12 +7,15 @@
 # tutti runs twice: with plain malloc'd buffers (like the MPI program), and with buffers from
 # ncclMemAlloc (tutti-perf -R 1, nccl-tests' user buffer registration), which peers read in place.
 # The *_R columns are the latter.
+# This shared machine's times swing by tens of percent from one run to the next, so the three runs
+# are repeated `rounds` times, interleaved, and each column is the median over rounds.
 #
-#   tools/bench/compare_mpi.sh [build-dir] [iters] [warmup]
+#   tools/bench/compare_mpi.sh [build-dir] [iters] [warmup] [rounds]
 set -euo pipefail
 build=${1:-build}
 iters=${2:-20}
 warmup=${3:-5}
+rounds=${4:-3}
 here=$(cd "$(dirname "$0")" && pwd)
 if ! command -v mpicc >/dev/null; then
   echo "installing Open MPI (openmpi-bin libopenmpi-dev)" >&2
@@ -25,18 +28,30 @@ mpirun_flags="--allow-run-as-root --oversubscribe -np"
 min=8 max=$((64 << 20)) factor=2
 printf "%-15s %5s %10s %12s %12s %12s %9s %9s %9s %9s\n" collective procs size tutti_us tutti_R_us mpi_us \
   lat_ratio bw_ratio lat_R bw_R
+# median of column 2 over the files given, row by row (every file has the same sizes in column 1)
+median_rows() {
+  paste -d" " "$@" | awk '{ n = 0; for (i = 2; i <= NF; i += 2) v[++n] = $i
+    for (i = 2; i <= n; ++i) for (j = i; j > 1 && v[j - 1] > v[j]; --j) { x = v[j]; v[j] = v[j - 1]; v[j - 1] = x }
+    print $1, (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2) }'
+}
+work=$(mktemp -d)
 for np in 2 4; do
   for coll in all_reduce all_gather reduce_scatter; do
-    t=$(mktemp) r=$(mktemp) m=$(mktemp)
-    "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll -b $min -e $max -f $factor \
-      -n $iters -w $warmup -c 0 | awk '/^ +[0-9]/ {print $1, $6}' > "$t"
-    mpirun $mpirun_flags $np "$bench" $coll $min $max $factor $iters $warmup > "$m"
-    "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll -b $min -e $max -f $factor \
-      -n $iters -w $warmup -c 0 -R 1 | awk '/^ +[0-9]/ {print $6}' > "$r"
-    paste -d" " "$t" "$r" "$m" | while read size tt rt msize mt; do
+    for ((k = 0; k < rounds; ++k)); do
+      "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll -b $min -e $max -f $factor \
+        -n $iters -w $warmup -c 0 | awk '/^ +[0-9]/ {print $1, $6}' > "$work/t$k"
+      mpirun $mpirun_flags $np "$bench" $coll $min $max $factor $iters $warmup > "$work/m$k"
+      "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll -b $min -e $max -f $factor \
+        -n $iters -w $warmup -c 0 -R 1 | awk '/^ +[0-9]/ {print $1, $6}' > "$work/r$k"
+    done
+    median_rows "$work"/t* > "$work/t"
+    median_rows "$work"/r* | cut -d" " -f2 > "$work/r"
+    median_rows "$work"/m* | cut -d" " -f2 > "$work/m"
+    paste -d" " "$work/t" "$work/r" "$work/m" | while read size tt rt mt; do
       awk -v c=$coll -v p=$np -v s=$size -v t=$tt -v r=$rt -v m=$mt \
         'BEGIN { printf "%-15s %5d %10d %12.2f %12.2f %12.2f %9.2f %9.2f %9.2f %9.2f\n", c, p, s, t, r, m, t / m, m / t, r / m, m / r }'
     done
-    rm -f "$t" "$r" "$m"
+    rm -f "$work"/*
   done
 done
+rmdir "$work"
