@@ -91,9 +91,12 @@ void compare(Communicator& comm, const std::string& table, const std::vector<uin
   for (auto& [name, o] : configs) ds.push_back(std::make_unique<Dispatcher>(comm, o));
   const size_t k = configs.size();
   std::vector<std::vector<double>> median(k);  // [config][size]
-  if (comm.rank() == 0)
-    std::printf("# all_reduce, %d ranks, float sum, out of place; median of %d interleaved rounds (us)\n%10s %10s %10s %10s %10s %10s %10s %11s\n",
-                n, rounds, "size", "tuned", "windows", "online", "best_fixed", "fixed", "tuned/best", "online/best");
+  if (comm.rank() == 0) {
+    std::printf("# all_reduce, %d ranks, float sum, out of place; median of %d interleaved rounds (us)\n%10s", n, rounds,
+                "size");
+    for (auto& c : configs) std::printf(" %9s", c.first.c_str());
+    std::printf(" %10s %10s %11s\n", "best_fixed", "tuned/best", "online/best");
+  }
   double worst = 0, worst_online = 0;
   constexpr size_t kFixed = 3;  // configs before this are tuned, windows, online
   for (uint64_t s : sizes) {
@@ -116,10 +119,11 @@ void compare(Communicator& comm, const std::string& table, const std::vector<uin
     double ratio = median[0].back() / median[best].back(), online_ratio = median[2].back() / median[best].back();
     worst = std::max(worst, ratio);
     worst_online = std::max(worst_online, online_ratio);
-    if (comm.rank() == 0)
-      std::printf("%10llu %10.2f %10.2f %10.2f %10s %10.2f %10.3f %11.3f\n", static_cast<unsigned long long>(s),
-                  median[0].back(), median[1].back(), median[2].back(), configs[best].first.c_str(), median[best].back(),
-                  ratio, online_ratio);
+    if (comm.rank() == 0) {
+      std::printf("%10llu", static_cast<unsigned long long>(s));
+      for (size_t j = 0; j < k; ++j) std::printf(" %9.2f", median[j].back());
+      std::printf(" %10s %10.3f %11.3f\n", configs[best].first.c_str(), ratio, online_ratio);
+    }
   }
   if (comm.rank() != 0) return;
   std::printf("worst tuned / best fixed: %.3f, online / best fixed: %.3f\n%-10s %16s %17s %14s %14s %15s\n", worst,
