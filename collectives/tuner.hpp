@@ -92,9 +92,9 @@ Table tune_model(const topo::Topology& topology, dsl::Collective c, int nranks, 
                  const plan::CostModel& model = {});
 
 // Times several ways of running the same call on a live communicator (collective: every rank passes
-// the same list). For `rounds` rounds, each way in turn (in a shuffled order, new each round) gets one
-// untimed call, a barrier and `iters` timed calls; a way's time is the median over rounds of the slowest rank's mean
-// per call, the same on every rank. Interleaving puts every way through the same moments of a noisy
+// the same list). For `rounds` rounds, each way in turn (in a shuffled order, new each round) gets
+// one untimed call, a barrier and `iters` timed calls; a way's time is the median over rounds of the
+// slowest rank's mean per call, the same on every rank. Interleaving puts every way through the same moments of a noisy
 // machine; the median drops preempted rounds.
 std::vector<double> interleaved_medians(Communicator& comm, const std::vector<FunctionRef<void()>>& ways, int rounds,
                                         int iters);

@@ -92,7 +92,7 @@ struct Run {
   bool started = false;
   // The current instruction.
   exec::OpShape shape{};
-  bool stream = false;  // a plain receive into a large user buffer: written around the caches
+  bool stream = false;  // a plain receive or copy into a large user buffer: written around the caches
   int64_t bytes = 0, tiles = 0;
   unsigned char* dst = nullptr;
   const unsigned char* local = nullptr;  // srcs[0] of reducing receives, or what a send sends

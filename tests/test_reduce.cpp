@@ -1,5 +1,5 @@
-// The bulk copy and the Highway reduction kernels against a plain scalar reference, bit for bit, for every type and
-// operator, on odd sizes and misaligned pointers.
+// The Highway reduction kernels against a plain scalar reference, and the streaming copy against
+// memcpy, bit for bit, for every type and operator, on odd sizes and misaligned pointers.
 #include <gtest/gtest.h>
 
 #include <cstring>

@@ -16,6 +16,10 @@ build=${1:-build}
 iters=${2:-20}
 warmup=${3:-5}
 rounds=${4:-3}
+for v in "$iters" "$warmup" "$rounds"; do
+  [[ $v =~ ^[0-9]+$ ]] || { echo "compare_mpi.sh: iters, warmup and rounds must be whole numbers (got '$v')" >&2; exit 2; }
+done
+(( rounds >= 1 && iters >= 1 )) || { echo "compare_mpi.sh: rounds and iters must be at least 1" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 if ! command -v mpicc >/dev/null; then
   echo "installing Open MPI (openmpi-bin libopenmpi-dev)" >&2

@@ -12,8 +12,9 @@
 // The tuned dispatcher against the fixed windows and every fixed all-reduce algorithm, in one run:
 //   tutti-run -n 2 tutti-tune --compare table.json [-b 8] [-e 64M] [--rounds 7]
 // Every configuration is a dispatcher of its own on the same communicator; at each size they take
-// turns for `rounds` rounds (each round a barrier, then timed calls), and each one's time is the
-// median over rounds of the slowest rank's mean. Prints the ratio tuned / best fixed per size.
+// turns for `rounds` rounds (tuning::interleaved_medians: a shuffled order each round; an untimed
+// call, a barrier, then timed calls), and each one's time is the median over rounds of the slowest
+// rank's mean. Prints every configuration's time and the ratio tuned / best fixed per size.
 //
 // From the model alone, for a machine we do not have:
 //   tutti-tune --topo dgx-h100 [--nodes N] [--ranks N] [-c all_reduce] [-b 8] [-e 1G] [-f 2] [-o table.json]
