@@ -17,6 +17,7 @@
 #include "compiler/compile.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
+#include "core/reduce.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/wire.hpp"
 
@@ -28,13 +29,21 @@ using Clock = std::chrono::steady_clock;
 
 double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
 
-// One-way time of `bytes` between this rank and its partner (rank ^ 1), best of a few rounds of
+// The median of `rounds` values: what a run of calls typically sees (tutti-perf reports means), not
+// the luckiest round.
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+constexpr int kRounds = 5;
+
+// One-way time of `bytes` between this rank and its partner (rank ^ 1), median of a few rounds of
 // `iters` round trips; ranks without a partner return 0.
 double pingpong(Communicator& comm, uint64_t bytes, int iters) {
   const int me = comm.rank(), peer = me ^ 1;
   std::vector<unsigned char> buf(std::max<uint64_t>(bytes, 1));
-  double best = 1e300;
-  for (int round = 0; round < 3; ++round) {
+  std::vector<double> rounds;
+  for (int round = 0; round < kRounds; ++round) {
     comm.barrier();
     if (peer >= comm.size()) continue;
     auto t0 = Clock::now();
@@ -47,44 +56,104 @@ double pingpong(Communicator& comm, uint64_t bytes, int iters) {
         comm.send(peer, buf.data(), bytes);
       }
     }
-    best = std::min(best, us_since(t0) / iters / 2);
+    rounds.push_back(us_since(t0) / iters / 2);
   }
-  return peer >= comm.size() ? 0 : best;
+  return peer >= comm.size() ? 0 : median(rounds);
 }
 
-// Per-direction bandwidth (GB/s) while every rank sends `bytes` to its partner (rank ^ 1) and
-// receives as much from it at the same time, as the steps of a collective do; 0 without a partner.
-double exchange_rate(Communicator& comm, uint64_t bytes, int iters) {
-  const int me = comm.rank(), peer = me ^ 1;
-  std::vector<unsigned char> out(bytes, 1), in(bytes);
-  double best = 1e300;
-  for (int round = 0; round < 3; ++round) {
+// Per-direction bandwidth (GB/s) while every rank sends `bytes` to the next rank and receives as
+// much from the previous one at the same time, as the steps of a ring do (with 2 ranks: its
+// partner both ways). Receives as large as the executor's streaming threshold are streamed, as the
+// executor's are.
+// With `reduce`, the receive sums what arrives with a local float array (recv_reduce), as a
+// reduce-scatter step does.
+double exchange_rate(Communicator& comm, uint64_t bytes, int iters, bool reduce = false) {
+  const int n = comm.size(), me = comm.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+  std::vector<unsigned char> out(bytes, 1), in(bytes), local(reduce ? bytes : 0, 0);
+  const uint64_t threshold = env::get_size("TUTTI_STREAM_THRESHOLD");
+  const bool stream = threshold > 0 && bytes >= threshold;
+  std::vector<double> rounds;
+  Connection& tx = comm.connection(next, 0);
+  Connection& rx = comm.connection(prev, 0);
+  for (int round = 0; round < kRounds; ++round) {
     comm.barrier();
-    if (peer >= comm.size()) continue;
-    Connection& c = comm.connection(peer, 0);
     auto t0 = Clock::now();
     for (int i = 0; i < iters; ++i) {
-      Ticket s = c.send(out.data(), bytes), r = c.recv(in.data(), bytes);
-      comm.wait_send(peer, s);
-      comm.wait_recv(peer, r);
+      Ticket s = tx.send(out.data(), bytes);
+      Ticket r = reduce ? rx.recv_reduce(in.data(), local.data(), bytes, RedOp::kSum, DataType::kFloat32)
+                        : rx.recv(in.data(), bytes, stream);
+      comm.wait_send(next, s);
+      comm.wait_recv(prev, r);
     }
-    best = std::min(best, us_since(t0) / iters);
+    rounds.push_back(us_since(t0) / iters);
   }
-  return peer >= comm.size() ? 0 : static_cast<double>(bytes) / best / 1e3;
+  return static_cast<double>(bytes) / median(rounds) / 1e3;
 }
 
-// This rank's copy rate (GB/s) while every rank copies 8 MiB at once.
-double copy_rate(Communicator& comm) {
-  const size_t bytes = 8u << 20;
-  std::vector<unsigned char> a(bytes, 1), b(bytes, 2);
-  double best = 1e300;
-  for (int i = 0; i < 8; ++i) {
-    comm.barrier();
-    auto t0 = Clock::now();
-    std::memcpy(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes);
-    best = std::min(best, us_since(t0));
+// A rank's rate (GB/s of output) per size while every rank copies, or sums two float arrays, at
+// once: (bytes a rank touches, rate); a copy touches twice its size, a sum three times. A round
+// lasts from the first rank's start to the last rank's end on the host's monotonic clock, which all
+// ranks share, so a rank that the scheduler holds back (more ranks than cores) lengthens the round
+// instead of hiding; the median round counts.
+std::vector<std::pair<uint64_t, double>> rates_at_once(Communicator& comm, bool sum) {
+  using Ns = std::chrono::nanoseconds;
+  const std::vector<uint64_t> sizes = {32u << 10, 128u << 10, 512u << 10, 2u << 20, 8u << 20, 32u << 20};
+  std::vector<float> a(sizes.back() / sizeof(float), 1.0f), b(a.size(), 2.0f), c(a.size(), 0.0f);
+  auto once = [&](uint64_t bytes, int i) {
+    float* dst = i % 2 ? a.data() : b.data();
+    const float* src = i % 2 ? b.data() : a.data();
+    if (sum)
+      combine(RedOp::kSum, DataType::kFloat32, c.data(), dst, src, bytes / sizeof(float));
+    else
+      std::memcpy(dst, src, bytes);
+  };
+  std::vector<int> iters(sizes.size());
+  wire::Writer w;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const uint64_t bytes = sizes[k];
+    iters[k] = static_cast<int>(std::max<uint64_t>(1, (16u << 20) / bytes));
+    once(bytes, 0);  // fault in and warm
+    for (int round = 0; round < kRounds; ++round) {
+      comm.barrier();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < iters[k]; ++i) once(bytes, i);
+      const auto t1 = Clock::now();
+      w.put<int64_t>(std::chrono::duration_cast<Ns>(t0.time_since_epoch()).count())
+          .put<int64_t>(std::chrono::duration_cast<Ns>(t1.time_since_epoch()).count());
+    }
   }
-  return static_cast<double>(bytes) / best / 1e3;
+  auto all = comm.bootstrap().allgather(w.bytes());
+  std::vector<wire::Reader> readers;
+  for (auto& bytes : all) readers.emplace_back(bytes, "calibration copy rates");
+  std::vector<std::pair<uint64_t, double>> out;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    std::vector<double> rates;
+    for (int round = 0; round < kRounds; ++round) {
+      int64_t first = INT64_MAX, last = INT64_MIN;
+      for (auto& rd : readers) {
+        first = std::min(first, rd.get<int64_t>());
+        last = std::max(last, rd.get<int64_t>());
+      }
+      rates.push_back(static_cast<double>(sizes[k]) * iters[k] / std::max<double>(1, static_cast<double>(last - first)));
+    }
+    out.emplace_back((sum ? 3 : 2) * sizes[k], median(rates));  // bytes per ns = GB/s
+  }
+  return out;
+}
+
+// A measured (bytes touched, GB/s) curve in the calibration file.
+json curve_json(const std::vector<std::pair<uint64_t, double>>& curve) {
+  json x = json::array();
+  for (auto& [s, g] : curve) x.push_back({s, g});
+  return x;
+}
+std::vector<std::pair<uint64_t, double>> curve_from_json(const json& x, const char* field) {
+  std::vector<std::pair<uint64_t, double>> out;
+  for (auto& p : x.value(field, json::array())) {
+    out.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
+    TUTTI_CHECK(out.back().second > 0, InvalidArgument, "{}: rate at {} bytes must be > 0", field, out.back().first);
+  }
+  return out;
 }
 
 json to_json(const Calibration& c) {
@@ -101,6 +170,10 @@ json to_json(const Calibration& c) {
   for (auto& [s, t] : c.curve) x["curve"].push_back({s, t});
   x["pingpong"] = json::array();
   for (auto& [s, t] : c.pingpong) x["pingpong"].push_back({s, t});
+  x["memory_curve"] = curve_json(c.memory_curve);
+  x["reduce_curve"] = curve_json(c.reduce_curve);
+  x["reduce_exchange"] = json::array();
+  for (auto& [s, t] : c.reduce_exchange) x["reduce_exchange"].push_back({s, t});
   return x;
 }
 
@@ -116,6 +189,10 @@ Calibration from_json(const json& x) {
   c.exchange_gbps = x.value("exchange_gbps", 0.0);
   for (auto& p : x.value("curve", json::array())) c.curve.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
   for (auto& p : x.value("pingpong", json::array())) c.pingpong.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
+  c.memory_curve = curve_from_json(x, "memory_curve");
+  c.reduce_curve = curve_from_json(x, "reduce_curve");
+  for (auto& p : x.value("reduce_exchange", json::array()))
+    c.reduce_exchange.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
   TUTTI_CHECK(c.alpha_us >= 0 && c.beta_gbps > 0 && c.memory_gbps > 0 && c.instruction_us >= 0, InvalidArgument,
               "alpha_us and instruction_us must be >= 0, beta_gbps and memory_gbps > 0");
   return c;
@@ -160,14 +237,20 @@ Calibration calibrate(Communicator& comm) {
     c.pingpong.emplace_back(s, pingpong(comm, s, iters));
   }
   c.pingpong.emplace_back(4u << 20, pingpong(comm, 4u << 20, 10));
-  double mem = copy_rate(comm);
+  c.memory_curve = rates_at_once(comm, false);
+  c.reduce_curve = rates_at_once(comm, true);
+  double mem = 0;  // the 8 MiB copy's rate: the collective's buffers out of cache
+  for (auto& [touched, gbps] : c.memory_curve)
+    if (touched == (16u << 20)) mem = gbps;
   const double both_ways = exchange_rate(comm, 4u << 20, 10);
   // The curve under a collective's load: ping-pong times up to 512 B (latency-bound, one message
   // each way looks the same), exchange times from 4 KiB.
   std::vector<std::pair<uint64_t, double>> load;
-  for (uint64_t s = 4096; s <= (4u << 20); s *= 4) {
-    const double gbps = exchange_rate(comm, s, s <= (64u << 10) ? 200 : 20);
-    load.emplace_back(s, gbps > 0 ? static_cast<double>(s) / (gbps * 1e3) : 0.0);
+  std::vector<std::pair<uint64_t, double>> reducing;
+  for (uint64_t s = 4096; s <= (16u << 20); s *= 2) {
+    const int iters = s <= (64u << 10) ? 200 : s <= (1u << 20) ? 20 : 5;
+    load.emplace_back(s, static_cast<double>(s) / (exchange_rate(comm, s, iters) * 1e3));
+    reducing.emplace_back(s, static_cast<double>(s) / (exchange_rate(comm, s, iters, true) * 1e3));
   }
   // The executor: 2(n-1) dependent messages of a ring all-reduce of 8 bytes.
   auto ring = PreparedPlan::make(plan::compile(algorithms::build("ring_allreduce", n, {{"inplace", 0}})).plan);
@@ -191,6 +274,7 @@ Calibration calibrate(Communicator& comm) {
   wire::Writer w;
   w.put<double>(mem).put<double>(ring_us).put<double>(both_ways);
   for (auto& [sz, t] : load) w.put<double>(t);
+  for (auto& [sz, t] : reducing) w.put<double>(t);
   for (auto& [s, t] : c.pingpong) w.put<double>(t);
   auto all = comm.bootstrap().allgather(w.bytes());
   double slowest_mem = 1e300;
@@ -202,14 +286,18 @@ Calibration calibrate(Communicator& comm) {
       ring_us = ring_r;
       c.exchange_gbps = both_r;
       for (auto& p : load) p.second = rd.get<double>();
+      for (auto& p : reducing) p.second = rd.get<double>();
       for (auto& p : c.pingpong) p.second = rd.get<double>();
     } else {
-      for (size_t k = 0; k < load.size() + c.pingpong.size(); ++k) rd.get<double>();
+      for (size_t k = 0; k < load.size() + reducing.size() + c.pingpong.size(); ++k) rd.get<double>();
     }
   }
   for (auto& p : c.pingpong)
     if (p.first <= 512) c.curve.push_back(p);
   for (auto& p : load) c.curve.push_back(p);
+  for (auto& p : c.pingpong)
+    if (p.first <= 512) c.reduce_exchange.push_back(p);
+  for (auto& p : reducing) c.reduce_exchange.push_back(p);
   auto [alpha, beta] = fit_alpha_beta(c.pingpong);
   c.alpha_us = alpha;
   c.beta_gbps = beta;
@@ -278,8 +366,7 @@ void apply(const Calibration& c, topo::Topology& t, plan::CostModel& m) {
   // The ranks' shared path carries every concurrent flow. In the exchange every rank sent one flow
   // (n flows at once, each at exchange_gbps), which is how collectives load it; without that
   // measurement, the ping-pong's floor(n/2) flows at beta.
-  const double capacity = c.exchange_gbps > 0 ? c.exchange_gbps * (c.nranks / 2 * 2)
-                                              : c.beta_gbps * std::max(1, c.nranks / 2);
+  const double capacity = c.exchange_gbps > 0 ? c.exchange_gbps * c.nranks : c.beta_gbps * std::max(1, c.nranks / 2);
   for (int d : t.rank_device) {
     t.devices[d].attrs["shm_gbps"] = fmt::format("{:.6g}", capacity);
     t.devices[d].attrs["shm_latency_us"] = fmt::format("{:.6g}", c.alpha_us);
@@ -287,10 +374,17 @@ void apply(const Calibration& c, topo::Topology& t, plan::CostModel& m) {
       std::string curve;
       for (auto& [s, us] : c.curve) curve += fmt::format("{}{}:{:.6g}", curve.empty() ? "" : ",", s, us);
       t.devices[d].attrs["shm_curve"] = curve;
-      t.devices[d].attrs["shm_curve_flows"] = std::to_string(c.nranks / 2 * 2);
+      std::string reducing;
+      for (auto& [s, us] : c.reduce_exchange) reducing += fmt::format("{}{}:{:.6g}", reducing.empty() ? "" : ",", s, us);
+      if (!reducing.empty()) t.devices[d].attrs["shm_reduce_curve"] = reducing;
+      t.devices[d].attrs["shm_curve_flows"] = std::to_string(c.nranks);
     }
   }
   m.memory_gbps = c.memory_gbps;
+  m.memory_curve = c.memory_curve;
+  m.reduce_curve = c.reduce_curve;
+  std::sort(m.memory_curve.begin(), m.memory_curve.end());
+  std::sort(m.reduce_curve.begin(), m.reduce_curve.end());
   m.instruction_us = c.instruction_us;
 }
 

@@ -4,10 +4,15 @@
 // - the transport: ping-pong between rank pairs (0,1), (2,3), ... at 8 B .. 4 MiB; a least-squares
 //   fit of the one-way time t(S) = alpha + S / beta, relative error weighted so small and large
 //   sizes count alike;
-// - both ways: every rank exchanging 4 MiB with its partner at once, the load of a collective step;
-// - memory: every rank copying 8 MiB at once (the rate of the executor's local copies/reductions);
+// - both ways: every rank sending to the next rank and receiving from the previous one at once,
+//   the load of a ring step, at 4 KiB .. 16 MiB (the curve the simulator interpolates; its 4 MiB
+//   point is exchange_gbps); and the same with receives that reduce;
+// - memory: every rank copying, then summing two float arrays, at once, 32 KiB .. 32 MiB (the rate of
+//   the executor's local copies and reductions, in and out of cache; with more ranks than cores it
+//   is the share a rank gets);
 // - the executor: a ring all-reduce of 8 bytes, whose 2(n-1) dependent steps cost alpha plus the
 //   per-instruction overhead each.
+// Times are the median of a few rounds (a run of calls sees the typical round, not the luckiest).
 // The result is stored per (transport, ranks) in a JSON file (TUTTI_CALIBRATION_FILE, default
 // ~/.cache/tutti/calibration.json), reused by the tuner and tutti-sim, and may be edited to
 // override any value.
@@ -28,14 +33,24 @@ struct Calibration {
   int cores = 0;
   double alpha_us = 0;    // one-way latency of a message
   double beta_gbps = 0;   // transport bandwidth per direction, GB/s (one direction at a time)
-  double exchange_gbps = 0;  // per direction while every rank sends and receives 4 MiB at once
+  double exchange_gbps = 0;  // per flow while every rank sends 4 MiB to the next and receives from the previous
   double memory_gbps = 0;     // a rank's local copy rate while every rank copies
   double instruction_us = 0;  // executor overhead per plan instruction
   // The measurements behind the fit: size -> one-way time (us).
   std::vector<std::pair<uint64_t, double>> pingpong;
   // One-way time per size under a collective's load (ping-pong up to 512 B, then every rank
-  // exchanging with its partner at once), which the simulator interpolates for shared memory.
+  // sending to the next while receiving from the previous), which the simulator interpolates for
+  // shared memory.
   std::vector<std::pair<uint64_t, double>> curve;
+  // The same with receives that sum into a local array (recv_reduce): what a reducing step costs
+  // under load, whose difference from `curve` is the work a reduction adds to a receive.
+  std::vector<std::pair<uint64_t, double>> reduce_exchange;
+  // A rank's copy rate while every rank copies at once, per bytes it touches (source and
+  // destination): in cache the rate is several times memory_gbps (plan::CostModel::memory_curve).
+  std::vector<std::pair<uint64_t, double>> memory_curve;
+  // The same for a float sum of two arrays (GB/s of output, per bytes touched: both inputs and
+  // the output), the work a reducing receive adds.
+  std::vector<std::pair<uint64_t, double>> reduce_curve;
 };
 
 // Collective: every rank measures; every rank returns the same calibration (rank 0's view of the

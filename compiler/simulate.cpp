@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 
@@ -40,9 +41,9 @@ struct Curve {
   }
 };
 
-Curve parse_curve(const topo::Device& d) {
+Curve parse_curve(const topo::Device& d, const std::string& attr) {
   Curve c;
-  auto it = d.attrs.find("shm_curve");
+  auto it = d.attrs.find(attr);
   if (it == d.attrs.end()) return c;
   std::string text = it->second;
   size_t pos = 0;
@@ -50,7 +51,7 @@ Curve parse_curve(const topo::Device& d) {
     size_t comma = text.find(',', pos);
     std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     size_t colon = item.find(':');
-    TUTTI_CHECK(colon != std::string::npos, InvalidArgument, "device {}: shm_curve item '{}' is not size:us", d.name, item);
+    TUTTI_CHECK(colon != std::string::npos, InvalidArgument, "device {}: {} item '{}' is not size:us", d.name, attr, item);
     c.points.emplace_back(std::atof(item.substr(0, colon).c_str()), std::atof(item.substr(colon + 1).c_str()));
     if (comma == std::string::npos) break;
     pos = comma + 1;
@@ -61,18 +62,55 @@ Curve parse_curve(const topo::Device& d) {
   return c;
 }
 
+// The curve's time for a message of `msg` bytes on a rank whose plan touches `touched` bytes. The
+// measurement of a message touched twice its size per rank; a plan whose buffers are larger (out
+// of cache where the measurement was not) moves its bytes no faster than the measured message that
+// touched as much.
+double measured_us(const Curve& c, double msg, double touched) {
+  double us = c.time_us(msg);
+  if (touched > 2 * msg) us = std::max(us, msg * c.time_us(touched / 2) / (touched / 2));
+  return us;
+}
+
 }  // namespace
+
+namespace {
+// Log-linear in the working set between measured points, flat beyond them; `fallback` without any.
+double rate_at(const std::vector<std::pair<uint64_t, double>>& curve, double working_set, double fallback) {
+  if (curve.empty()) return fallback;
+  if (working_set <= static_cast<double>(curve.front().first)) return curve.front().second;
+  for (size_t k = 1; k < curve.size(); ++k) {
+    auto [s1, g1] = curve[k];
+    if (working_set > static_cast<double>(s1)) continue;
+    auto [s0, g0] = curve[k - 1];
+    const double f = std::log(working_set / static_cast<double>(s0)) / std::log(static_cast<double>(s1) / static_cast<double>(s0));
+    return g0 + f * (g1 - g0);
+  }
+  return curve.back().second;
+}
+}  // namespace
+
+double CostModel::memory_rate_gbps(double working_set) const { return rate_at(memory_curve, working_set, memory_gbps); }
+
+double CostModel::reduce_rate_gbps(double working_set) const {
+  return rate_at(reduce_curve, working_set, memory_rate_gbps(working_set) / reduce_factor);
+}
 
 Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, const CostModel& m) {
   TUTTI_CHECK(t.nranks() >= p.nranks, InvalidArgument, "simulate: plan '{}' needs {} ranks, topology '{}' maps {}", p.name,
               p.nranks, t.name, t.nranks());
   const double chunk_bytes = static_cast<double>(bytes) / p.chunk_factor;
-  std::vector<double> mem(p.nranks);  // bytes per us, per rank
+  std::vector<double> mem(p.nranks), red(p.nranks);  // copy and reduction rates, bytes per us, per rank
+  std::vector<double> touched(p.nranks);  // bytes of buffers a rank's plan touches
   std::vector<bool> gpu(p.nranks, false);
   const ProtocolCost& proto = m.protocol(p.protocol);
   for (int r = 0; r < p.nranks; ++r) {
     const topo::Device& d = t.devices[t.rank_device[r]];
-    double gbps = m.memory_gbps;
+    const RankPlan& rp = p.ranks[r];
+    touched[r] =
+        static_cast<double>((p.inplace ? std::max(rp.input_chunks, rp.output_chunks) : rp.input_chunks + rp.output_chunks) +
+                            rp.scratch_chunks) * chunk_bytes;
+    double gbps = m.memory_rate_gbps(touched[r]);
     if (d.type == topo::DeviceType::kGpu) {
       gpu[r] = true;
       auto it = d.attrs.find("sm");
@@ -80,8 +118,9 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
       gbps = sm >= 90 ? 3000 : sm >= 80 ? 1500 : 900;
     }
     mem[r] = gbps * 1e3;
+    red[r] = gpu[r] ? mem[r] / m.reduce_factor : m.reduce_rate_gbps(touched[r]) * 1e3;
   }
-  std::map<int, Curve> curves;  // virtual shm link id -> measured curve
+  std::map<int, Curve> curves, reduce_curves;  // virtual shm link id -> measured curves (plain, reducing receive)
   // Links of a rank-to-rank path; shared memory inside one device is a virtual link of that device.
   std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> route;
   std::map<int, double> link_rate;  // bytes per us, per link id (virtual ids are negative)
@@ -95,8 +134,10 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
       int id = -1 - path.devices[0];
       link_rate[id] = path.gbps * 1e3;
       ls.push_back({id, 0});
-      Curve c = parse_curve(t.devices[path.devices[0]]);
+      Curve c = parse_curve(t.devices[path.devices[0]], "shm_curve");
       if (!c.points.empty()) curves[id] = c;
+      Curve rc = parse_curve(t.devices[path.devices[0]], "shm_reduce_curve");
+      if (!rc.points.empty()) reduce_curves[id] = rc;
     }
     for (size_t h = 0; h + 1 < path.devices.size(); ++h) {
       int u = path.devices[h], v = path.devices[h + 1];
@@ -166,11 +207,17 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
             received[key] = k + 1;
           }
           double msg = static_cast<double>(in.count()) * chunk_bytes;
-          if (in.op == Opcode::kCopy || in.op == Opcode::kCompute || in.op == Opcode::kRecv || in.op == Opcode::kRecvCopySend)
-            local = msg / mem[r];
-          if (in.op == Opcode::kReduce || in.op == Opcode::kRecvReduceCopy || in.op == Opcode::kRecvReduceSend ||
-              in.op == Opcode::kRecvReduceCopySend)
-            local = m.reduce_factor * msg / mem[r];
+          if (in.op == Opcode::kCopy || in.op == Opcode::kCompute) local = msg / mem[r];
+          if (in.op == Opcode::kReduce) local = msg / red[r];
+          if (in.op == Opcode::kRecvReduceCopy || in.op == Opcode::kRecvReduceSend || in.op == Opcode::kRecvReduceCopySend) {
+            // A reduction instead of the copy out: measured under load where the path has a
+            // reducing curve, else the local rates' difference.
+            local = std::max(0.0, msg / red[r] - msg / mem[r]);
+            const auto& ls = links_of(in.recv_peer, r);
+            if (ls.size() == 1 && reduce_curves.count(ls[0].first) && curves.count(ls[0].first))
+              local = std::max(0.0, measured_us(reduce_curves.at(ls[0].first), msg, touched[r]) -
+                                        measured_us(curves.at(ls[0].first), msg, touched[r]));
+          }
           double begin = now + (in.op == Opcode::kNop ? 0 : m.instruction_us) + local;
           b.running = true;
           started = true;
@@ -185,7 +232,7 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
               const Curve& c = curves.at(x.links[0].first);
               x.start = begin;
               x.curve_link = x.links[0].first;
-              x.curve_rate = c.flows * std::max(msg, 1.0) / std::max(c.time_us(msg), 1e-6);
+              x.curve_rate = c.flows * std::max(msg, 1.0) / std::max(measured_us(c, msg, touched[r]), 1e-6);
               x.left = std::max(msg, 1.0);
             }
             transfers.push_back(x);

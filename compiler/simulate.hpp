@@ -3,6 +3,9 @@
 // An instruction starts when its dependencies are done, its block is free and (for a receive) its
 // message has arrived; it costs the executor's per-instruction overhead, plus local work at memory
 // bandwidth (copies, reductions), plus for a send a transfer along the topology path. A transfer
+// delivers its bytes into the receiver's destination (what the calibration's exchange measures:
+// the sender's copy in and the receiver's copy out), so a receive costs local work only for what it
+// adds: a reduction reads one more operand, (reduce_factor - 1) copies. A transfer
 // waits the path's latency, then moves its bytes at the path's bottleneck bandwidth, shared equally
 // with every other transfer crossing the same link in the same direction at that moment (so two
 // flows on one link each get half). Messages are store-and-forward per instruction (the model does
@@ -10,6 +13,8 @@
 // a uniform fully connected topology.
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "compiler/plan.hpp"
 #include "topologies/topology.hpp"
@@ -34,7 +39,18 @@ struct CostModel {
   double instruction_us = 1.0;  // executor overhead per instruction
   double memory_gbps = 10.0;    // local copies and reductions on CPU ranks; GPU ranks use their HBM
                                 // (900 / 1500 / 3000 GB/s for sm70 / sm80 / sm90 and later)
-  double reduce_factor = 1.5;   // a reduction costs this many copies of its output
+  // A CPU rank's copy rate depends on whether its buffers stay in cache: measured points (bytes a
+  // rank touches -> GB/s, collectives/calibrate.hpp), log-linear between them and flat beyond.
+  // Empty: memory_gbps at every size.
+  std::vector<std::pair<uint64_t, double>> memory_curve;
+  // The same for a reduction of two operands (GB/s of output). Empty: reduce_factor copies.
+  std::vector<std::pair<uint64_t, double>> reduce_curve;
+  double reduce_factor = 1.5;   // without a reduce curve, a reduction costs this many copies of its output
+
+  // The copy rate of a CPU rank whose plan touches `working_set` bytes.
+  double memory_rate_gbps(double working_set) const;
+  // Its reduction rate (GB/s of output).
+  double reduce_rate_gbps(double working_set) const;
 };
 
 struct Prediction {

@@ -210,6 +210,10 @@ int main(int argc, char** argv) {
           for (auto& [s, t] : cal.pingpong)
             std::printf("  %10llu B  %10.2f us  (fit %.2f us)\n", static_cast<unsigned long long>(s), t,
                         cal.alpha_us + static_cast<double>(s) / (cal.beta_gbps * 1e3));
+          std::printf("copy rate per bytes touched, every rank at once:");
+          for (auto& [s, g] : cal.memory_curve)
+            std::printf(" %lluK %.1f GB/s", static_cast<unsigned long long>(s >> 10), g);
+          std::printf("\n");
         }
         return;
       }
