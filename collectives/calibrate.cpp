@@ -370,13 +370,14 @@ void apply(const Calibration& c, topo::Topology& t, plan::CostModel& m) {
   for (int d : t.rank_device) {
     t.devices[d].attrs["shm_gbps"] = fmt::format("{:.6g}", capacity);
     t.devices[d].attrs["shm_latency_us"] = fmt::format("{:.6g}", c.alpha_us);
+    auto text = [](const std::vector<std::pair<uint64_t, double>>& points) {
+      std::string out;
+      for (auto& [s, us] : points) out += fmt::format("{}{}:{:.6g}", out.empty() ? "" : ",", s, us);
+      return out;
+    };
     if (!c.curve.empty()) {
-      std::string curve;
-      for (auto& [s, us] : c.curve) curve += fmt::format("{}{}:{:.6g}", curve.empty() ? "" : ",", s, us);
-      t.devices[d].attrs["shm_curve"] = curve;
-      std::string reducing;
-      for (auto& [s, us] : c.reduce_exchange) reducing += fmt::format("{}{}:{:.6g}", reducing.empty() ? "" : ",", s, us);
-      if (!reducing.empty()) t.devices[d].attrs["shm_reduce_curve"] = reducing;
+      t.devices[d].attrs["shm_curve"] = text(c.curve);
+      if (!c.reduce_exchange.empty()) t.devices[d].attrs["shm_reduce_curve"] = text(c.reduce_exchange);
       t.devices[d].attrs["shm_curve_flows"] = std::to_string(c.nranks);
     }
   }

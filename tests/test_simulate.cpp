@@ -112,4 +112,52 @@ TEST(Simulator, PresetsPredictFasterNvSwitchThanPcie) {
                InvalidArgument);
 }
 
+TEST(CostModel, CopyRateFollowsTheWorkingSetLogLinearly) {
+  CostModel m;
+  m.memory_gbps = 7;
+  EXPECT_EQ(m.memory_rate_gbps(1 << 20), 7);  // no curve: the one rate
+  m.memory_curve = {{1 << 10, 40}, {1 << 20, 10}};
+  EXPECT_DOUBLE_EQ(m.memory_rate_gbps(100), 40);          // flat below the first point
+  EXPECT_DOUBLE_EQ(m.memory_rate_gbps(1 << 30), 10);      // and beyond the last
+  EXPECT_NEAR(m.memory_rate_gbps(32 << 10), 25, 1e-9);    // halfway in log size
+  EXPECT_NEAR(m.reduce_rate_gbps(32 << 10), 25 / m.reduce_factor, 1e-9);  // no reduce curve
+  m.reduce_curve = {{1 << 10, 20}};
+  EXPECT_DOUBLE_EQ(m.reduce_rate_gbps(32 << 10), 20);
+}
+
+// Two ranks on one host whose shared-memory path has measured curves (as tuning::apply writes
+// them): 1 us per KB up to 1 MiB, twice that per byte at 4 MiB (out of cache), 2 flows measured.
+topo::Topology measured_host(const std::string& reduce_curve) {
+  topo::Topology t;
+  t.name = "measured";
+  int host = t.add_device(topo::DeviceType::kHost, "host", -1, 0);
+  int numa = t.add_device(topo::DeviceType::kNuma, "numa0", host, host);
+  t.devices[numa].attrs["shm_gbps"] = "1";
+  t.devices[numa].attrs["shm_curve"] = "4096:4.096,1048576:1048.576,4194304:8388.608";
+  if (!reduce_curve.empty()) t.devices[numa].attrs["shm_reduce_curve"] = reduce_curve;
+  t.devices[numa].attrs["shm_curve_flows"] = "2";
+  t.rank_device = {numa, numa};
+  return t;
+}
+
+TEST(Simulator, MeasuredCurveAtThePlansWorkingSet) {
+  CostModel m;
+  m.instruction_us = 0;
+  m.memory_gbps = 1e12;
+  const uint64_t bytes = 2u << 20;  // 1 MiB chunks
+  // In place the plan touches 2 MiB per rank, as the 1 MiB measurement did: two steps of 1 MiB
+  // at the curve's time.
+  Plan inplace = compile(algorithms::build("ring_allreduce", 2, {{"inplace", 1}})).plan;
+  EXPECT_NEAR(simulate(inplace, measured_host(""), bytes, m).time_us, 2 * 1048.576, 1e-3);
+  // Out of place it touches 4 MiB, as the curve's 2 MiB message did (halfway between its points:
+  // 3495.25 us), so each 1 MiB moves at that per-byte rate.
+  Plan outofplace = compile(algorithms::build("ring_allreduce", 2, {{"inplace", 0}})).plan;
+  const double step = (1048.576 + (8388.608 - 1048.576) / 3) / 2;
+  EXPECT_NEAR(simulate(outofplace, measured_host(""), bytes, m).time_us, 2 * step, 1e-3);
+  // A reducing receive adds what the reducing curve measured over the plain one (here 1.5x the
+  // time at every size): the middle step's reduction costs half a step more.
+  auto half_again = "4096:6.144,1048576:1572.864,4194304:12582.912";
+  EXPECT_NEAR(simulate(outofplace, measured_host(half_again), bytes, m).time_us, 2.5 * step, 1e-3);
+}
+
 }  // namespace

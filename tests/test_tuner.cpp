@@ -268,6 +268,10 @@ TEST(Calibration, IsStoredReusedAndAppliedToTheModel) {
   a.memory_gbps = 8.0;
   a.instruction_us = 0.5;
   a.pingpong = {{8, 1.0}, {4096, 2.0}};
+  a.memory_curve = {{1 << 20, 30.0}, {64 << 20, 5.0}};
+  a.reduce_curve = {{1 << 20, 20.0}};
+  a.curve = {{4096, 2.0}, {1 << 20, 300.0}};
+  a.reduce_exchange = {{4096, 3.0}, {1 << 20, 400.0}};
   tuning::save_calibration(path, a);
   tuning::Calibration b = a;
   b.transport = "tcp";
@@ -281,6 +285,9 @@ TEST(Calibration, IsStoredReusedAndAppliedToTheModel) {
   ASSERT_TRUE(shm.has_value());
   EXPECT_EQ(shm->alpha_us, 2.0);
   EXPECT_EQ(shm->pingpong.size(), 2u);
+  EXPECT_EQ(shm->memory_curve, a.memory_curve);
+  EXPECT_EQ(shm->reduce_curve, a.reduce_curve);
+  EXPECT_EQ(shm->reduce_exchange, a.reduce_exchange);
   EXPECT_FALSE(tuning::find_calibration(path, "shm", 4).has_value());
   // Applied: a 2-rank ring all-reduce costs 2 (alpha + S/2 / beta + instruction) plus the local
   // reduction, and the calibrated numbers move it.
@@ -288,11 +295,21 @@ TEST(Calibration, IsStoredReusedAndAppliedToTheModel) {
   plan::CostModel m;
   tuning::apply(*shm, t, m);
   EXPECT_EQ(m.memory_gbps, 8.0);
+  EXPECT_EQ(m.memory_rate_gbps(1 << 20), 30.0);
+  EXPECT_EQ(m.reduce_rate_gbps(1 << 20), 20.0);
+  EXPECT_EQ(t.devices[t.rank_device[0]].attrs.at("shm_reduce_curve"), "4096:3,1048576:400");
   EXPECT_EQ(t.path(0, 1).latency_us, 2.0);
   plan::Plan ring = plan::compile(algorithms::build("ring_allreduce", 2, {{"inplace", 0}})).plan;
   double slow = plan::simulate(ring, t, 1 << 20, m).time_us;
-  shm->beta_gbps *= 2;
+  for (auto& p : shm->curve) p.second /= 2;  // a transport twice as fast
   tuning::apply(*shm, t, m);
+  EXPECT_LT(plan::simulate(ring, t, 1 << 20, m).time_us, slow);
+  // Without measured curves, the fitted alpha-beta: a faster beta moves it too.
+  shm->curve.clear();
+  tuning::apply(*shm, t = tuning::host_topology(2), m);
+  slow = plan::simulate(ring, t, 1 << 20, m).time_us;
+  shm->beta_gbps *= 2;
+  tuning::apply(*shm, t = tuning::host_topology(2), m);
   EXPECT_LT(plan::simulate(ring, t, 1 << 20, m).time_us, slow);
   // A damaged file is an error that names it and the entry.
   {
@@ -319,7 +336,12 @@ TEST(Calibration, MeasuresTheLiveCommunicator) {
     EXPECT_GT(c.memory_gbps, 0);
     EXPECT_GE(c.alpha_us, 0);
     EXPECT_EQ(c.pingpong.size(), 8u);
+    EXPECT_EQ(c.memory_curve.size(), 6u);
+    EXPECT_EQ(c.reduce_curve.size(), 6u);
+    EXPECT_EQ(c.reduce_exchange.size(), c.curve.size());
+    for (auto& [bytes, gbps] : c.memory_curve) EXPECT_GT(gbps, 0) << bytes;
   }
+  EXPECT_EQ(got[0].memory_curve, got[1].memory_curve);  // one measurement of all ranks at once
   EXPECT_EQ(got[0].alpha_us, got[1].alpha_us);  // every rank reaches the same model
   EXPECT_EQ(got[0].beta_gbps, got[1].beta_gbps);
 }
