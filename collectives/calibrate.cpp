@@ -165,6 +165,7 @@ json to_json(const Calibration& c) {
   x["beta_gbps"] = c.beta_gbps;
   x["memory_gbps"] = c.memory_gbps;
   x["instruction_us"] = c.instruction_us;
+  x["local_instruction_us"] = c.local_instruction_us;
   x["exchange_gbps"] = c.exchange_gbps;
   x["curve"] = json::array();
   for (auto& [s, t] : c.curve) x["curve"].push_back({s, t});
@@ -186,6 +187,7 @@ Calibration from_json(const json& x) {
   c.beta_gbps = x.at("beta_gbps").get<double>();
   c.memory_gbps = x.at("memory_gbps").get<double>();
   c.instruction_us = x.at("instruction_us").get<double>();
+  c.local_instruction_us = x.value("local_instruction_us", c.instruction_us);
   c.exchange_gbps = x.value("exchange_gbps", 0.0);
   for (auto& p : x.value("curve", json::array())) c.curve.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
   for (auto& p : x.value("pingpong", json::array())) c.pingpong.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
@@ -193,8 +195,8 @@ Calibration from_json(const json& x) {
   c.reduce_curve = curve_from_json(x, "reduce_curve");
   for (auto& p : x.value("reduce_exchange", json::array()))
     c.reduce_exchange.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
-  TUTTI_CHECK(c.alpha_us >= 0 && c.beta_gbps > 0 && c.memory_gbps > 0 && c.instruction_us >= 0, InvalidArgument,
-              "alpha_us and instruction_us must be >= 0, beta_gbps and memory_gbps > 0");
+  TUTTI_CHECK(c.alpha_us >= 0 && c.beta_gbps > 0 && c.memory_gbps > 0 && c.instruction_us >= 0 && c.local_instruction_us >= 0,
+              InvalidArgument, "alpha_us, instruction_us and local_instruction_us must be >= 0, beta_gbps and memory_gbps > 0");
   return c;
 }
 
@@ -268,11 +270,45 @@ Calibration calibrate(Communicator& comm) {
     for (int i = 0; i < 100; ++i) ex.run(*ring, args);
     rounds.push_back(us_since(t0) / 100);
   }
-  std::sort(rounds.begin(), rounds.end());
-  double ring_us = rounds[rounds.size() / 2];
-  // Every rank gets rank 0's transport fit and ring time, and the slowest memory rate.
+  double ring_us = median(rounds);
+  // Instructions that wait on no peer: a plan of k local copies of one element each, timed at
+  // k = 1 and k = 17; the difference per copy is what the executor spends on such an instruction
+  // (a tiny share of a receive's, whose time includes waking up for its message).
+  auto copies = [&](int k) {
+    plan::Plan local;
+    local.name = "calibration_copies";
+    local.collective = dsl::Collective::kAllReduce;
+    local.nranks = n;
+    local.chunk_factor = k;
+    local.ranks.resize(static_cast<size_t>(n));
+    for (auto& rp : local.ranks) {
+      rp.input_chunks = rp.output_chunks = k;
+      rp.blocks.push_back(plan::Block{0, 0, {}});
+      for (int i = 0; i < k; ++i) {
+        plan::Instruction in;
+        in.op = plan::Opcode::kCopy;
+        in.srcs = {plan::Ref{dsl::BufferKind::kInput, i, 1}};
+        in.dst = plan::Ref{dsl::BufferKind::kOutput, i, 1};
+        rp.blocks[0].steps.push_back(in);
+      }
+    }
+    auto pp = PreparedPlan::make(std::move(local));
+    ExecArgs a = args;
+    a.count = k;
+    for (int i = 0; i < 20; ++i) ex.run(*pp, a);
+    std::vector<double> times;
+    for (int r = 0; r < 9; ++r) {
+      auto t0 = Clock::now();
+      for (int i = 0; i < 100; ++i) ex.run(*pp, a);
+      times.push_back(us_since(t0) / 100);
+    }
+    return median(times);
+  };
+  const double local_us = std::max(0.0, (copies(17) - copies(1)) / 16);
+  // Every rank gets rank 0's transport fit and ring time, and the slowest memory rate and local
+  // instruction.
   wire::Writer w;
-  w.put<double>(mem).put<double>(ring_us).put<double>(both_ways);
+  w.put<double>(mem).put<double>(ring_us).put<double>(both_ways).put<double>(local_us);
   for (auto& [sz, t] : load) w.put<double>(t);
   for (auto& [sz, t] : reducing) w.put<double>(t);
   for (auto& [s, t] : c.pingpong) w.put<double>(t);
@@ -282,6 +318,7 @@ Calibration calibrate(Communicator& comm) {
     wire::Reader rd(all[r], "calibration");
     slowest_mem = std::min(slowest_mem, rd.get<double>());
     double ring_r = rd.get<double>(), both_r = rd.get<double>();
+    c.local_instruction_us = std::max(c.local_instruction_us, rd.get<double>());
     if (r == 0) {
       ring_us = ring_r;
       c.exchange_gbps = both_r;
@@ -387,6 +424,7 @@ void apply(const Calibration& c, topo::Topology& t, plan::CostModel& m) {
   std::sort(m.memory_curve.begin(), m.memory_curve.end());
   std::sort(m.reduce_curve.begin(), m.reduce_curve.end());
   m.instruction_us = c.instruction_us;
+  m.local_instruction_us = c.local_instruction_us;
 }
 
 topo::Topology host_topology(int nranks) {

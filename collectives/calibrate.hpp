@@ -10,8 +10,9 @@
 // - memory: every rank copying, then summing two float arrays, at once, 32 KiB .. 32 MiB (the rate of
 //   the executor's local copies and reductions, in and out of cache; with more ranks than cores it
 //   is the share a rank gets);
-// - the executor: a ring all-reduce of 8 bytes, whose 2(n-1) dependent steps cost alpha plus the
-//   per-instruction overhead each.
+// - the executor: a ring all-reduce of 8 bytes, whose 2(n-1) dependent receives cost alpha plus
+//   the per-instruction overhead each; and a plan of local copies of one element, the overhead of
+//   an instruction that waits on no peer.
 // Times are the median of a few rounds (a run of calls sees the typical round, not the luckiest).
 // The result is stored per (transport, ranks) in a JSON file (TUTTI_CALIBRATION_FILE, default
 // ~/.cache/tutti/calibration.json), reused by the tuner and tutti-sim, and may be edited to
@@ -35,7 +36,8 @@ struct Calibration {
   double beta_gbps = 0;   // transport bandwidth per direction, GB/s (one direction at a time)
   double exchange_gbps = 0;  // per flow while every rank sends 4 MiB to the next and receives from the previous
   double memory_gbps = 0;     // a rank's local copy rate while every rank copies
-  double instruction_us = 0;  // executor overhead per plan instruction
+  double instruction_us = 0;  // executor overhead per receiving plan instruction (wake-up included)
+  double local_instruction_us = 0;  // per instruction that waits on no peer (copies, sends)
   // The measurements behind the fit: size -> one-way time (us).
   std::vector<std::pair<uint64_t, double>> pingpong;
   // One-way time per size under a collective's load (ping-pong up to 512 B, then every rank

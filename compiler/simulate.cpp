@@ -218,7 +218,10 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
               local = std::max(0.0, measured_us(reduce_curves.at(ls[0].first), msg, touched[r]) -
                                         measured_us(curves.at(ls[0].first), msg, touched[r]));
           }
-          double begin = now + (in.op == Opcode::kNop ? 0 : m.instruction_us) + local;
+          const double overhead = in.op == Opcode::kNop ? 0
+                                  : receives(in.op)     ? m.instruction_us
+                                                        : m.local_instruction_us.value_or(m.instruction_us);
+          double begin = now + overhead + local;
           b.running = true;
           started = true;
           if (sends(in.op)) {

@@ -13,6 +13,7 @@
 // a uniform fully connected topology.
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -36,7 +37,11 @@ struct CostModel {
   const ProtocolCost& protocol(dsl::Protocol p) const {
     return p == dsl::Protocol::kLL ? ll : p == dsl::Protocol::kLL128 ? ll128 : simple;
   }
-  double instruction_us = 1.0;  // executor overhead per instruction
+  double instruction_us = 1.0;  // executor overhead per instruction that receives
+  // Per instruction that waits on no peer (local work, sends). With more ranks than cores a
+  // receive's overhead includes being woken for its message, which these do not pay. Unset: the
+  // same as instruction_us.
+  std::optional<double> local_instruction_us;
   double memory_gbps = 10.0;    // local copies and reductions on CPU ranks; GPU ranks use their HBM
                                 // (900 / 1500 / 3000 GB/s for sm70 / sm80 / sm90 and later)
   // A CPU rank's copy rate depends on whether its buffers stay in cache: measured points (bytes a

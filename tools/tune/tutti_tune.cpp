@@ -205,8 +205,9 @@ int main(int argc, char** argv) {
           tuning::save_calibration(path, cal);
           std::printf("# calibration (%s, %d ranks, %d cores) -> %s\n", cal.transport.c_str(), cal.nranks, cal.cores,
                       path.c_str());
-          std::printf("alpha %.3f us, beta %.3f GB/s, both ways %.3f GB/s, memory %.3f GB/s, instruction %.3f us\n",
-                      cal.alpha_us, cal.beta_gbps, cal.exchange_gbps, cal.memory_gbps, cal.instruction_us);
+          std::printf("alpha %.3f us, beta %.3f GB/s, both ways %.3f GB/s, memory %.3f GB/s, instruction %.3f us (local %.3f us)\n",
+                      cal.alpha_us, cal.beta_gbps, cal.exchange_gbps, cal.memory_gbps, cal.instruction_us,
+                      cal.local_instruction_us);
           for (auto& [s, t] : cal.pingpong)
             std::printf("  %10llu B  %10.2f us  (fit %.2f us)\n", static_cast<unsigned long long>(s), t,
                         cal.alpha_us + static_cast<double>(s) / (cal.beta_gbps * 1e3));
