@@ -141,17 +141,17 @@ std::vector<std::pair<uint64_t, double>> rates_at_once(Communicator& comm, bool 
   return out;
 }
 
-// A measured (bytes touched, GB/s) curve in the calibration file.
+// A measured (bytes, value) curve in the calibration file; rates (GB/s) must be > 0.
 json curve_json(const std::vector<std::pair<uint64_t, double>>& curve) {
   json x = json::array();
-  for (auto& [s, g] : curve) x.push_back({s, g});
+  for (auto& [s, v] : curve) x.push_back({s, v});
   return x;
 }
-std::vector<std::pair<uint64_t, double>> curve_from_json(const json& x, const char* field) {
+std::vector<std::pair<uint64_t, double>> curve_from_json(const json& x, const char* field, bool rates) {
   std::vector<std::pair<uint64_t, double>> out;
   for (auto& p : x.value(field, json::array())) {
     out.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
-    TUTTI_CHECK(out.back().second > 0, InvalidArgument, "{}: rate at {} bytes must be > 0", field, out.back().first);
+    TUTTI_CHECK(!rates || out.back().second > 0, InvalidArgument, "{}: rate at {} bytes must be > 0", field, out.back().first);
   }
   return out;
 }
@@ -167,14 +167,11 @@ json to_json(const Calibration& c) {
   x["instruction_us"] = c.instruction_us;
   x["local_instruction_us"] = c.local_instruction_us;
   x["exchange_gbps"] = c.exchange_gbps;
-  x["curve"] = json::array();
-  for (auto& [s, t] : c.curve) x["curve"].push_back({s, t});
-  x["pingpong"] = json::array();
-  for (auto& [s, t] : c.pingpong) x["pingpong"].push_back({s, t});
+  x["curve"] = curve_json(c.curve);
+  x["pingpong"] = curve_json(c.pingpong);
   x["memory_curve"] = curve_json(c.memory_curve);
   x["reduce_curve"] = curve_json(c.reduce_curve);
-  x["reduce_exchange"] = json::array();
-  for (auto& [s, t] : c.reduce_exchange) x["reduce_exchange"].push_back({s, t});
+  x["reduce_exchange"] = curve_json(c.reduce_exchange);
   return x;
 }
 
@@ -189,12 +186,11 @@ Calibration from_json(const json& x) {
   c.instruction_us = x.at("instruction_us").get<double>();
   c.local_instruction_us = x.value("local_instruction_us", c.instruction_us);
   c.exchange_gbps = x.value("exchange_gbps", 0.0);
-  for (auto& p : x.value("curve", json::array())) c.curve.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
-  for (auto& p : x.value("pingpong", json::array())) c.pingpong.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
-  c.memory_curve = curve_from_json(x, "memory_curve");
-  c.reduce_curve = curve_from_json(x, "reduce_curve");
-  for (auto& p : x.value("reduce_exchange", json::array()))
-    c.reduce_exchange.emplace_back(p.at(0).get<uint64_t>(), p.at(1).get<double>());
+  c.curve = curve_from_json(x, "curve", false);
+  c.pingpong = curve_from_json(x, "pingpong", false);
+  c.memory_curve = curve_from_json(x, "memory_curve", true);
+  c.reduce_curve = curve_from_json(x, "reduce_curve", true);
+  c.reduce_exchange = curve_from_json(x, "reduce_exchange", false);
   TUTTI_CHECK(c.alpha_us >= 0 && c.beta_gbps > 0 && c.memory_gbps > 0 && c.instruction_us >= 0 && c.local_instruction_us >= 0,
               InvalidArgument, "alpha_us, instruction_us and local_instruction_us must be >= 0, beta_gbps and memory_gbps > 0");
   return c;
