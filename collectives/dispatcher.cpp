@@ -99,14 +99,16 @@ DispatcherOptions DispatcherOptions::from_env() {
   return o;
 }
 
-Dispatcher::Dispatcher(Communicator& comm, const DispatcherOptions& options)
+Dispatcher::Dispatcher(Communicator& comm, const DispatcherOptions& options, std::shared_ptr<DispatchResources> shared)
     : comm_(comm),
-      executor_(comm),
+      res_(shared ? std::move(shared) : std::make_shared<DispatchResources>(comm)),
       check_(env::get_bool("TUTTI_CHECK")),
       algo_(options.algo),
       tuning_file_(options.tuning_file),
       tune_(options.tune),
       oneshot_threshold_(options.oneshot_threshold) {
+  TUTTI_CHECK(&res_->comm == &comm, InvalidArgument,
+              "rank {}: a dispatcher can share resources only with dispatchers of its own communicator", comm.rank());
   if (tuning_file_ && !tuning_file_->empty() && ::access(tuning_file_->c_str(), F_OK) == 0) {
     table_ = tuning::Table::load(*tuning_file_);
     TUTTI_INFO(log::kTuning, "rank {}: decision table {} ({} entries, {})", comm.rank(), *tuning_file_,
@@ -148,11 +150,12 @@ Choice Dispatcher::tuned(Collective c, uint64_t bytes, const std::function<Choic
 std::shared_ptr<const PreparedPlan> Dispatcher::builtin(const std::string& name, std::map<std::string, int> params) {
   std::string key = name;
   for (auto& [k, v] : params) key += fmt::format(" {}={}", k, v);
-  auto it = cache_.find(key);
-  if (it != cache_.end()) return it->second;
+  auto& cache = res_->plans;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
   plan::Compiled c = plan::compile(algorithms::build(name, comm_.size(), params));
   auto prepared = PreparedPlan::make(std::move(c.plan));
-  cache_[key] = prepared;
+  cache[key] = prepared;
   return prepared;
 }
 
@@ -299,14 +302,14 @@ void Dispatcher::run(const CollectiveCall& call) {
   }
   // Reduce: non-roots keep their receive buffer untouched (NCCL does not use it there).
   if (c == Collective::kReduce && rank != call.root) {
-    temp_out_.resize(static_cast<size_t>(out_elems * esize));
-    out = temp_out_.data();
+    res_->temp_out.resize(static_cast<size_t>(out_elems * esize));
+    out = res_->temp_out.data();
   }
   // premulsum: the scaled contribution replaces the input.
   if (call.reduction.op == RedOp::kPreMulSum) {
-    temp_in_.resize(static_cast<size_t>(in_elems * esize));
-    scale(call.reduction.type, temp_in_.data(), in, call.reduction.scalar, static_cast<size_t>(in_elems));
-    in = temp_in_.data();
+    res_->temp_in.resize(static_cast<size_t>(in_elems * esize));
+    scale(call.reduction.type, res_->temp_in.data(), in, call.reduction.scalar, static_cast<size_t>(in_elems));
+    in = res_->temp_in.data();
     inplace = false;
   }
   const uint64_t bytes = static_cast<uint64_t>(std::max(in_elems, out_elems) * esize);
@@ -337,15 +340,15 @@ void Dispatcher::run(const CollectiveCall& call) {
     args.input = slot;
   } else if (!rooted(c) && !pp->plan.inplace && inplace) {
     // In-place call, out-of-place plan: the plan must read an input it does not overwrite.
-    if (temp_in_.data() != in) {
-      temp_in_.resize(static_cast<size_t>(in_elems * esize));
-      if (in_elems) std::memcpy(temp_in_.data(), in, static_cast<size_t>(in_elems * esize));
+    if (res_->temp_in.data() != in) {
+      res_->temp_in.resize(static_cast<size_t>(in_elems * esize));
+      if (in_elems) std::memcpy(res_->temp_in.data(), in, static_cast<size_t>(in_elems * esize));
     }
-    args.input = temp_in_.data();
+    args.input = res_->temp_in.data();
   }
   TUTTI_TRACE(log::kColl, "rank {}: {} count {} {} via plan '{}'", rank, dsl::to_string(c), call.count,
               name(call.reduction.type), pp->plan.name);
-  executor_.run(*pp, args);
+  res_->executor.run(*pp, args);
   finish();
 }
 

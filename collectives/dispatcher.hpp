@@ -56,13 +56,29 @@ struct DispatcherOptions {
   static DispatcherOptions from_env();
 };
 
+// What dispatchers of one communicator may share: the executor (its scratch, staging and per-plan
+// state) and the compiled built-in plans. Dispatchers with different options that choose the same
+// plan then run the very same plan on the same memory; with separate executors two identical
+// choices measured up to 11 % apart in one run (page placement), which `tutti-tune --compare`
+// would report as a tuning error.
+struct DispatchResources {
+  explicit DispatchResources(Communicator& c) : comm(c), executor(c) {}
+  Communicator& comm;
+  Executor executor;
+  std::map<std::string, std::shared_ptr<const PreparedPlan>> plans;  // built-ins, by name and parameters
+  std::vector<unsigned char> temp_in, temp_out;
+};
+
 class Dispatcher {
  public:
-  explicit Dispatcher(Communicator& comm, const DispatcherOptions& options = DispatcherOptions::from_env());
+  // `shared`: resources of another dispatcher of the same communicator (none: its own).
+  explicit Dispatcher(Communicator& comm, const DispatcherOptions& options = DispatcherOptions::from_env(),
+                      std::shared_ptr<DispatchResources> shared = nullptr);
   void run(const CollectiveCall& call);
   // The plan the last run used (for logs and tests).
   const std::string& last_plan() const { return last_plan_; }
   const tuning::Table& table() const { return table_; }
+  const std::shared_ptr<DispatchResources>& resources() const { return res_; }
 
   // External plans of this process (loaded once from the environment).
   static const std::vector<std::shared_ptr<const PreparedPlan>>& loaded_plans();
@@ -73,7 +89,7 @@ class Dispatcher {
   void check_consistent(const CollectiveCall& call);
 
   Communicator& comm_;
-  Executor executor_;
+  std::shared_ptr<DispatchResources> res_;
   bool check_;                       // TUTTI_CHECK, read once
   std::optional<std::string> algo_;  // TUTTI_ALGO / NCCL_ALGO, read once
   std::optional<std::string> tuning_file_;  // TUTTI_TUNING_FILE
@@ -83,8 +99,6 @@ class Dispatcher {
   Choice tuned(dsl::Collective c, uint64_t bytes, const std::function<Choice(const tuning::Candidate&)>& make);
   // Choices already made: (collective, in-place, root, bytes, count, element size) -> choice.
   std::map<std::tuple<int, bool, int, uint64_t, int64_t, int64_t>, Choice> chosen_;
-  std::map<std::string, std::shared_ptr<const PreparedPlan>> cache_;
-  std::vector<unsigned char> temp_in_, temp_out_;
   std::string last_plan_;
 };
 

@@ -310,14 +310,18 @@ void add_windows(Table& table, Collective c, int nranks, const std::vector<uint6
   }
 }
 
-std::vector<Ranked> choose_smoothed(const std::vector<std::vector<Ranked>>& rankings) {
+std::vector<Ranked> choose_smoothed(const std::vector<std::vector<Ranked>>& rankings, double tolerance) {
   std::vector<Ranked> out;
   for (size_t i = 0; i < rankings.size(); ++i) {
     TUTTI_CHECK(!rankings[i].empty(), InvalidArgument, "tuner: nothing was measured at size {}", i);
+    const double fastest_here = rankings[i].front().time_us;
     const Ranked* best = nullptr;
     double best_score = 0;
     for (const Ranked& cand : rankings[i]) {
       if (cand.time_us >= 1e299) continue;  // could not run here
+      // The neighbours may only choose among what is close to the fastest here: at a real
+      // crossover they would otherwise keep a plan past the size where it stops winning.
+      if (cand.time_us > fastest_here * (1 + tolerance)) continue;
       double sum = 0;
       int terms = 0;
       for (size_t j = i == 0 ? 0 : i - 1; j <= i + 1 && j < rankings.size(); ++j) {
@@ -356,96 +360,129 @@ std::vector<Candidate> shortlist(Collective c, int nranks, uint64_t bytes, const
   return out;
 }
 
-std::vector<double> interleaved_medians(Communicator& comm, const std::vector<FunctionRef<void()>>& ways, int rounds,
-                                        int iters) {
-  const size_t k = ways.size();
+std::vector<std::vector<double>> interleaved_sweep(Communicator& comm,
+                                                   const std::vector<std::vector<FunctionRef<void()>>>& ways,
+                                                   int rounds, const std::vector<int>& iters) {
+  const size_t sizes = ways.size();
   const int n = comm.size();
-  TUTTI_CHECK(rounds >= 1 && iters >= 1, InvalidArgument, "timing needs at least one round and one call ({} x {})", rounds,
-              iters);
+  TUTTI_CHECK(iters.size() == sizes, InvalidArgument, "timing: {} sizes but {} call counts", sizes, iters.size());
+  TUTTI_CHECK(rounds >= 1, InvalidArgument, "timing needs at least one round, not {}", rounds);
+  for (size_t i = 0; i < sizes; ++i)
+    TUTTI_CHECK(iters[i] >= 1, InvalidArgument, "timing needs at least one call per round at size {}, not {}", i, iters[i]);
   // Each round runs the ways in a fresh order (the same on every rank: a fixed seed). A rotation
   // gave every way the same predecessor in all but one round, and a way that follows a
   // cache-hungry one (hier_allreduce) ran 5-25 % slower all through its batch, which a fixed
   // predecessor turned into a bias instead of noise.
-  std::vector<std::vector<size_t>> order(static_cast<size_t>(rounds));
   std::mt19937 shuffler(12345);
-  for (auto& o : order) {
-    for (size_t j = 0; j < k; ++j) o.push_back(j);
-    std::shuffle(o.begin(), o.end(), shuffler);
-  }
+  std::vector<std::vector<std::vector<size_t>>> order(static_cast<size_t>(rounds), std::vector<std::vector<size_t>>(sizes));
+  for (auto& round : order)
+    for (size_t i = 0; i < sizes; ++i) {
+      for (size_t j = 0; j < ways[i].size(); ++j) round[i].push_back(j);
+      std::shuffle(round[i].begin(), round[i].end(), shuffler);
+    }
   wire::Writer w;
   for (int r = 0; r < rounds; ++r)
-    for (size_t j = 0; j < k; ++j) {
-      auto& way = ways[order[static_cast<size_t>(r)][j]];
-      // One untimed call first: the switch from the previous way (another plan's layout, caches
-      // holding another plan's buffers) is not what a loop of identical calls pays.
-      way();
-      comm.barrier();
-      auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < iters; ++i) way();
-      w.put<double>(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters);
-    }
+    for (size_t i = 0; i < sizes; ++i)
+      for (size_t j : order[static_cast<size_t>(r)][i]) {
+        auto& way = ways[i][j];
+        // One untimed call first: the switch from the previous way (another plan's layout, caches
+        // holding another plan's buffers) is not what a loop of identical calls pays.
+        way();
+        comm.barrier();
+        auto t0 = std::chrono::steady_clock::now();
+        for (int k = 0; k < iters[i]; ++k) way();
+        w.put<double>(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters[i]);
+      }
   auto all = comm.bootstrap().allgather(w.bytes());
-  std::vector<std::vector<double>> per(k, std::vector<double>(static_cast<size_t>(rounds), 0.0));
+  // per[size][way][round]: the slowest rank's time.
+  std::vector<std::vector<std::vector<double>>> per(sizes);
+  for (size_t i = 0; i < sizes; ++i)
+    per[i].assign(ways[i].size(), std::vector<double>(static_cast<size_t>(rounds), 0.0));
   for (int q = 0; q < n; ++q) {
     wire::Reader rd(all[q], "timings");
     for (int r = 0; r < rounds; ++r)
-      for (size_t j = 0; j < k; ++j) {
-        double& slot = per[order[static_cast<size_t>(r)][j]][static_cast<size_t>(r)];
-        slot = std::max(slot, rd.get<double>());
-      }
+      for (size_t i = 0; i < sizes; ++i)
+        for (size_t j : order[static_cast<size_t>(r)][i]) {
+          double& slot = per[i][j][static_cast<size_t>(r)];
+          slot = std::max(slot, rd.get<double>());
+        }
   }
-  std::vector<double> out;
-  for (auto& v : per) {
-    std::sort(v.begin(), v.end());
-    out.push_back(v[v.size() / 2]);
+  std::vector<std::vector<double>> out(sizes);
+  for (size_t i = 0; i < sizes; ++i)
+    for (auto& v : per[i]) {
+      std::sort(v.begin(), v.end());
+      out[i].push_back(v[v.size() / 2]);
+    }
+  return out;
+}
+
+std::vector<double> interleaved_medians(Communicator& comm, const std::vector<FunctionRef<void()>>& ways, int rounds,
+                                        int iters) {
+  return interleaved_sweep(comm, {ways}, rounds, {iters})[0];
+}
+
+std::vector<std::vector<Ranked>> measure_sweep(Communicator& comm, Collective c, const std::vector<uint64_t>& sizes,
+                                               const std::vector<std::vector<Candidate>>& cands,
+                                               const std::vector<int>& iters, int warmup, int rounds) {
+  const int n = comm.size();
+  TUTTI_CHECK(cands.size() == sizes.size(), InvalidArgument, "measure: {} sizes but {} candidate lists", sizes.size(),
+              cands.size());
+  Executor ex(comm);
+  Mailbox* mb = comm.mailbox();
+  // What each size runs: its buffers, arguments and candidates, alive for the whole sweep.
+  struct AtSize {
+    int64_t count = 0;
+    std::vector<float> in, out;
+    ExecArgs args;
+    std::vector<std::function<void()>> runs;
+    std::vector<size_t> usable;  // indices into cands[i] that can take this call
+  };
+  std::vector<std::unique_ptr<AtSize>> at;
+  std::vector<std::vector<FunctionRef<void()>>> ways(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto& s = *at.emplace_back(std::make_unique<AtSize>());
+    s.count = static_cast<int64_t>(piece_of(c, sizes[i], n) / 4);
+    const int64_t in_elems = c == Collective::kReduceScatter || c == Collective::kAllToAll ? s.count * n : s.count;
+    const int64_t out_elems = c == Collective::kAllGather || c == Collective::kAllToAll ? s.count * n : s.count;
+    s.in.assign(static_cast<size_t>(std::max<int64_t>(in_elems, 1)), 1.0f);
+    s.out.assign(static_cast<size_t>(std::max<int64_t>(out_elems, 1)), 0.0f);
+    s.args.input = s.in.data();
+    s.args.output = s.out.data();
+    s.args.count = s.count;
+    s.args.reduction.op = RedOp::kSum;
+    s.args.reduction.type = DataType::kFloat32;
+    // A candidate that cannot take this call is never chosen (the same on every rank, since the
+    // reasons depend only on the arguments).
+    for (size_t k = 0; k < cands[i].size(); ++k) {
+      const Candidate& cand = cands[i][k];
+      if (cand.algorithm == kOneShot) {
+        if (!mb || !oneshot_fits(*mb, c, s.count, 4)) continue;
+        s.runs.push_back([&s, c, mb] { run_oneshot(*mb, c, s.in.data(), s.out.data(), s.count, s.args.reduction, 0); });
+      } else {
+        auto pp = PreparedPlan::make(plan_of(cand, c, n));
+        if (!pp->any_count && s.count % pp->plan.chunk_factor != 0) continue;
+        s.runs.push_back([&ex, &s, pp] { ex.run(*pp, s.args); });
+      }
+      s.usable.push_back(k);
+    }
+    for (auto& run : s.runs) {
+      for (int w = 0; w < warmup; ++w) run();
+      ways[i].emplace_back(run);
+    }
+  }
+  auto times = interleaved_sweep(comm, ways, rounds, iters);
+  std::vector<std::vector<Ranked>> out(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    for (const Candidate& cand : cands[i]) out[i].push_back({cand, 1e300});
+    for (size_t j = 0; j < at[i]->usable.size(); ++j) out[i][at[i]->usable[j]].time_us = times[i][j];
+    std::stable_sort(out[i].begin(), out[i].end(), [](const Ranked& a, const Ranked& b) { return a.time_us < b.time_us; });
   }
   return out;
 }
 
 std::vector<Ranked> measure(Communicator& comm, Collective c, uint64_t bytes, const std::vector<Candidate>& cands, int iters,
                             int warmup, int rounds) {
-  const int n = comm.size();
-  const int64_t count = static_cast<int64_t>(piece_of(c, bytes, n) / 4);
-  const int64_t in_elems = c == Collective::kReduceScatter || c == Collective::kAllToAll ? count * n : count;
-  const int64_t out_elems = c == Collective::kAllGather || c == Collective::kAllToAll ? count * n : count;
-  std::vector<float> in(static_cast<size_t>(std::max<int64_t>(in_elems, 1)), 1.0f);
-  std::vector<float> out(static_cast<size_t>(std::max<int64_t>(out_elems, 1)), 0.0f);
-  Executor ex(comm);
-  ExecArgs args;
-  args.input = in.data();
-  args.output = out.data();
-  args.count = count;
-  args.reduction.op = RedOp::kSum;
-  args.reduction.type = DataType::kFloat32;
-  // What each candidate runs; one that cannot take this call is never chosen (the same on every
-  // rank, since the reasons depend only on the arguments).
-  std::vector<std::function<void()>> runs;
-  std::vector<bool> usable;
-  Mailbox* mb = comm.mailbox();
-  for (const Candidate& cand : cands) {
-    if (cand.algorithm == kOneShot) {
-      usable.push_back(mb && oneshot_fits(*mb, c, count, 4));
-      runs.push_back([&, mb] { run_oneshot(*mb, c, in.data(), out.data(), count, args.reduction, 0); });
-      continue;
-    }
-    auto pp = PreparedPlan::make(plan_of(cand, c, n));
-    usable.push_back(pp->any_count || count % pp->plan.chunk_factor == 0);
-    runs.push_back([&ex, &args, pp] { ex.run(*pp, args); });
-  }
-  std::vector<FunctionRef<void()>> ways;
-  std::vector<size_t> which;
-  for (size_t k = 0; k < cands.size(); ++k)
-    if (usable[k]) {
-      for (int i = 0; i < warmup; ++i) runs[k]();
-      ways.emplace_back(runs[k]);
-      which.push_back(k);
-    }
-  std::vector<double> times = ways.empty() ? std::vector<double>{} : interleaved_medians(comm, ways, rounds, iters);
-  std::vector<Ranked> ranked;
-  for (size_t k = 0; k < cands.size(); ++k) ranked.push_back({cands[k], 1e300});
-  for (size_t i = 0; i < which.size(); ++i) ranked[which[i]].time_us = times[i];
-  std::stable_sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) { return a.time_us < b.time_us; });
-  return ranked;
+  return measure_sweep(comm, c, {bytes}, {cands}, {iters}, warmup, rounds)[0];
 }
 
 topo::Topology live_topology(Communicator& comm) {

@@ -81,11 +81,12 @@ std::vector<uint64_t> sweep(uint64_t min_bytes, uint64_t max_bytes, double facto
 void add_windows(Table& table, dsl::Collective c, int nranks, const std::vector<uint64_t>& sizes,
                  const std::vector<Ranked>& best);
 
-// The choices of a measured sweep: rankings[i] is what was measured at the i-th size. Each size
-// takes the candidate with the lowest mean of time / fastest time over that size and its two
-// neighbours (where it was measured), so one noisy measurement cannot pick a plan that is not
-// really faster; with one size this is the fastest.
-std::vector<Ranked> choose_smoothed(const std::vector<std::vector<Ranked>>& rankings);
+// The choices of a measured sweep: rankings[i] is what was measured at the i-th size. Among the
+// candidates within `tolerance` of the fastest at a size, each size takes the one with the lowest
+// mean of time / fastest time over that size and its two neighbours (where it was measured), so a
+// plan that is a few percent faster at one size only (noise) does not split a window, and one that
+// wins beside a crossover is not kept past it; with one size this is the fastest.
+std::vector<Ranked> choose_smoothed(const std::vector<std::vector<Ranked>>& rankings, double tolerance = 0.05);
 
 // The model alone (presets, machines we do not have).
 Table tune_model(const topo::Topology& topology, dsl::Collective c, int nranks, const std::vector<uint64_t>& sizes,
@@ -98,11 +99,23 @@ Table tune_model(const topo::Topology& topology, dsl::Collective c, int nranks, 
 // machine; the median drops preempted rounds.
 std::vector<double> interleaved_medians(Communicator& comm, const std::vector<FunctionRef<void()>>& ways, int rounds,
                                         int iters);
+// The same over a sweep: ways[i] are the ways at the i-th size, each timed with iters[i] calls.
+// Rounds are the outer loop, so each size's median spans the whole sweep instead of the second or
+// two its own rounds would take: this machine's shared-memory speed changes in phases of 2-3 s
+// (docs/PERFORMANCE.md), and a choice made in one phase can be wrong in the next.
+std::vector<std::vector<double>> interleaved_sweep(Communicator& comm,
+                                                   const std::vector<std::vector<FunctionRef<void()>>>& ways,
+                                                   int rounds, const std::vector<int>& iters);
 
 // Measures candidates on a live communicator (collective call); returns them fastest first, with the
 // slowest rank's time per call (interleaved_medians; warmup calls each first).
 std::vector<Ranked> measure(Communicator& comm, dsl::Collective c, uint64_t bytes, const std::vector<Candidate>& cands,
                             int iters, int warmup, int rounds = 5);
+// measure() at every size of a sweep (cands[i] at sizes[i], iters[i] calls per round), through
+// interleaved_sweep: the buffers of every size stay allocated for the whole sweep.
+std::vector<std::vector<Ranked>> measure_sweep(Communicator& comm, dsl::Collective c, const std::vector<uint64_t>& sizes,
+                                               const std::vector<std::vector<Candidate>>& cands,
+                                               const std::vector<int>& iters, int warmup, int rounds);
 // What to measure at one size: the model's top `top` candidates plus every fixed algorithm, so the
 // tuned choice is never worse than the best fixed one as far as measurement can tell.
 std::vector<Candidate> shortlist(dsl::Collective c, int nranks, uint64_t bytes, const topo::Topology& topology, int top);

@@ -175,7 +175,8 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
     return stream_output && pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index)).buffer != dsl::BufferKind::kScratch;
   };
 
-  if (!layout_ || layout_->plan_id != pp.id) {
+  std::unique_ptr<Layout>& slot = layouts_[pp.id];
+  if (!slot) {
     auto l = std::make_unique<Layout>();
     l->plan_id = pp.id;
     l->nruns = rp.blocks.size();
@@ -201,14 +202,15 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
         l->engines.push_back(comm_.engine().sibling(true));
         for (Connection* c : l->conns[w]) l->engines[w]->add(c);
       }
-    layout_ = std::move(l);
+    slot = std::move(l);
   } else {
-    for (size_t b = 0; b < layout_->nruns; ++b) layout_->runs[b].reset();
+    for (size_t b = 0; b < slot->nruns; ++b) slot->runs[b].reset();
   }
-  Run* runs = layout_->runs.get();
-  const size_t nruns = layout_->nruns;
-  const int nworkers = layout_->nworkers;
-  const auto& conns = layout_->conns;
+  Layout* const layout = slot.get();
+  Run* runs = layout->runs.get();
+  const size_t nruns = layout->nruns;
+  const int nworkers = layout->nworkers;
+  const auto& conns = layout->conns;
   const std::map<int64_t, size_t>& index = pp.block_index[rank];
   // Staging slots of blocks that forward reduced data (recv_reduce_send), allocated before anything
   // runs: sends read them asynchronously, so they must not move during the run.
@@ -480,7 +482,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
   std::exception_ptr first;
   pool_.run(nworkers, [&](int w) {
     try {
-      work(w, *layout_->engines[w]);
+      work(w, *layout->engines[w]);
     } catch (...) {
       std::lock_guard lock(first_mutex);
       if (!first) first = std::current_exception();

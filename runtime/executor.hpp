@@ -76,7 +76,9 @@ class Executor {
   std::vector<std::vector<unsigned char>> staging_;  // per block, grown on demand
   WorkerPool pool_;
   struct Layout;
-  std::unique_ptr<Layout> layout_;  // of the last plan run
+  // Per prepared plan run here (by PreparedPlan::id): a program that alternates collectives, or a
+  // tuner that alternates candidates, does not rebuild state machines and engines on each switch.
+  std::map<uint64_t, std::unique_ptr<Layout>> layouts_;
 };
 
 }  // namespace tutti

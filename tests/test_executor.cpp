@@ -18,78 +18,83 @@ namespace {
 // nccl-tests style data: small integers, so every reduction order gives the same float bits.
 float value(int rank, int64_t i) { return static_cast<float>((rank * 7 + i * 3) % 17) - 8.0f; }
 
-void run_and_check(const plan::Plan& pl, int64_t count, TransportKind transport = TransportKind::kShm) {
-  auto prepared = PreparedPlan::make(pl);
-  const int n = pl.nranks;
-  dsl::CollectiveSpec spec = pl.spec();
-  const int64_t C = pl.chunk_factor;
-  int64_t in_pieces = spec.input_chunks() / C, out_pieces = spec.output_chunks() / C;
+// Runs each plan of `seq` in turn on one executor per rank (so a later plan meets the state an
+// earlier one left) and checks every result against the plan's postcondition.
+using Prepared = std::shared_ptr<const PreparedPlan>;
+void run_and_check(const std::vector<Prepared>& seq, int64_t count, TransportKind transport = TransportKind::kShm) {
+  ASSERT_FALSE(seq.empty());
+  const int n = seq[0]->plan.nranks;
   CommOptions opts = CommOptions::from_env();
   opts.transport = transport;
   auto comms = Communicator::create_local(n, opts);
-  std::vector<std::vector<float>> in(n), out(n);
-  for (int r = 0; r < n; ++r) {
-    in[r].resize(static_cast<size_t>(in_pieces * count));
-    for (int64_t i = 0; i < in_pieces * count; ++i) in[r][i] = value(r, i);
-    out[r].assign(static_cast<size_t>(out_pieces * count), -99.0f);
-    if (pl.inplace) {
-      // Put the input where the in-place collective expects it.
-      if (pl.collective == dsl::Collective::kAllGather) {
-        std::memcpy(out[r].data() + r * count, in[r].data(), static_cast<size_t>(count) * 4);
-      } else if (pl.collective == dsl::Collective::kReduceScatter) {
-        // the input buffer is the buffer; output is its slice
-      } else {
-        out[r] = in[r];
-      }
-    }
-  }
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        Executor ex(*comms[r]);
-        ExecArgs a;
-        a.count = count;
-        a.reduction.type = DataType::kFloat32;
-        if (pl.inplace && pl.collective == dsl::Collective::kReduceScatter) {
-          a.input = in[r].data();
-          a.output = in[r].data() + r * count;
+  std::vector<std::unique_ptr<Executor>> executors;
+  for (int r = 0; r < n; ++r) executors.push_back(std::make_unique<Executor>(*comms[r]));
+  for (const Prepared& prepared : seq) {
+    const plan::Plan& pl = prepared->plan;
+    ASSERT_EQ(pl.nranks, n) << pl.name;
+    dsl::CollectiveSpec spec = pl.spec();
+    const int64_t C = pl.chunk_factor;
+    int64_t in_pieces = spec.input_chunks() / C, out_pieces = spec.output_chunks() / C;
+    std::vector<std::vector<float>> in(n), out(n);
+    for (int r = 0; r < n; ++r) {
+      in[r].resize(static_cast<size_t>(in_pieces * count));
+      for (int64_t i = 0; i < in_pieces * count; ++i) in[r][i] = value(r, i);
+      out[r].assign(static_cast<size_t>(out_pieces * count), -99.0f);
+      if (pl.inplace) {
+        // Put the input where the in-place collective expects it.
+        if (pl.collective == dsl::Collective::kAllGather) {
+          std::memcpy(out[r].data() + r * count, in[r].data(), static_cast<size_t>(count) * 4);
+        } else if (pl.collective == dsl::Collective::kReduceScatter) {
+          // the input buffer is the buffer; output is its slice
         } else {
-          a.input = pl.inplace ? out[r].data() : in[r].data();
-          a.output = out[r].data();
+          out[r] = in[r];
         }
-        ex.run(*prepared, a);
-        if (pl.inplace && pl.collective == dsl::Collective::kReduceScatter)
-          std::memcpy(out[r].data(), in[r].data() + r * count, static_cast<size_t>(count) * 4);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  // Reference from the postcondition: each output element is the sum of its contributions.
-  for (int r = 0; r < n; ++r) {
-    if (pl.inplace && pl.collective != dsl::Collective::kReduceScatter) {
-      // restore the untouched original inputs for the reference
-    }
-    for (int64_t j = 0; j < spec.output_chunks(); ++j) {
-      auto want = spec.postcondition(r, static_cast<int>(j));
-      if (!want) continue;
-      exec::Geometry g{count, C, 4};
-      for (int64_t e = g.chunk_begin(j); e < g.chunk_end(j); ++e) {
-        float sum = 0;
-        int64_t within = e - g.chunk_begin(j);
-        for (auto& c : want->parts) {
-          exec::Geometry gi{count, C, 4};
-          sum += value(c.rank, gi.chunk_begin(c.index) + within);
-        }
-        ASSERT_EQ(out[r][static_cast<size_t>(e)], sum)
-            << pl.name << " rank " << r << " output element " << e << " (chunk " << j << "), count " << count;
       }
     }
+    std::vector<std::exception_ptr> errors(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          ExecArgs a;
+          a.count = count;
+          a.reduction.type = DataType::kFloat32;
+          if (pl.inplace && pl.collective == dsl::Collective::kReduceScatter) {
+            a.input = in[r].data();
+            a.output = in[r].data() + r * count;
+          } else {
+            a.input = pl.inplace ? out[r].data() : in[r].data();
+            a.output = out[r].data();
+          }
+          executors[r]->run(*prepared, a);
+          if (pl.inplace && pl.collective == dsl::Collective::kReduceScatter)
+            std::memcpy(out[r].data(), in[r].data() + r * count, static_cast<size_t>(count) * 4);
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    // Reference from the postcondition: each output element is the sum of its contributions.
+    for (int r = 0; r < n; ++r)
+      for (int64_t j = 0; j < spec.output_chunks(); ++j) {
+        auto want = spec.postcondition(r, static_cast<int>(j));
+        if (!want) continue;
+        exec::Geometry g{count, C, 4};
+        for (int64_t e = g.chunk_begin(j); e < g.chunk_end(j); ++e) {
+          float sum = 0;
+          int64_t within = e - g.chunk_begin(j);
+          for (auto& c : want->parts) sum += value(c.rank, g.chunk_begin(c.index) + within);
+          ASSERT_EQ(out[r][static_cast<size_t>(e)], sum)
+              << pl.name << " rank " << r << " output element " << e << " (chunk " << j << "), count " << count;
+        }
+      }
   }
+}
+
+void run_and_check(const plan::Plan& pl, int64_t count, TransportKind transport = TransportKind::kShm) {
+  run_and_check(std::vector<Prepared>{PreparedPlan::make(pl)}, count, transport);
 }
 
 TEST(Executor, EveryBuiltinProducesTheReferenceResult) {
@@ -191,6 +196,21 @@ TEST(Executor, WorkerThreadsRunChannelsInParallel) {
     run_and_check(plan::compile(algorithms::build("ring_allgather", 4, {{"channels", 3}})).plan, 30001, transport);
     run_and_check(plan::compile(algorithms::build("tree_allreduce", 5, {})).plan, 100003, transport);
   }
+  unsetenv("TUTTI_WORKERS");
+  unsetenv("TUTTI_TIMEOUT");
+}
+
+// An executor keeps each plan's state machines and engines; switching between plans (a training
+// step alternates all-reduce, all-gather and reduce-scatter) must start each from a clean state.
+TEST(Executor, AlternatingPlansOnOneExecutorEachRunFromACleanState) {
+  setenv("TUTTI_WORKERS", "2", 1);
+  setenv("TUTTI_TIMEOUT", "60", 1);
+  auto prepare = [](const char* name, algorithms::Params prm) {
+    return PreparedPlan::make(plan::compile(algorithms::build(name, 4, prm)).plan);
+  };
+  Prepared ring = prepare("ring_allreduce", {{"channels", 2}}), rhd = prepare("rhd_allreduce", {});
+  Prepared gather = prepare("ring_allgather", {{"channels", 3}});
+  run_and_check({ring, rhd, ring, gather, rhd, gather, ring}, 30001);
   unsetenv("TUTTI_WORKERS");
   unsetenv("TUTTI_TIMEOUT");
 }

@@ -3,7 +3,8 @@
 // On the live machine, one process per rank under tutti-run (or -t N threads in one process):
 //   tutti-run -n 4 tutti-tune [-c all_reduce|...|all] [-b 8] [-e 64M] [-f 2] [--top 4] [-n ITERS] [-o table.json]
 // measures, at each size, the cost model's best candidates and every fixed algorithm, keeps the
-// fastest (slowest rank's time), and writes the table (default: TUTTI_TUNING_FILE).
+// fastest (slowest rank's time), and writes the table (default: TUTTI_TUNING_FILE). The rounds run
+// over the whole sweep (tuning::measure_sweep), so a size is not judged in one phase of the machine.
 //
 // Calibration of the cost model (collectives/calibrate.hpp), stored for tutti-sim --topo live and
 // the tuner:
@@ -11,10 +12,11 @@
 //
 // The tuned dispatcher against the fixed windows and every fixed all-reduce algorithm, in one run:
 //   tutti-run -n 2 tutti-tune --compare table.json [-b 8] [-e 64M] [--rounds 7]
-// Every configuration is a dispatcher of its own on the same communicator; at each size they take
-// turns for `rounds` rounds (tuning::interleaved_medians: a shuffled order each round; an untimed
-// call, a barrier, then timed calls), and each one's time is the median over rounds of the slowest
-// rank's mean. Prints every configuration's time and the ratio tuned / best fixed per size.
+// Every configuration is a dispatcher of its own on the same communicator, all sharing one executor
+// and plan cache (so the same choice runs on the same memory). In each of `rounds` rounds, over every
+// size, they take turns (tuning::interleaved_sweep: a shuffled order each time; an untimed call, a
+// barrier, then timed calls), and each one's time is the median over rounds of the slowest rank's
+// mean. Prints every configuration's time and the ratio tuned / best fixed per size.
 //
 // From the model alone, for a machine we do not have:
 //   tutti-tune --topo dgx-h100 [--nodes N] [--ranks N] [-c all_reduce] [-b 8] [-e 1G] [-f 2] [-o table.json]
@@ -88,8 +90,11 @@ void compare(Communicator& comm, const std::string& table, const std::vector<uin
     o.algo = a;
     configs.push_back({a, o});
   }
+  // One executor and plan cache for all: configurations that choose the same plan run it on the
+  // same memory, so what differs between them is the choice alone.
+  auto shared = std::make_shared<DispatchResources>(comm);
   std::vector<std::unique_ptr<Dispatcher>> ds;
-  for (auto& [name, o] : configs) ds.push_back(std::make_unique<Dispatcher>(comm, o));
+  for (auto& [name, o] : configs) ds.push_back(std::make_unique<Dispatcher>(comm, o, shared));
   const size_t k = configs.size();
   std::vector<std::vector<double>> median(k);  // [config][size]
   if (comm.rank() == 0) {
@@ -100,19 +105,32 @@ void compare(Communicator& comm, const std::string& table, const std::vector<uin
   }
   double worst = 0, worst_online = 0;
   constexpr size_t kFixed = 3;  // configs before this are tuned, windows, online
-  for (uint64_t s : sizes) {
-    const int64_t count = static_cast<int64_t>(std::max<uint64_t>(s / 4, 1));
-    std::vector<float> in(static_cast<size_t>(count), 1.f), out(static_cast<size_t>(count));
+  // Every size's call with its buffers, alive for the whole sweep: rounds run over all sizes
+  // (tuning::interleaved_sweep), so each median spans the run, not one phase of the machine.
+  struct AtSize {
+    std::vector<float> in, out;
     CollectiveCall call;
-    call.input = in.data();
-    call.output = out.data();
-    call.count = count;
-    const int it = iters > 0 ? iters : calls_per_round(s);
-    for (auto& d : ds) d->run(call);  // warm-up: plans compiled, connections made
     std::vector<std::function<void()>> runs;
-    for (auto& d : ds) runs.push_back([&call, dp = d.get()] { dp->run(call); });
-    std::vector<FunctionRef<void()>> ways(runs.begin(), runs.end());
-    auto t = tuning::interleaved_medians(comm, ways, rounds, it);
+  };
+  std::vector<std::unique_ptr<AtSize>> at;
+  std::vector<std::vector<FunctionRef<void()>>> ways;
+  std::vector<int> calls;
+  for (uint64_t s : sizes) {
+    auto& a = *at.emplace_back(std::make_unique<AtSize>());
+    const int64_t count = static_cast<int64_t>(std::max<uint64_t>(s / 4, 1));
+    a.in.assign(static_cast<size_t>(count), 1.f);
+    a.out.assign(static_cast<size_t>(count), 0.f);
+    a.call.input = a.in.data();
+    a.call.output = a.out.data();
+    a.call.count = count;
+    for (auto& d : ds) d->run(a.call);  // warm-up: plans compiled (and tuned, online), pages touched
+    for (auto& d : ds) a.runs.push_back([&a, dp = d.get()] { dp->run(a.call); });
+    ways.emplace_back(a.runs.begin(), a.runs.end());
+    calls.push_back(iters > 0 ? iters : calls_per_round(s));
+  }
+  auto times = tuning::interleaved_sweep(comm, ways, rounds, calls);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto& t = times[i];
     for (size_t j = 0; j < k; ++j) median[j].push_back(t[j]);
     size_t best = kFixed;
     for (size_t j = kFixed; j < k; ++j)
@@ -121,7 +139,7 @@ void compare(Communicator& comm, const std::string& table, const std::vector<uin
     worst = std::max(worst, ratio);
     worst_online = std::max(worst_online, online_ratio);
     if (comm.rank() == 0) {
-      std::printf("%10llu", static_cast<unsigned long long>(s));
+      std::printf("%10llu", static_cast<unsigned long long>(sizes[i]));
       for (size_t j = 0; j < k; ++j) std::printf(" %9.2f", median[j].back());
       std::printf(" %10s %10.3f %11.3f\n", configs[best].first.c_str(), ratio, online_ratio);
     }
@@ -223,15 +241,16 @@ int main(int argc, char** argv) {
       table.source = "measured";
       topo::Topology t = tuning::live_topology(comm);
       for (auto c : colls) {
-        std::vector<std::vector<tuning::Ranked>> rankings;
+        std::vector<std::vector<tuning::Candidate>> cands;
+        std::vector<int> calls;
         for (uint64_t s : sizes) {
-          int n = iters > 0 ? iters : calls_per_round(s);
-          auto cands = tuning::shortlist(c, comm.size(), s, t, top);
-          // The one-shot path where every rank shares memory; measure() rules it out where the
-          // call does not fit the mailbox.
-          if (comm.mailbox()) cands.push_back({tuning::kOneShot, {}});
-          rankings.push_back(tuning::measure(comm, c, s, cands, n, warmup, tune_rounds));
+          calls.push_back(iters > 0 ? iters : calls_per_round(s));
+          cands.push_back(tuning::shortlist(c, comm.size(), s, t, top));
+          // The one-shot path where every rank shares memory; measure_sweep() rules it out where
+          // the call does not fit the mailbox.
+          if (comm.mailbox()) cands.back().push_back({tuning::kOneShot, {}});
         }
+        auto rankings = tuning::measure_sweep(comm, c, sizes, cands, calls, warmup, tune_rounds);
         auto best = tuning::choose_smoothed(rankings);
         if (comm.rank() == 0)
           for (size_t i = 0; i < sizes.size(); ++i)
