@@ -360,6 +360,33 @@ std::vector<Candidate> shortlist(Collective c, int nranks, uint64_t bytes, const
   return out;
 }
 
+std::vector<double> paired_medians(const std::vector<std::vector<double>>& t) {
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size() / 2;
+    return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+  };
+  std::vector<double> out;
+  if (t.empty()) return out;
+  const size_t rounds = t[0].size();
+  for (auto& w : t)
+    TUTTI_CHECK(w.size() == rounds && rounds > 0, InvalidArgument, "paired_medians: ways with {} and {} rounds", rounds,
+                w.size());
+  std::vector<double> ref(rounds);
+  for (size_t r = 0; r < rounds; ++r) {
+    std::vector<double> round;
+    for (auto& w : t) round.push_back(w[r]);
+    ref[r] = median(round);
+  }
+  const double scale = median(ref);
+  for (auto& w : t) {
+    std::vector<double> ratio;
+    for (size_t r = 0; r < rounds; ++r) ratio.push_back(ref[r] > 0 ? w[r] / ref[r] : 1.0);
+    out.push_back(median(ratio) * scale);
+  }
+  return out;
+}
+
 std::vector<std::vector<double>> interleaved_sweep(Communicator& comm,
                                                    const std::vector<std::vector<FunctionRef<void()>>>& ways,
                                                    int rounds, const std::vector<int>& iters) {
@@ -407,12 +434,8 @@ std::vector<std::vector<double>> interleaved_sweep(Communicator& comm,
           slot = std::max(slot, rd.get<double>());
         }
   }
-  std::vector<std::vector<double>> out(sizes);
-  for (size_t i = 0; i < sizes; ++i)
-    for (auto& v : per[i]) {
-      std::sort(v.begin(), v.end());
-      out[i].push_back(v[v.size() / 2]);
-    }
+  std::vector<std::vector<double>> out;
+  for (auto& t : per) out.push_back(paired_medians(t));
   return out;
 }
 

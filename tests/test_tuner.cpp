@@ -291,6 +291,25 @@ TEST(Tuner, InterleavedSweepTimesEveryWayOfEverySizeInEveryRound) {
   EXPECT_EQ(times[0], times[1]);  // the slowest rank's time, the same everywhere
 }
 
+TEST(Tuner, PairedMediansCancelTheMachinesPhase) {
+  // Three ways, seven rounds; rounds 1, 3 and 4 ran in a phase 3x slower. Way 0 is always 10 %
+  // faster than way 1 and way 2 is 2x slower: the ratios come out exact, whatever the phases.
+  std::vector<double> phase{1, 3, 1, 3, 3, 1, 1};
+  std::vector<std::vector<double>> t(3);
+  for (size_t r = 0; r < phase.size(); ++r) {
+    t[0].push_back(0.9 * phase[r]);
+    t[1].push_back(1.0 * phase[r]);
+    t[2].push_back(2.0 * phase[r]);
+  }
+  auto m = tuning::paired_medians(t);
+  ASSERT_EQ(m.size(), 3u);
+  EXPECT_DOUBLE_EQ(m[0] / m[1], 0.9);
+  EXPECT_DOUBLE_EQ(m[2] / m[1], 2.0);
+  EXPECT_DOUBLE_EQ(m[1], 1.0);  // the reference's median round
+  t[2].pop_back();
+  EXPECT_THROW(tuning::paired_medians(t), InvalidArgument);
+}
+
 TEST(Tuner, MeasuredSweepRanksEveryCandidateAtEverySizeAlikeOnEveryRank) {
   auto comms = Communicator::create_local(2);
   std::vector<std::vector<std::vector<tuning::Ranked>>> ranked(2);
