@@ -145,9 +145,11 @@ void compare(Communicator& comm, const std::string& table, const std::vector<uin
     }
   }
   if (comm.rank() != 0) return;
-  std::printf("worst tuned / best fixed: %.3f, online / best fixed: %.3f\n%-10s %16s %17s %14s %14s %15s\n", worst,
-              worst_online, "against", "geomean tuned/x", "geomean online/x", "sum x (us)", "sum tuned (us)",
-              "sum online (us)");
+  std::printf("worst tuned / best fixed: %.3f, online / best fixed: %.3f\n", worst, worst_online);
+  // Over the whole sweep: the geometric mean of time ratios (every size counts alike), the sum of
+  // times (the largest sizes dominate) and nccl-tests' "Avg bus bandwidth" (mean busbw over sizes).
+  std::printf("%-10s %16s %17s %12s %12s %12s %14s %14s %14s\n", "against", "geomean tuned/x", "geomean online/x",
+              "sum x (us)", "sum tuned", "sum online", "avg busbw x", "avg bw tuned", "avg bw online");
   auto total = [&](size_t j) {
     double sum = 0;
     for (double t : median[j]) sum += t;
@@ -158,10 +160,16 @@ void compare(Communicator& comm, const std::string& table, const std::vector<uin
     for (size_t i = 0; i < sizes.size(); ++i) g += std::log(median[a][i] / median[b][i]);
     return std::exp(g / static_cast<double>(sizes.size()));
   };
+  auto avg_busbw = [&](size_t j) {  // GB/s, all-reduce's factor 2(n-1)/n
+    double sum = 0;
+    for (size_t i = 0; i < sizes.size(); ++i)
+      sum += static_cast<double>(sizes[i]) / (median[j][i] * 1e3) * 2.0 * (n - 1) / n;
+    return sum / static_cast<double>(sizes.size());
+  };
   for (size_t j = 1; j < k; ++j)
     if (j != 2)
-      std::printf("%-10s %16.3f %17.3f %14.1f %14.1f %15.1f\n", configs[j].first.c_str(), geomean(0, j), geomean(2, j),
-                  total(j), total(0), total(2));
+      std::printf("%-10s %16.3f %17.3f %12.1f %12.1f %12.1f %14.3f %14.3f %14.3f\n", configs[j].first.c_str(),
+                  geomean(0, j), geomean(2, j), total(j), total(0), total(2), avg_busbw(j), avg_busbw(0), avg_busbw(2));
 }
 
 }  // namespace
