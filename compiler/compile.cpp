@@ -188,55 +188,121 @@ class Lowering {
     return spec_.postcondition(rank, static_cast<int>(cell.second)).has_value();
   }
 
-  // Copy propagation: after a local copy X -> Y, a send of Y may send X and a reducing receive into
-  // Y may take X as its operand (X is unchanged meanwhile), so neither waits for the copy. If nothing
-  // else reads Y before it is overwritten, and its final value does not matter, the copy is dead.
-  // Out-of-place plans start with such copies (input -> output); this removes a full pass over the
-  // data from them.
+  // Copy propagation: after local copies X -> Y, a send of Y may send X and a reducing receive into
+  // Y may take X as its operand (X is unchanged meanwhile), so neither waits for the copies. A copy
+  // nothing else reads before its cells are overwritten, and whose final value does not matter, is
+  // dead. Out-of-place plans start with such copies, one per chunk (input -> output); this removes a
+  // full pass over the data from them. A use may span several chunks (halving-doubling sends half
+  // the buffer at once): it is redirected when every cell it reads still equals a source cell and
+  // those sources are consecutive chunks of one buffer.
   void forward_copies(int r) {
     auto& L = lists_[r];
-    auto overlaps = [&](const Ref& a, const Ref& b) {
-      auto ca = cells(r, a), cb = cells(r, b);
-      for (auto& x : ca)
-        for (auto& y : cb)
-          if (x == y) return true;
-      return false;
+    using Cell = std::pair<int, int64_t>;
+    struct Alias {
+      Ref source;  // one chunk
+      int copy;    // the instruction that made the cell equal to it
     };
-    for (int i = 0; i < static_cast<int>(L.size()); ++i) {
-      LInstr& c = L[i];
-      if (c.dead || c.ins.op != Opcode::kCopy) continue;
-      const Ref X = c.ins.srcs[0], Y = *c.ins.dst;
-      if (overlaps(X, Y)) continue;
-      std::vector<std::pair<int, bool>> redirect;  // (instruction, is reducing receive)
-      bool needed = false, overwritten = false;
-      for (int j = i + 1; j < static_cast<int>(L.size()) && !needed && !overwritten; ++j) {
-        LInstr& u = L[j];
-        if (u.dead) continue;
-        if (u.ins.dst && overlaps(*u.ins.dst, X)) break;  // X changes: stop redirecting here
-        bool reads = false;
-        for (auto& src : u.ins.srcs) reads |= overlaps(src, Y);
-        bool writes = u.ins.dst && overlaps(*u.ins.dst, Y);
-        if (reads) {
-          if (u.ins.op == Opcode::kSend && u.ins.srcs[0] == Y && u.channel == c.channel) {
-            redirect.push_back({j, false});
-          } else if (u.ins.op == Opcode::kRecvReduceCopy && u.ins.srcs[0] == Y && u.ins.dst == Y) {
-            redirect.push_back({j, true});
-            overwritten = true;
-          } else {
-            needed = true;
-          }
-        } else if (writes) {
-          overwritten = *u.ins.dst == Y;
-          needed |= !overwritten;  // a partial overwrite leaves part of the copy in use
+    // Phase 1: which uses could read the sources instead. alias[cell]: the source chunk a cell
+    // equals through a live copy, until either is written.
+    std::map<Cell, Alias> alias;
+    struct Use {
+      int instr;
+      Ref source;
+      std::set<int> copies;
+      bool reducing;
+    };
+    std::vector<Use> uses;
+    std::map<int, size_t> use_of;  // instruction -> index in uses
+    for (int j = 0; j < static_cast<int>(L.size()); ++j) {
+      LInstr& u = L[j];
+      if (u.dead) continue;
+      const bool send = u.ins.op == Opcode::kSend;
+      const bool reducing = u.ins.op == Opcode::kRecvReduceCopy && u.ins.dst && u.ins.srcs[0] == *u.ins.dst;
+      if (send || reducing) {
+        auto cs = cells(r, u.ins.srcs[0]);
+        std::optional<Ref> src;
+        std::set<int> copies;
+        bool ok = true;
+        for (size_t k = 0; k < cs.size() && ok; ++k) {
+          auto it = alias.find(cs[k]);
+          ok = it != alias.end() && L[it->second.copy].channel == u.channel;
+          if (!ok) break;
+          const Ref& x = it->second.source;
+          if (k == 0) src = Ref{x.buffer, x.index, static_cast<int64_t>(cs.size())};
+          else ok = x.buffer == src->buffer && x.index == src->index + static_cast<int64_t>(k);
+          copies.insert(it->second.copy);
+        }
+        if (ok && src) {
+          use_of[j] = uses.size();
+          uses.push_back({j, *src, copies, reducing});
         }
       }
-      if (!overwritten && !needed)
-        for (auto& cell : cells(r, Y)) needed |= checked_at_end(r, cell);
-      for (auto [j, reducing] : redirect) {
-        if (!reducing || !needed) L[j].ins.srcs[0] = X;  // a kept copy must stay Y's writer
+      if (!u.ins.dst) continue;
+      auto written = cells(r, *u.ins.dst);
+      std::set<Cell> w(written.begin(), written.end());
+      for (auto it = alias.begin(); it != alias.end();) {
+        bool gone = w.count(it->first) > 0;
+        for (auto& sc : cells(r, it->second.source)) gone |= w.count(sc) > 0;
+        it = gone ? alias.erase(it) : std::next(it);
       }
-      if (!needed) c.dead = true;
+      if (u.ins.op == Opcode::kCopy && !overlaps(r, u.ins.srcs[0], *u.ins.dst))
+        for (int64_t k = 0; k < u.ins.dst->count; ++k) {
+          Ref x{u.ins.srcs[0].buffer, u.ins.srcs[0].index + k, 1};
+          alias[written[static_cast<size_t>(k)]] = {x, j};
+        }
     }
+    // Phase 2: a copy is needed when a cell it wrote is read, other than by a redirected use, before
+    // it is overwritten, or matters at the end. A reducing receive is redirected only when every copy
+    // it reads through is dead (a kept copy must stay its destination's writer), so demoting one can
+    // make more copies needed: repeat until nothing changes.
+    std::vector<bool> redirect(uses.size(), true);
+    std::set<int> needed;
+    for (bool changed = true; changed;) {
+      changed = false;
+      needed.clear();
+      for (int i = 0; i < static_cast<int>(L.size()); ++i) {
+        const LInstr& c = L[i];
+        if (c.dead || c.ins.op != Opcode::kCopy || overlaps(r, c.ins.srcs[0], *c.ins.dst)) continue;
+        std::set<Cell> live;
+        for (auto& cell : cells(r, *c.ins.dst)) live.insert(cell);
+        bool need = false;
+        for (int j = i + 1; j < static_cast<int>(L.size()) && !need && !live.empty(); ++j) {
+          const LInstr& u = L[j];
+          if (u.dead) continue;
+          auto it = use_of.find(j);
+          const bool redirected = it != use_of.end() && redirect[it->second];
+          if (!redirected)
+            for (auto& src : u.ins.srcs)
+              for (auto& cell : cells(r, src)) need |= live.count(cell) > 0;
+          if (u.ins.dst)
+            for (auto& cell : cells(r, *u.ins.dst)) live.erase(cell);
+        }
+        for (auto& cell : live) need |= checked_at_end(r, cell);
+        if (need) needed.insert(i);
+      }
+      for (size_t k = 0; k < uses.size(); ++k) {
+        if (!uses[k].reducing || !redirect[k]) continue;
+        for (int c : uses[k].copies)
+          if (needed.count(c)) {
+            redirect[k] = false;
+            changed = true;
+            break;
+          }
+      }
+    }
+    for (size_t k = 0; k < uses.size(); ++k)
+      if (redirect[k]) L[uses[k].instr].ins.srcs[0] = uses[k].source;
+    for (int i = 0; i < static_cast<int>(L.size()); ++i)
+      if (!L[i].dead && L[i].ins.op == Opcode::kCopy && !overlaps(r, L[i].ins.srcs[0], *L[i].ins.dst) && !needed.count(i))
+        L[i].dead = true;
+  }
+
+  bool overlaps(int r, const Ref& a, const Ref& b) const {
+    auto ca = cells(r, a), cb = cells(r, b);
+    for (auto& x : ca)
+      for (auto& y : cb)
+        if (x == y) return true;
+    return false;
   }
 
   void fuse_rank(int r) {

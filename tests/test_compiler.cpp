@@ -86,6 +86,31 @@ TEST(Passes, RingAllReduceFusesLikeMscclRing) {
   EXPECT_EQ(compile(algorithms::build("ring_allreduce", 8), raw).plan.steps(), 224);
 }
 
+// Out-of-place plans begin with one copy per chunk (input -> output). Halving-doubling sends and
+// reduces half the buffer at once, a use spanning several of those copies: it must read the input
+// instead, so no rank copies its input before the first exchange can start.
+TEST(Passes, InputCopiesForwardIntoUsesSpanningSeveralChunks) {
+  for (int n : {4, 8}) {
+    SCOPED_TRACE(fmt::format("{} ranks", n));
+    Plan p = compile(algorithms::build("rhd_allreduce", n, {{"inplace", 0}})).plan;
+    EXPECT_EQ(count_ops(p, Opcode::kCopy), 0);
+    for (int r = 0; r < n; ++r) {
+      int64_t from_input = 0;
+      for (auto& b : p.ranks[r].blocks)
+        for (auto& s : b.steps)
+          for (auto& src : s.srcs) from_input += src.buffer == dsl::BufferKind::kInput ? src.count : 0;
+      // The first halving step sends one half of the input and reduces the other half into place.
+      EXPECT_EQ(from_input, p.chunk_factor) << "rank " << r;
+    }
+    EXPECT_EQ(verify_error(p), "(verified)");
+  }
+  // Without fusion the copies stay.
+  CompileOptions no_fusion;
+  no_fusion.fuse = false;
+  Plan unfused = compile(algorithms::build("rhd_allreduce", 4, {{"inplace", 0}}), no_fusion).plan;
+  EXPECT_EQ(count_ops(unfused, Opcode::kCopy), 4 * 4);
+}
+
 TEST(Passes, FusionAcrossBufferIndicesWhenTheContentsSayItIsLegal) {
   dsl::CollectiveSpec s;
   s.kind = dsl::Collective::kBroadcast;
