@@ -92,18 +92,18 @@ std::vector<Ranked> choose_smoothed(const std::vector<std::vector<Ranked>>& rank
 Table tune_model(const topo::Topology& topology, dsl::Collective c, int nranks, const std::vector<uint64_t>& sizes,
                  const plan::CostModel& model = {});
 
+// t[way][round] -> one time per way: the way's median ratio to the median way of each round, times
+// the median of that reference. Within a round, a size's ways run milliseconds apart, in the same
+// phase of the machine, while rounds spread over phases up to 3x apart; plain medians then depend on
+// how many of a way's rounds fell in a slow phase (the very same plan came out 6 % apart).
+std::vector<double> paired_medians(const std::vector<std::vector<double>>& t);
+
 // Times several ways of running the same call on a live communicator (collective: every rank passes
 // the same list). For `rounds` rounds, each way in turn (in a shuffled order, new each round) gets
 // one untimed call, a barrier and `iters` timed calls; a round's time of a way is the slowest rank's
-// mean per call. The result, the same on every rank, is paired: a way's median ratio to the median
-// way of the same round, times the median of that reference over rounds. Interleaving puts every way
-// through the same moments of a noisy machine, pairing cancels the moment, and medians drop
+// mean per call, and the result (paired_medians) is the same on every rank. Interleaving puts every
+// way through the same moments of a noisy machine, pairing cancels the moment, and medians drop
 // preempted rounds.
-// t[way][round] -> one time per way: the way's median ratio to the median way of each round, times
-// the median of that reference (see above). Within a round, a size's ways run milliseconds apart, in
-// the same phase of the machine, while rounds spread over phases up to 3x apart; plain medians then
-// depend on how many of a way's rounds fell in a slow phase (the very same plan came out 6 % apart).
-std::vector<double> paired_medians(const std::vector<std::vector<double>>& t);
 std::vector<double> interleaved_medians(Communicator& comm, const std::vector<FunctionRef<void()>>& ways, int rounds,
                                         int iters);
 // The same over a sweep: ways[i] are the ways at the i-th size, each timed with iters[i] calls.

@@ -199,8 +199,9 @@ class Lowering {
     auto& L = lists_[r];
     using Cell = std::pair<int, int64_t>;
     struct Alias {
-      Ref source;  // one chunk
-      int copy;    // the instruction that made the cell equal to it
+      Ref source;       // one chunk
+      Cell source_cell;  // its cell
+      int copy;         // the instruction that made the cell equal to it
     };
     // Phase 1: which uses could read the sources instead. alias[cell]: the source chunk a cell
     // equals through a live copy, until either is written.
@@ -240,16 +241,15 @@ class Lowering {
       if (!u.ins.dst) continue;
       auto written = cells(r, *u.ins.dst);
       std::set<Cell> w(written.begin(), written.end());
-      for (auto it = alias.begin(); it != alias.end();) {
-        bool gone = w.count(it->first) > 0;
-        for (auto& sc : cells(r, it->second.source)) gone |= w.count(sc) > 0;
-        it = gone ? alias.erase(it) : std::next(it);
-      }
-      if (u.ins.op == Opcode::kCopy && !overlaps(r, u.ins.srcs[0], *u.ins.dst))
+      for (auto it = alias.begin(); it != alias.end();)
+        it = w.count(it->first) || w.count(it->second.source_cell) ? alias.erase(it) : std::next(it);
+      if (u.ins.op == Opcode::kCopy && !overlaps(r, u.ins.srcs[0], *u.ins.dst)) {
+        auto from = cells(r, u.ins.srcs[0]);
         for (int64_t k = 0; k < u.ins.dst->count; ++k) {
           Ref x{u.ins.srcs[0].buffer, u.ins.srcs[0].index + k, 1};
-          alias[written[static_cast<size_t>(k)]] = {x, j};
+          alias[written[static_cast<size_t>(k)]] = {x, from[static_cast<size_t>(k)], j};
         }
+      }
     }
     // Phase 2: a copy is needed when a cell it wrote is read, other than by a redirected use, before
     // it is overwritten, or matters at the end. A reducing receive is redirected only when every copy
