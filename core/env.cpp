@@ -51,6 +51,16 @@ constexpr Variable kVariables[] = {
     {"TUTTI_ONESHOT_THRESHOLD", "", "8K",
      "Largest collective (nccl-tests' size) the dispatcher runs through the one-shot mailbox instead of a plan "
      "(a tuning table or TUTTI_ALGO overrides it; 0: never)."},
+    {"TUTTI_DEVICE_SLOT_SIZE", "", "512K",
+     "Bytes per slot of a device FIFO (Simple protocol). A call runs in rounds sized so that each transfer of the "
+     "plan fits one slot."},
+    {"TUTTI_DEVICE_LL_SLOT_SIZE", "", "32K", "Bytes per slot of a device FIFO in the LL protocol (half is data)."},
+    {"TUTTI_DEVICE_FIFO_DEPTH", "", "8",
+     "Slots per device FIFO. A plan that the verifier proves deadlock-free only with deeper FIFOs is refused."},
+    {"TUTTI_DEVICE_THREADS", "", "512", "CUDA threads per thread block of the plan interpreter (a multiple of 32)."},
+    {"TUTTI_PROTO", "NCCL_PROTO", "",
+     "Device protocol for every plan: Simple or LL (LL128 runs as Simple); unset: the plan's own, Simple by "
+     "default. NCCL's ^ exclusion lists are accepted: ^LL forces Simple."},
     {"TUTTI_TILE_SIZE", "", "1M",
      "Largest piece a plan instruction moves at once; larger chunks are pipelined in tiles. Each by-reference "
      "(zero-copy) tile costs a round trip with the receiver, so tiles are larger than FIFO slots."},

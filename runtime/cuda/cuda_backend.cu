@@ -1,0 +1,231 @@
+// The CUDA device behind runtime/device/backend.hpp: the plan interpreter as one kernel (a thread
+// block per plan block), device memory shared between processes with CUDA IPC, and the stream
+// operations around a collective.
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+#include "core/element.hpp"
+#include "core/error.hpp"
+#include "runtime/device/backend.hpp"
+#include "runtime/device/interpreter.hpp"
+
+namespace tutti::device {
+namespace {
+
+void check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorKind::kSystem, fmt::format("CUDA: {}: {}", what, cudaGetErrorString(rc)));
+  }
+}
+
+struct RunBlock {
+  const LaunchArgs& a;
+  template <class E>
+  __device__ void operator()() {
+    run_block<E>(a, static_cast<int32_t>(blockIdx.x));
+  }
+};
+
+__global__ void interpret(LaunchArgs a) { with_elem(a.type, RunBlock{a}); }
+
+template <class T>
+__global__ void scale_native(T* dst, const T* src, T s, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = element::op_prod(src[i], s);
+}
+template <class F>
+__global__ void scale_mini(typename F::Bits* dst, const typename F::Bits* src, float s, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = F::store(F::load(src[i]) * s);
+}
+template <class T>
+__global__ void divide_native(T* dst, const T* src, uint64_t d, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = element::op_div(src[i], d);
+}
+template <class F>
+__global__ void divide_mini(typename F::Bits* dst, const typename F::Bits* src, uint64_t d, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = F::store(F::load(src[i]) / static_cast<float>(d));
+}
+
+unsigned grid_for(size_t n) { return static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 4096)); }
+
+// Runs with this backend's device current, and restores the caller's.
+class OnDevice {
+ public:
+  explicit OnDevice(int dev) {
+    cudaGetDevice(&saved_);
+    if (saved_ != dev) check(cudaSetDevice(dev), "cudaSetDevice");
+  }
+  ~OnDevice() {
+    int now = -1;
+    cudaGetDevice(&now);
+    if (now != saved_) cudaSetDevice(saved_);
+  }
+
+ private:
+  int saved_ = 0;
+};
+
+class Cuda final : public Backend {
+ public:
+  Cuda() {
+    check(cudaGetDevice(&dev_), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev_), "cudaDeviceGetAttribute");
+  }
+  const char* name() const override { return "cuda"; }
+  int device() const override { return dev_; }
+  void* alloc(size_t bytes) override {
+    OnDevice on(dev_);
+    void* p = nullptr;
+    check(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "cudaMalloc");
+    check(cudaMemset(p, 0, std::max<size_t>(bytes, 1)), "cudaMemset");
+    return p;
+  }
+  void release(void* p) override {
+    if (!p) return;
+    OnDevice on(dev_);
+    cudaFree(p);
+  }
+  void* alloc_host(size_t bytes, void** device_view) override {
+    OnDevice on(dev_);
+    void* p = nullptr;
+    check(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
+    std::memset(p, 0, bytes);
+    check(cudaHostGetDevicePointer(device_view, p, 0), "cudaHostGetDevicePointer");
+    return p;
+  }
+  void release_host(void* p) override {
+    if (p) cudaFreeHost(p);
+  }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    OnDevice on(dev_);
+    check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (plan upload)");
+  }
+  std::vector<unsigned char> share(void* p) override {
+    OnDevice on(dev_);
+    cudaIpcMemHandle_t h;
+    check(cudaIpcGetMemHandle(&h, p), "cudaIpcGetMemHandle");
+    std::vector<unsigned char> out(sizeof(h));
+    std::memcpy(out.data(), &h, sizeof(h));
+    return out;
+  }
+  void* open(const std::vector<unsigned char>& handle, int) override {
+    TUTTI_CHECK(handle.size() == sizeof(cudaIpcMemHandle_t), InvalidUsage,
+                "a peer's device memory handle has {} bytes, not a CUDA IPC handle's {}", handle.size(),
+                sizeof(cudaIpcMemHandle_t));
+    OnDevice on(dev_);
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    void* p = nullptr;
+    check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle (a peer's FIFOs)");
+    return p;
+  }
+  void close(void* p) override {
+    OnDevice on(dev_);
+    cudaIpcCloseMemHandle(p);
+  }
+  void reach(int owner) override {
+    OnDevice on(dev_);
+    int ok = 0;
+    check(cudaDeviceCanAccessPeer(&ok, dev_, owner), "cudaDeviceCanAccessPeer");
+    TUTTI_CHECK(ok, InvalidUsage,
+                "GPU {} cannot access GPU {}'s memory (no peer access); host staging between them is not supported yet",
+                dev_, owner);
+    cudaError_t rc = cudaDeviceEnablePeerAccess(owner, 0);
+    if (rc == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+    else check(rc, "cudaDeviceEnablePeerAccess");
+  }
+  void launch(const LaunchArgs& args, int threads, void* stream) override {
+    OnDevice on(dev_);
+    interpret<<<static_cast<unsigned>(args.nblocks), static_cast<unsigned>(threads), 0,
+                static_cast<cudaStream_t>(stream)>>>(args);
+    check(cudaGetLastError(), "launching the plan interpreter");
+  }
+  void copy(void* dst, const void* src, size_t bytes, void* stream) override {
+    if (!bytes || dst == src) return;
+    OnDevice on(dev_);
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)), "cudaMemcpyAsync");
+  }
+  void scale(DataType type, void* dst, const void* src, const void* scalar, size_t n, void* stream) override {
+    if (!n) return;
+    OnDevice on(dev_);
+    auto s = static_cast<cudaStream_t>(stream);
+    auto native = [&](auto t) {
+      using T = decltype(t);
+      T v;
+      std::memcpy(&v, scalar, sizeof(T));
+      scale_native<T><<<grid_for(n), 256, 0, s>>>(static_cast<T*>(dst), static_cast<const T*>(src), v, n);
+    };
+    auto mini = [&](auto f) {
+      using F = decltype(f);
+      typename F::Bits b;
+      std::memcpy(&b, scalar, sizeof(b));
+      scale_mini<F><<<grid_for(n), 256, 0, s>>>(static_cast<typename F::Bits*>(dst),
+                                                 static_cast<const typename F::Bits*>(src), F::load(b), n);
+    };
+    by_type(type, native, mini);
+    check(cudaGetLastError(), "premulsum scale");
+  }
+  void divide(DataType type, void* dst, const void* src, uint64_t d, size_t n, void* stream) override {
+    if (!n) return;
+    OnDevice on(dev_);
+    auto s = static_cast<cudaStream_t>(stream);
+    auto native = [&](auto t) {
+      using T = decltype(t);
+      divide_native<T><<<grid_for(n), 256, 0, s>>>(static_cast<T*>(dst), static_cast<const T*>(src), d, n);
+    };
+    auto mini = [&](auto f) {
+      using F = decltype(f);
+      divide_mini<F><<<grid_for(n), 256, 0, s>>>(static_cast<typename F::Bits*>(dst),
+                                                  static_cast<const typename F::Bits*>(src), d, n);
+    };
+    by_type(type, native, mini);
+    check(cudaGetLastError(), "avg division");
+  }
+  void synchronize(void* stream) override {
+    OnDevice on(dev_);
+    if (stream) check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+    else check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  int resident_blocks(int threads) override {
+    int per_sm = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, interpret, threads, 0), "occupancy");
+    return per_sm * sms_;
+  }
+
+ private:
+  template <class Native, class Mini>
+  static void by_type(DataType type, Native native, Mini mini) {
+    switch (type) {
+      case DataType::kInt8: return native(int8_t{});
+      case DataType::kUint8: return native(uint8_t{});
+      case DataType::kInt32: return native(int32_t{});
+      case DataType::kUint32: return native(uint32_t{});
+      case DataType::kInt64: return native(int64_t{});
+      case DataType::kUint64: return native(uint64_t{});
+      case DataType::kFloat32: return native(float{});
+      case DataType::kFloat64: return native(double{});
+      case DataType::kFloat16: return mini(element::HalfT{});
+      case DataType::kBfloat16: return mini(element::Bf16T{});
+      case DataType::kFp8E4M3: return mini(element::E4M3T{});
+      case DataType::kFp8E5M2: return mini(element::E5M2T{});
+    }
+  }
+  int dev_ = 0;
+  int sms_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<Cuda>(); }
+
+}  // namespace tutti::device

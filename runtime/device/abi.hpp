@@ -1,0 +1,110 @@
+#pragma once
+// What the host hands a device plan interpreter: plain structs of fixed size, no pointers to host
+// objects, the same on the CUDA device and on the emulated device (runtime/device/interpreter.hpp).
+// Host/device neutral: <cstdint> only.
+//
+// A flattened plan (runtime/device/device_plan.hpp) is four arrays per rank: blocks, steps, the
+// source operands of the steps and their dependencies. Refs are canonical: in-place aliasing is
+// resolved when flattening, so an interpreter only knows three buffers (input, output, scratch).
+//
+// Memory of one connection (sender s -> receiver r on channel c) lives in the receiver's device
+// memory and is written through peer pointers (runtime/device/fifo.hpp states the ordering
+// contract):
+//   Fifo { tail, head, pad; Simple slots [depth][slot_bytes]; LL slots [depth][ll_slot_bytes] }
+// tail: messages the sender has posted (Simple); head: messages the receiver has consumed (both
+// protocols). The sender's and receiver's own message counts live in their own memory (FifoView::count)
+// and persist across launches, like NCCL's step counters.
+
+#include <cstdint>
+
+namespace tutti::device {
+
+enum Buf : uint8_t { kBufInput = 0, kBufOutput = 1, kBufScratch = 2, kBufNone = 255 };
+
+struct DevRef {
+  int64_t index = 0;  // chunk index in the canonical buffer
+  uint8_t buf = kBufNone;
+};
+
+struct DevDep {
+  int32_t block = 0;  // dense index of the block on this rank
+  int32_t step = 0;
+};
+
+struct DevStep {
+  uint8_t op = 0;      // plan::Opcode value (runtime/instruction_semantics.hpp)
+  uint8_t signal = 0;  // another block depends on this step: publish progress after it
+  uint16_t nsrcs = 0;
+  int32_t send_conn = -1;  // index into LaunchArgs::send (this rank's outgoing FIFOs of the plan)
+  int32_t recv_conn = -1;  // index into LaunchArgs::recv
+  int32_t first_src = 0;   // srcs[first_src, first_src + nsrcs)
+  int32_t first_dep = 0;   // deps[first_dep, first_dep + ndeps)
+  int32_t ndeps = 0;
+  int32_t kernel = 0;      // compute: dsl::Kernel
+  double kernel_arg = 1;   // compute: the scale factor
+  int64_t count = 0;       // chunks
+  DevRef dst;
+};
+
+struct DevBlock {
+  int32_t first_step = 0;
+  int32_t nsteps = 0;
+};
+
+// One direction of one connection as this rank sees it.
+struct FifoView {
+  unsigned char* simple = nullptr;  // [depth][slot_bytes], in the receiver's memory
+  unsigned char* ll = nullptr;      // [depth][ll_slot_bytes], in the receiver's memory
+  uint64_t* tail = nullptr;         // receiver's memory, written by the sender
+  uint64_t* head = nullptr;         // receiver's memory, written by the receiver
+  uint64_t* count = nullptr;        // this rank's memory: messages this side has sent / received
+  int32_t peer = -1;                // for error reports
+};
+
+// Per rank, in its device memory; survives launches (and CUDA graph replays).
+struct RankState {
+  uint64_t epoch;     // launches finished; progress words of launch e are (e << 32) | steps
+  uint64_t finished;  // blocks of the current launch that are done (the last one bumps epoch)
+};
+
+// Set by the first wait that gives up; every wait polls it, so one failure stops every block of
+// every rank that shares it. In host-mapped memory on CUDA, so the host reads it at any time.
+struct Status {
+  int32_t failed;  // 0 ok, 1 aborted, 2 timed out
+  int32_t block, step, peer;
+  int64_t round;
+};
+
+enum Protocol : int32_t { kProtoSimple = 0, kProtoLL = 1 };
+
+struct LaunchArgs {
+  const DevBlock* blocks = nullptr;
+  const DevStep* steps = nullptr;
+  const DevRef* srcs = nullptr;
+  const DevDep* deps = nullptr;
+  const FifoView* send = nullptr;
+  const FifoView* recv = nullptr;
+  uint64_t* progress = nullptr;  // per block
+  RankState* state = nullptr;
+  Status* status = nullptr;          // this rank's failure record
+  const volatile int32_t* abort = nullptr;  // set by the host when the communicator aborts
+  unsigned char* bufs[3] = {nullptr, nullptr, nullptr};
+  int32_t nblocks = 0;
+  int32_t protocol = kProtoSimple;
+  int32_t op = 0;    // RedOp
+  int32_t type = 0;  // DataType
+  int64_t esize = 1;
+  int64_t count = 0;         // elements per piece (NCCL's count)
+  int64_t chunk_factor = 1;
+  int64_t round_elems = 0;   // elements of each piece per round (a multiple of chunk_factor)
+  int64_t rounds = 1;
+  int64_t depth = 1;         // slots per FIFO
+  int64_t slot_bytes = 0;    // Simple slot
+  int64_t ll_slot_bytes = 0; // LL slot (holds half as many data bytes)
+  uint64_t timeout_ns = 0;   // 0: wait forever
+};
+
+// Message layout: the chunks of a message follow each other, each starting on a 16-byte boundary.
+inline constexpr int64_t kChunkAlign = 16;
+
+}  // namespace tutti::device

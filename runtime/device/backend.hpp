@@ -1,0 +1,54 @@
+#pragma once
+// What a device executor needs from a device: memory, sharing it with other processes, launching
+// the interpreter, and the small stream operations around a collective (copies, premulsum's scale,
+// avg's division). Two implementations: CUDA (runtime/cuda/cuda_backend.cu) and the emulated device
+// (runtime/device/emulated.cpp: host memory, one CPU thread per plan block, launches complete
+// before launch() returns).
+//
+// Streams are opaque (a cudaStream_t on CUDA, ignored by the emulated device). Memory from alloc()
+// is zero-filled.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/datatype.hpp"
+#include "runtime/device/abi.hpp"
+
+namespace tutti::device {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual int device() const = 0;  // CUDA ordinal; -1 for the emulated device
+
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  // Host memory the device can read and write (failure records, the abort flag).
+  virtual void* alloc_host(size_t bytes, void** device_view) = 0;
+  virtual void release_host(void* p) = 0;
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;  // synchronous
+
+  // Lets a process other than this one map memory from alloc(); open() maps a peer's handle.
+  virtual std::vector<unsigned char> share(void* p) = 0;
+  virtual void* open(const std::vector<unsigned char>& handle, int owner_device) = 0;
+  virtual void close(void* p) = 0;
+  // Makes memory of `owner_device` reachable from this device in this process (peer access).
+  virtual void reach(int owner_device) = 0;
+
+  virtual void launch(const LaunchArgs& args, int threads, void* stream) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes, void* stream) = 0;
+  virtual void scale(DataType type, void* dst, const void* src, const void* scalar, size_t count, void* stream) = 0;
+  virtual void divide(DataType type, void* dst, const void* src, uint64_t divisor, size_t count, void* stream) = 0;
+  virtual void synchronize(void* stream) = 0;
+  // How many thread blocks of `threads` threads can run at once (all blocks of a launch must).
+  virtual int resident_blocks(int threads) = 0;
+};
+
+std::unique_ptr<Backend> make_emulated_backend();
+// The CUDA device current on the calling thread. Only in CUDA builds (TUTTI_HAVE_CUDA).
+std::unique_ptr<Backend> make_cuda_backend();
+
+}  // namespace tutti::device

@@ -1,0 +1,293 @@
+#include "runtime/device/device_executor.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstring>
+
+#include "core/env.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "runtime/instruction_semantics.hpp"
+#include "runtime/wire.hpp"
+
+namespace tutti::device {
+
+namespace {
+constexpr int64_t kFifoHeader = 128;  // tail and head, each on its own 64-byte line
+
+int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+}  // namespace
+
+DeviceOptions DeviceOptions::from_env() {
+  DeviceOptions o;
+  o.slot_bytes = static_cast<int64_t>(env::get_size("TUTTI_DEVICE_SLOT_SIZE"));
+  o.ll_slot_bytes = static_cast<int64_t>(env::get_size("TUTTI_DEVICE_LL_SLOT_SIZE"));
+  o.fifo_depth = env::get_int("TUTTI_DEVICE_FIFO_DEPTH");
+  o.threads = static_cast<int>(env::get_int("TUTTI_DEVICE_THREADS"));
+  o.timeout_s = env::get_seconds("TUTTI_TIMEOUT");
+  TUTTI_CHECK(o.slot_bytes >= 256 && o.slot_bytes % 16 == 0, InvalidArgument,
+              "TUTTI_DEVICE_SLOT_SIZE must be a multiple of 16 bytes and at least 256, not {}", o.slot_bytes);
+  TUTTI_CHECK(o.ll_slot_bytes >= 256 && o.ll_slot_bytes % 32 == 0, InvalidArgument,
+              "TUTTI_DEVICE_LL_SLOT_SIZE must be a multiple of 32 bytes and at least 256, not {}", o.ll_slot_bytes);
+  TUTTI_CHECK(o.fifo_depth >= 1, InvalidArgument, "TUTTI_DEVICE_FIFO_DEPTH must be at least 1, not {}", o.fifo_depth);
+  TUTTI_CHECK(o.threads >= 32 && o.threads <= 1024 && o.threads % 32 == 0, InvalidArgument,
+              "TUTTI_DEVICE_THREADS must be a multiple of 32 between 32 and 1024, not {}", o.threads);
+  std::string proto = env::get_string("TUTTI_PROTO");
+  std::string p;
+  for (char ch : proto) p += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (p.empty()) {
+  } else if (p == "simple" || p == "ll128" || p == "^ll" || p == "^ll,ll128" || p == "^ll128,ll") {
+    o.protocol = kProtoSimple;
+  } else if (p == "ll" || p == "^simple" || p == "^simple,ll128" || p == "^ll128,simple") {
+    o.protocol = kProtoLL;
+  } else if (p != "^ll128") {
+    throw InvalidArgument(fmt::format("TUTTI_PROTO/NCCL_PROTO: '{}' is not Simple, LL, LL128 or an exclusion of them",
+                                      proto));
+  }
+  return o;
+}
+
+struct DeviceExecutor::Channel {
+  unsigned char* inbox = nullptr;  // this rank's FIFOs, one per sender, fifo_stride_ apart
+  uint64_t* counts = nullptr;      // [0, n): messages sent to each peer; [n, 2n): received from each
+  std::vector<unsigned char*> peer_inbox;  // by rank
+  std::vector<bool> opened;                // mapped with Backend::open (closed at the end)
+};
+
+struct DeviceExecutor::Uploaded {
+  DevicePlan plan;
+  int64_t fifo_depth = 1;
+  int32_t max_steps = 0;
+  void* memory = nullptr;
+  LaunchArgs base;  // plan arrays, FIFO views and progress filled in
+};
+
+DeviceExecutor::DeviceExecutor(Communicator& comm, std::unique_ptr<Backend> backend, const DeviceOptions& options)
+    : comm_(comm), backend_(std::move(backend)), options_(options) {
+  fifo_stride_ = round_up(kFifoHeader + options_.fifo_depth * (options_.slot_bytes + options_.ll_slot_bytes), 256);
+  state_ = static_cast<RankState*>(backend_->alloc(sizeof(RankState)));
+  void* view = nullptr;
+  status_host_ = static_cast<Status*>(backend_->alloc_host(sizeof(Status), &view));
+  status_dev_ = static_cast<Status*>(view);
+  abort_host_ = static_cast<int32_t*>(backend_->alloc_host(sizeof(int32_t), &view));
+  abort_dev_ = static_cast<int32_t*>(view);
+  std::memset(status_host_, 0, sizeof(Status));
+  *abort_host_ = 0;
+}
+
+DeviceExecutor::~DeviceExecutor() {
+  try {
+    backend_->synchronize(nullptr);
+  } catch (const std::exception& e) {
+    TUTTI_WARN("rank {}: device executor: {}", comm_.rank(), e.what());
+  }
+  for (auto& [id, u] : plans_) backend_->release(u->memory);
+  for (auto& ch : channels_) {
+    for (size_t r = 0; r < ch->peer_inbox.size(); ++r)
+      if (ch->opened[r]) backend_->close(ch->peer_inbox[r]);
+    backend_->release(ch->inbox);
+    backend_->release(ch->counts);
+  }
+  backend_->release(scratch_);
+  for (void* t : temps_) backend_->release(t);
+  backend_->release(state_);
+  backend_->release_host(status_host_);
+  backend_->release_host(abort_host_);
+}
+
+void DeviceExecutor::abort() { std::atomic_ref<int32_t>(*abort_host_).store(1, std::memory_order_release); }
+
+void DeviceExecutor::check() {
+  Status s;
+  std::memcpy(&s, status_host_, sizeof(Status));
+  if (s.failed == 0) return;
+  std::string where = fmt::format("rank {}: device plan '{}' stopped at block {} step {}{} in round {}", comm_.rank(),
+                                  last_plan_, s.block, s.step,
+                                  s.peer >= 0 ? fmt::format(" (waiting for rank {})", s.peer) : std::string(), s.round);
+  if (s.failed == 1) throw Aborted(where + ": the communicator was aborted");
+  throw Timeout(fmt::format("{}: no progress for {} s (TUTTI_TIMEOUT)", where, options_.timeout_s));
+}
+
+void* DeviceExecutor::temp(int slot, size_t bytes) {
+  TUTTI_CHECK(slot == 0 || slot == 1, InternalError, "device temp slot {}", slot);
+  if (temp_bytes_[slot] < bytes) {
+    backend_->release(temps_[slot]);
+    temps_[slot] = nullptr;
+    temps_[slot] = backend_->alloc(bytes);
+    temp_bytes_[slot] = bytes;
+  }
+  return temps_[slot];
+}
+
+void DeviceExecutor::ensure_channels(int n) {
+  const int nranks = comm_.size(), me = comm_.rank();
+  while (static_cast<int>(channels_.size()) < n) {
+    auto ch = std::make_unique<Channel>();
+    ch->inbox = static_cast<unsigned char*>(backend_->alloc(static_cast<size_t>(fifo_stride_ * nranks)));
+    ch->counts = static_cast<uint64_t*>(backend_->alloc(sizeof(uint64_t) * 2 * static_cast<size_t>(nranks)));
+    ch->peer_inbox.assign(static_cast<size_t>(nranks), nullptr);
+    ch->opened.assign(static_cast<size_t>(nranks), false);
+    ch->peer_inbox[me] = ch->inbox;
+    if (nranks > 1) {
+      wire::Writer w;
+      std::vector<unsigned char> handle = backend_->share(ch->inbox);
+      w.put<int32_t>(static_cast<int32_t>(getpid()))
+          .put<int32_t>(backend_->device())
+          .put<uint64_t>(comm_.peer_info(me).host_hash)
+          .put<uint64_t>(reinterpret_cast<uint64_t>(ch->inbox))
+          .put<uint64_t>(static_cast<uint64_t>(fifo_stride_))
+          .put_bytes(handle.data(), handle.size());
+      auto all = comm_.bootstrap().allgather(w.bytes());
+      for (int r = 0; r < nranks; ++r) {
+        if (r == me) continue;
+        wire::Reader rd(all[r], "device channel setup");
+        int32_t pid = rd.get<int32_t>(), dev = rd.get<int32_t>();
+        uint64_t host = rd.get<uint64_t>(), ptr = rd.get<uint64_t>(), stride = rd.get<uint64_t>();
+        std::vector<unsigned char> peer_handle = rd.get_bytes();
+        TUTTI_CHECK(static_cast<int64_t>(stride) == fifo_stride_, InvalidUsage,
+                    "rank {}: rank {} uses device FIFOs of another size ({} bytes per peer, here {}): set "
+                    "TUTTI_DEVICE_* alike on every rank",
+                    me, r, stride, fifo_stride_);
+        TUTTI_CHECK(host == comm_.peer_info(me).host_hash, InvalidUsage,
+                    "rank {}: rank {} is on another host; device buffers between hosts are not supported yet "
+                    "(collectives on host buffers are)",
+                    me, r);
+        if (pid == static_cast<int32_t>(getpid())) {
+          if (dev != backend_->device()) backend_->reach(dev);
+          ch->peer_inbox[r] = reinterpret_cast<unsigned char*>(ptr);
+        } else {
+          ch->peer_inbox[r] = static_cast<unsigned char*>(backend_->open(peer_handle, dev));
+          ch->opened[r] = true;
+        }
+      }
+    }
+    channels_.push_back(std::move(ch));
+    TUTTI_INFO(log::kInit, "rank {}: device channel {} connected ({} peers, {} on {})", me, channels_.size() - 1,
+               nranks - 1, fifo_stride_, backend_->name());
+  }
+}
+
+DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp) {
+  if (auto it = plans_.find(pp.id); it != plans_.end()) return *it->second;
+  auto u = std::make_unique<Uploaded>();
+  const int me = comm_.rank(), n = comm_.size();
+  u->plan = flatten(pp, me);
+  u->fifo_depth = verified_fifo_depth(pp);
+  // Before anything collective: a refused plan must fail on every rank alone, not hang.
+  TUTTI_CHECK(u->fifo_depth <= options_.fifo_depth, InvalidArgument,
+              "plan '{}' is deadlock-free only with FIFOs of {} messages; device FIFOs hold {} "
+              "(TUTTI_DEVICE_FIFO_DEPTH)",
+              pp.plan.name, u->fifo_depth, options_.fifo_depth);
+  for (const DevBlock& b : u->plan.blocks) u->max_steps = std::max(u->max_steps, b.nsteps);
+  ensure_channels(u->plan.channels);
+  auto view = [&](const ConnectionKey& k, bool send) {
+    const Channel& ch = *channels_.at(static_cast<size_t>(k.channel));
+    unsigned char* fifo = send ? ch.peer_inbox[k.peer] + fifo_stride_ * me : ch.inbox + fifo_stride_ * k.peer;
+    FifoView v;
+    v.tail = reinterpret_cast<uint64_t*>(fifo);
+    v.head = reinterpret_cast<uint64_t*>(fifo + 64);
+    v.simple = fifo + kFifoHeader;
+    v.ll = fifo + kFifoHeader + options_.fifo_depth * options_.slot_bytes;
+    v.count = ch.counts + (send ? 0 : n) + k.peer;
+    v.peer = k.peer;
+    return v;
+  };
+  std::vector<FifoView> sends, recvs;
+  for (auto& k : u->plan.sends) sends.push_back(view(k, true));
+  for (auto& k : u->plan.recvs) recvs.push_back(view(k, false));
+  // One allocation: the plan's arrays, the FIFO views and the blocks' progress words.
+  std::vector<unsigned char> image;
+  auto put = [&](const void* data, size_t bytes) {
+    size_t at = static_cast<size_t>(round_up(static_cast<int64_t>(image.size()), 16));
+    image.resize(at + bytes);
+    if (bytes) std::memcpy(image.data() + at, data, bytes);
+    return at;
+  };
+  const DevicePlan& d = u->plan;
+  size_t o_blocks = put(d.blocks.data(), d.blocks.size() * sizeof(DevBlock));
+  size_t o_steps = put(d.steps.data(), d.steps.size() * sizeof(DevStep));
+  size_t o_srcs = put(d.srcs.data(), d.srcs.size() * sizeof(DevRef));
+  size_t o_deps = put(d.deps.data(), d.deps.size() * sizeof(DevDep));
+  size_t o_send = put(sends.data(), sends.size() * sizeof(FifoView));
+  size_t o_recv = put(recvs.data(), recvs.size() * sizeof(FifoView));
+  std::vector<uint64_t> zeros(d.blocks.size(), 0);
+  size_t o_progress = put(zeros.data(), zeros.size() * sizeof(uint64_t));
+  u->memory = backend_->alloc(image.size());
+  backend_->upload(u->memory, image.data(), image.size());
+  auto* base = static_cast<unsigned char*>(u->memory);
+  LaunchArgs& a = u->base;
+  a.blocks = reinterpret_cast<const DevBlock*>(base + o_blocks);
+  a.steps = reinterpret_cast<const DevStep*>(base + o_steps);
+  a.srcs = reinterpret_cast<const DevRef*>(base + o_srcs);
+  a.deps = reinterpret_cast<const DevDep*>(base + o_deps);
+  a.send = reinterpret_cast<const FifoView*>(base + o_send);
+  a.recv = reinterpret_cast<const FifoView*>(base + o_recv);
+  a.progress = reinterpret_cast<uint64_t*>(base + o_progress);
+  a.nblocks = static_cast<int32_t>(d.blocks.size());
+  return *(plans_[pp.id] = std::move(u));
+}
+
+void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* stream) {
+  const plan::Plan& p = pp.plan;
+  check();
+  TUTTI_CHECK(p.nranks == comm_.size(), InvalidArgument, "plan '{}' is for {} ranks, the communicator has {}", p.name,
+              p.nranks, comm_.size());
+  TUTTI_CHECK(args.count >= 0, InvalidArgument, "negative count {}", args.count);
+  TUTTI_CHECK(pp.any_count || args.count % p.chunk_factor == 0, InvalidArgument,
+              "plan '{}' moves chunks between different positions and needs the count ({}) to be a multiple of {}",
+              p.name, args.count, p.chunk_factor);
+  Uploaded& u = upload(pp);
+  if (u.plan.blocks.empty()) return;
+  const int threads = options_.threads;
+  TUTTI_CHECK(u.base.nblocks <= backend_->resident_blocks(threads), InvalidArgument,
+              "plan '{}' has {} blocks on rank {}, more than the device runs at once with {} threads each", p.name,
+              u.base.nblocks, comm_.rank(), threads);
+
+  LaunchArgs a = u.base;
+  a.protocol = options_.protocol ? *options_.protocol : (p.protocol == dsl::Protocol::kLL ? kProtoLL : kProtoSimple);
+  a.op = static_cast<int32_t>(args.reduction.op);
+  a.type = static_cast<int32_t>(args.reduction.type);
+  a.esize = static_cast<int64_t>(size_of(args.reduction.type));
+  a.count = args.count;
+  a.chunk_factor = p.chunk_factor;
+  a.depth = options_.fifo_depth;
+  a.slot_bytes = options_.slot_bytes;
+  a.ll_slot_bytes = options_.ll_slot_bytes;
+  a.timeout_ns = static_cast<uint64_t>(options_.timeout_s * 1e9);
+  // Rounds: the largest message of the plan (max_message_chunks chunks, each padded to 16 bytes)
+  // must fit one slot.
+  const int64_t capacity = a.protocol == kProtoLL ? a.ll_slot_bytes / 2 : a.slot_bytes;
+  const int64_t per_chunk = capacity / u.plan.max_message_chunks / kChunkAlign * kChunkAlign;
+  const int64_t chunk_elems = per_chunk / a.esize;
+  TUTTI_CHECK(chunk_elems >= 1, InvalidArgument,
+              "plan '{}' sends messages of {} chunks, which do not fit device slots of {} bytes (TUTTI_DEVICE_SLOT_SIZE)",
+              p.name, u.plan.max_message_chunks, capacity);
+  a.round_elems = chunk_elems * p.chunk_factor;
+  a.rounds = std::max<int64_t>(1, (args.count + a.round_elems - 1) / a.round_elems);
+  TUTTI_CHECK(a.rounds * u.max_steps < (int64_t{1} << 32) - 1, InvalidArgument,
+              "count {} needs {} rounds of plan '{}': too many for the device's progress words; use larger slots",
+              args.count, a.rounds, p.name);
+  // Scratch: pieces of `count` elements, like the user's buffers, so rounds never share a region.
+  exec::Geometry g{args.count, p.chunk_factor, a.esize};
+  size_t scratch = u.plan.scratch_chunks > 0 ? static_cast<size_t>(g.chunk_end(u.plan.scratch_chunks - 1) * a.esize) : 0;
+  if (scratch > scratch_bytes_) {
+    backend_->release(scratch_);
+    scratch_ = nullptr;
+    scratch_ = backend_->alloc(scratch);
+    scratch_bytes_ = scratch;
+  }
+  a.bufs[kBufInput] = static_cast<unsigned char*>(const_cast<void*>(args.input));
+  a.bufs[kBufOutput] = static_cast<unsigned char*>(args.output);
+  a.bufs[kBufScratch] = static_cast<unsigned char*>(scratch_);
+  a.state = state_;
+  a.status = status_dev_;
+  a.abort = abort_dev_;
+  last_plan_ = p.name;
+  backend_->launch(a, threads, stream);
+  check();
+}
+
+}  // namespace tutti::device

@@ -1,0 +1,86 @@
+#pragma once
+// The device plan executor: runs the same verified plans as the CPU executor, on device buffers,
+// as one launch of the interpreter (runtime/device/interpreter.hpp) per call on the caller's
+// stream. The call returns once the launch is enqueued (at once on CUDA; the emulated device runs
+// it before returning).
+//
+// Connections: for each channel a plan uses, every rank allocates an inbox in its device memory,
+// one FIFO per sending peer (runtime/device/abi.hpp), and the ranks exchange the inboxes through the
+// bootstrap: ranks of one process use each other's pointers (peer access between GPUs), ranks of
+// other processes on the host map them with the backend's sharing handles (CUDA IPC). Several
+// ranks may share one GPU.
+//
+// Thread safety: one thread drives an executor at a time (as its communicator). Launches of one
+// executor must be ordered (one stream, or streams the caller orders): they share FIFOs and flags.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "runtime/communicator.hpp"
+#include "runtime/device/backend.hpp"
+#include "runtime/device/device_plan.hpp"
+#include "runtime/executor.hpp"
+
+namespace tutti::device {
+
+struct DeviceOptions {
+  int64_t slot_bytes = 512 << 10;
+  int64_t ll_slot_bytes = 32 << 10;
+  int64_t fifo_depth = 8;
+  int threads = 512;
+  std::optional<int32_t> protocol;  // kProtoSimple / kProtoLL for every plan; unset: the plan's own
+  double timeout_s = 1800;
+  // TUTTI_DEVICE_SLOT_SIZE, TUTTI_DEVICE_LL_SLOT_SIZE, TUTTI_DEVICE_FIFO_DEPTH, TUTTI_DEVICE_THREADS,
+  // TUTTI_PROTO/NCCL_PROTO, TUTTI_TIMEOUT. Throws InvalidArgument naming a bad value.
+  static DeviceOptions from_env();
+};
+
+class DeviceExecutor {
+ public:
+  DeviceExecutor(Communicator& comm, std::unique_ptr<Backend> backend, const DeviceOptions& options);
+  ~DeviceExecutor();
+  DeviceExecutor(const DeviceExecutor&) = delete;
+  DeviceExecutor& operator=(const DeviceExecutor&) = delete;
+
+  // Enqueues the plan for this rank on `stream`. Collective: every rank runs the same plan with the
+  // same count. Throws InvalidArgument for a count the plan cannot split or a plan that needs
+  // deeper FIFOs than configured, and the failure of an earlier launch (check()).
+  void run(const PreparedPlan& plan, const ExecArgs& args, void* stream);
+  // Throws the error an earlier launch recorded (abort, timeout: rank, block, step, peer, round).
+  void check();
+  // Makes every wait of running and future launches give up (communicator abort).
+  void abort();
+  Backend& backend() { return *backend_; }
+  const DeviceOptions& options() const { return options_; }
+  // Scratch memory of the device for the caller's adaptations (in-place / out-of-place), grown on
+  // demand; valid until the next call of temp().
+  void* temp(int slot, size_t bytes);
+
+ private:
+  struct Channel;
+  struct Uploaded;
+  void ensure_channels(int n);
+  Uploaded& upload(const PreparedPlan& plan);
+
+  Communicator& comm_;
+  std::unique_ptr<Backend> backend_;
+  DeviceOptions options_;
+  int64_t fifo_stride_ = 0;
+  std::vector<std::unique_ptr<Channel>> channels_;
+  std::map<uint64_t, std::unique_ptr<Uploaded>> plans_;  // by PreparedPlan::id
+  RankState* state_ = nullptr;  // device memory
+  Status* status_host_ = nullptr;
+  Status* status_dev_ = nullptr;
+  int32_t* abort_host_ = nullptr;
+  int32_t* abort_dev_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  void* temps_[2] = {nullptr, nullptr};
+  size_t temp_bytes_[2] = {0, 0};
+  std::string last_plan_;
+};
+
+}  // namespace tutti::device

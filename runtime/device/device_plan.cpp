@@ -1,0 +1,75 @@
+#include "runtime/device/device_plan.hpp"
+
+#include <algorithm>
+
+#include "compiler/verify.hpp"
+#include "core/error.hpp"
+
+namespace tutti::device {
+
+DevicePlan flatten(const PreparedPlan& pp, int rank) {
+  const plan::Plan& p = pp.plan;
+  TUTTI_CHECK(rank >= 0 && rank < p.nranks, InvalidArgument, "plan '{}': rank {} out of range ({} ranks)", p.name, rank,
+              p.nranks);
+  DevicePlan out;
+  for (const plan::RankPlan& rp : p.ranks)
+    for (const plan::Block& b : rp.blocks)
+      for (const plan::Instruction& in : b.steps) out.max_message_chunks = std::max(out.max_message_chunks, in.count());
+  out.channels = std::max(1, p.channels());
+  const plan::RankPlan& rp = p.ranks[rank];
+  out.scratch_chunks = rp.scratch_chunks;
+  const std::map<int64_t, size_t>& index = pp.block_index[rank];
+  auto conn = [](std::vector<ConnectionKey>& table, ConnectionKey key) {
+    auto it = std::find(table.begin(), table.end(), key);
+    if (it != table.end()) return static_cast<int32_t>(it - table.begin());
+    table.push_back(key);
+    return static_cast<int32_t>(table.size() - 1);
+  };
+  auto ref = [&](const plan::Ref& r) {
+    dsl::Location l = pp.spec.canonical(rank, r.buffer, static_cast<int>(r.index));
+    return DevRef{l.index, static_cast<uint8_t>(l.buffer)};
+  };
+  for (const plan::Block& b : rp.blocks) {
+    TUTTI_CHECK(out.steps.size() + b.steps.size() < (1u << 31), InvalidArgument, "plan '{}' has too many steps", p.name);
+    out.blocks.push_back(DevBlock{static_cast<int32_t>(out.steps.size()), static_cast<int32_t>(b.steps.size())});
+    for (const plan::Instruction& in : b.steps) {
+      DevStep s;
+      s.op = static_cast<uint8_t>(in.op);
+      s.count = in.count();
+      s.first_src = static_cast<int32_t>(out.srcs.size());
+      s.nsrcs = static_cast<uint16_t>(in.srcs.size());
+      for (const plan::Ref& r : in.srcs) out.srcs.push_back(ref(r));
+      if (in.dst) s.dst = ref(*in.dst);
+      if (plan::sends(in.op)) s.send_conn = conn(out.sends, {in.send_peer, b.channel});
+      if (plan::receives(in.op)) s.recv_conn = conn(out.recvs, {in.recv_peer, b.channel});
+      s.first_dep = static_cast<int32_t>(out.deps.size());
+      s.ndeps = static_cast<int32_t>(in.deps.size());
+      for (const plan::Dep& d : in.deps) {
+        auto it = index.find(d.block);
+        TUTTI_CHECK(it != index.end(), InvalidArgument, "plan '{}': rank {} depends on block {}, which it does not have",
+                    p.name, rank, d.block);
+        out.deps.push_back(DevDep{static_cast<int32_t>(it->second), static_cast<int32_t>(d.step)});
+      }
+      s.kernel = in.kernel;
+      s.kernel_arg = in.kernel_arg;
+      out.steps.push_back(s);
+    }
+  }
+  // Mark what other blocks wait for.
+  for (const DevDep& d : out.deps) {
+    TUTTI_CHECK(d.step >= 0 && d.step < out.blocks[d.block].nsteps, InvalidArgument,
+                "plan '{}': rank {} depends on step {} of a block with {} steps", p.name, rank, d.step,
+                out.blocks[d.block].nsteps);
+    out.steps[out.blocks[d.block].first_step + d.step].signal = 1;
+  }
+  return out;
+}
+
+int64_t verified_fifo_depth(const PreparedPlan& pp) {
+  plan::VerifyOptions o;
+  o.check_hazards = false;
+  o.spec = &pp.spec;
+  return std::max<int64_t>(1, plan::verify(pp.plan, o).fifo_depth_needed);
+}
+
+}  // namespace tutti::device

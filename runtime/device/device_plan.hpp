@@ -1,0 +1,39 @@
+#pragma once
+// A Plan flattened for a device interpreter: per rank, plain arrays of fixed-size POD records
+// (runtime/device/abi.hpp), sized from the plan, with block ids made dense, in-place aliasing
+// resolved to canonical buffers, the connections each rank uses numbered, the steps that other
+// blocks wait for marked, and the FIFO depth the plan was verified for.
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/device/abi.hpp"
+#include "runtime/executor.hpp"
+
+namespace tutti::device {
+
+struct ConnectionKey {
+  int peer = -1;
+  int channel = 0;  // plan channel
+  bool operator==(const ConnectionKey&) const = default;
+};
+
+struct DevicePlan {
+  std::vector<DevBlock> blocks;
+  std::vector<DevStep> steps;
+  std::vector<DevRef> srcs;
+  std::vector<DevDep> deps;
+  std::vector<ConnectionKey> sends, recvs;  // indexed by DevStep::send_conn / recv_conn
+  int64_t max_message_chunks = 1;  // most chunks one step moves, over every rank (rounds are sized by it)
+  int64_t scratch_chunks = 0;
+  int channels = 1;
+};
+
+// Throws InvalidArgument for a plan whose structure an interpreter cannot run (a dependency on a
+// block that does not exist, more steps than a 32-bit index).
+DevicePlan flatten(const PreparedPlan& plan, int rank);
+
+// The smallest FIFO depth (messages) at which the plan is deadlock-free, from the verifier.
+int64_t verified_fifo_depth(const PreparedPlan& plan);
+
+}  // namespace tutti::device

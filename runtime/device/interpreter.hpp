@@ -1,0 +1,349 @@
+#pragma once
+// The device plan interpreter: one team of threads runs one plan block, step by step, over the
+// rounds of a call. Compiled by nvcc for the CUDA kernel (runtime/cuda/cuda_backend.cu, a team is
+// a thread block) and by the host compiler for the emulated device (runtime/device/emulated.cpp,
+// a team is one CPU thread), so CI without a GPU runs the logic the GPU runs.
+//
+// Rounds. A FIFO slot holds one message, and the verifier proved the plan deadlock-free for FIFOs
+// of `depth` messages, so every transfer of a step must fit one slot. A call is therefore cut into
+// rounds: round k runs the whole plan on elements [k*R, (k+1)*R) of every piece of every buffer
+// (input, output and scratch alike), with chunk geometry computed on that sub-range. NCCL's
+// collectives are position-wise within pieces, so the rounds together are the call; user buffers
+// and scratch regions of different rounds are disjoint, so rounds need no ordering beyond the
+// FIFOs' own. R is chosen on the host so that the largest message of the plan fits a slot.
+//
+// Element semantics are core/element.hpp's, the ones the CPU executor uses; an n-ary reduce folds
+// left to right and the received operand comes first (as the CPU transports' recv_reduce).
+
+#include <cstdint>
+
+#include "core/element.hpp"
+#include "runtime/device/abi.hpp"
+#include "runtime/device/fifo.hpp"
+#include "runtime/instruction_semantics.hpp"
+
+namespace tutti::device {
+
+using mem::Pack16;
+
+#if defined(__CUDACC__)
+#define TUTTI_UNROLL _Pragma("unroll")
+#else
+#define TUTTI_UNROLL
+#endif
+
+#if defined(__CUDA_ARCH__)
+struct Team {
+  __device__ int rank() const { return static_cast<int>(threadIdx.x); }
+  __device__ int size() const { return static_cast<int>(blockDim.x); }
+  __device__ void sync() const { __syncthreads(); }
+  __device__ bool sync_or(bool p) const { return __syncthreads_or(p) != 0; }
+};
+#else
+struct Team {
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  void sync() const {}
+  bool sync_or(bool p) const { return p; }
+};
+#endif
+
+// --- element types ------------------------------------------------------------------------------
+
+template <class T>
+struct NativeElem {
+  using Bits = T;
+  static TUTTI_HD Bits apply(int op, Bits a, Bits b) {
+    switch (op) {
+      case 1: return element::op_prod(a, b);
+      case 2: return element::op_max(a, b);
+      case 3: return element::op_min(a, b);
+      default: return element::op_sum(a, b);  // sum, avg and premulsum combine as sum
+    }
+  }
+  static TUTTI_HD Bits scale(Bits a, double s) { return element::op_prod(a, static_cast<T>(s)); }
+};
+
+template <class F>
+struct MiniElem {
+  using Bits = typename F::Bits;
+  static TUTTI_HD Bits apply(int op, Bits a, Bits b) {
+    return F::store(NativeElem<float>::apply(op, F::load(a), F::load(b)));
+  }
+  static TUTTI_HD Bits scale(Bits a, double s) { return F::store(F::load(a) * F::load(F::store(static_cast<float>(s)))); }
+};
+
+template <class E>
+TUTTI_HD Pack16 combine(int op, Pack16 a, Pack16 b) {
+  using Bits = typename E::Bits;
+  constexpr int n = 16 / sizeof(Bits);
+  Bits x[n], y[n];
+  memcpy(x, &a, 16);
+  memcpy(y, &b, 16);
+  TUTTI_UNROLL
+  for (int i = 0; i < n; ++i) x[i] = E::apply(op, x[i], y[i]);
+  memcpy(&a, x, 16);
+  return a;
+}
+
+template <class E>
+TUTTI_HD Pack16 scale_pack(Pack16 a, double s) {
+  using Bits = typename E::Bits;
+  constexpr int n = 16 / sizeof(Bits);
+  Bits x[n];
+  memcpy(x, &a, 16);
+  TUTTI_UNROLL
+  for (int i = 0; i < n; ++i) x[i] = E::scale(x[i], s);
+  memcpy(&a, x, 16);
+  return a;
+}
+
+// --- one call's view of the plan ----------------------------------------------------------------
+
+struct Round {
+  int64_t begin = 0;  // first element of each piece in this round
+  int64_t elems = 0;  // elements of each piece in this round
+};
+
+// Where chunk `index` of a canonical buffer lies in round `r`, and how many bytes it has.
+TUTTI_HD unsigned char* chunk_at(const LaunchArgs& a, const Round& r, uint8_t buf, int64_t index, int64_t* bytes) {
+  const int64_t C = a.chunk_factor;
+  const int64_t piece = index / C, k = index % C;
+  const int64_t b = (k * r.elems) / C, e = ((k + 1) * r.elems) / C;
+  *bytes = (e - b) * a.esize;
+  return a.bufs[buf] + (piece * a.count + r.begin + b) * a.esize;
+}
+
+TUTTI_HD Pack16 load_local(const unsigned char* p, int64_t u, int64_t valid) {
+  Pack16 v{{0, 0}};
+  const unsigned char* q = p + u * 16;
+  if (valid >= 16 && (reinterpret_cast<uintptr_t>(q) & 15) == 0) return *reinterpret_cast<const Pack16*>(q);
+  memcpy(&v, q, valid < 16 ? static_cast<size_t>(valid) : 16);
+  return v;
+}
+
+TUTTI_HD void store_local(unsigned char* p, int64_t u, int64_t valid, Pack16 v) {
+  unsigned char* q = p + u * 16;
+  if (valid >= 16 && (reinterpret_cast<uintptr_t>(q) & 15) == 0) {
+    *reinterpret_cast<Pack16*>(q) = v;
+    return;
+  }
+  memcpy(q, &v, valid < 16 ? static_cast<size_t>(valid) : 16);
+}
+
+// Gives up a wait: abort, timeout, or another block's failure. Records the first cause.
+struct WaitSite {
+  int32_t block, step, peer;
+  int64_t round;
+};
+
+TUTTI_HD bool keep_waiting(const LaunchArgs& a, const WaitSite& site, uint64_t& since) {
+  if (mem::load_volatile(&a.status->failed) != 0) return false;
+  int32_t cause = 0;
+  if (a.abort && mem::load_volatile(a.abort) != 0) cause = 1;
+  uint64_t now = mem::now_ns();
+  if (since == 0) since = now;
+  if (!cause && a.timeout_ns && now - since > a.timeout_ns) cause = 2;
+  if (!cause) return true;
+  if (mem::claim(&a.status->failed, cause)) {  // the host reads the site after the launch ends
+    a.status->block = site.block;
+    a.status->step = site.step;
+    a.status->peer = site.peer;
+    a.status->round = site.round;
+  }
+  return false;
+}
+
+// Thread 0's wait for *p >= target.
+TUTTI_HD bool wait_ge(const LaunchArgs& a, const uint64_t* p, uint64_t target, const WaitSite& site) {
+  uint64_t since = 0;
+  int spins = 0;
+  for (;;) {
+    uint64_t v = mem::load_acquire(p);
+    if (v >= target) return true;
+    if (++spins % mem::kSpinsPerCheck == 0 && !keep_waiting(a, site, since)) return false;
+    mem::pause(p, static_cast<uint32_t>(v), spins);
+  }
+}
+
+// --- the block interpreter ---------------------------------------------------------------------
+
+template <class E>
+struct BlockRun {
+  const LaunchArgs& a;
+  Team team;
+  int32_t block;
+
+  // Runs one step in round `r`; false when a wait gave up.
+  TUTTI_HD bool step(const DevStep& s, int32_t index, const Round& r, int64_t round_no) {
+    const exec::OpShape shape = exec::shape_of(s.op);
+    const bool ll = a.protocol == kProtoLL;
+    const FifoView* out = shape.send ? &a.send[s.send_conn] : nullptr;
+    const FifoView* in = shape.recv ? &a.recv[s.recv_conn] : nullptr;
+    const uint64_t send_seq = out ? *out->count + 1 : 0;  // this message's number on its FIFO
+    const uint64_t recv_seq = in ? *in->count + 1 : 0;
+    WaitSite site{block, index, in ? in->peer : out ? out->peer : -1, round_no};
+
+    // Thread 0 waits for a free slot to send into and, in Simple, for the message to receive.
+    bool failed = false;
+    if (team.rank() == 0) {
+      if (out && send_seq > static_cast<uint64_t>(a.depth))
+        failed = !wait_ge(a, out->head, send_seq - static_cast<uint64_t>(a.depth), site);
+      if (!failed && in && !ll) failed = !wait_ge(a, in->tail, recv_seq, site);
+    }
+    if (team.sync_or(failed)) return false;
+
+    const int64_t slot_size = ll ? a.ll_slot_bytes : a.slot_bytes;
+    unsigned char* sslot = out ? (ll ? out->ll : out->simple) + ((send_seq - 1) % a.depth) * slot_size : nullptr;
+    const unsigned char* rslot = in ? (ll ? in->ll : in->simple) + ((recv_seq - 1) % a.depth) * slot_size : nullptr;
+    const uint32_t send_flag = static_cast<uint32_t>(send_seq), recv_flag = static_cast<uint32_t>(recv_seq);
+
+    // Operands: which local sources combine, in order.
+    int nlocal = 0;
+    switch (s.op) {
+      case 1: case 3: case 9: nlocal = 1; break;     // send, copy, compute: srcs[0]
+      case 4: nlocal = s.nsrcs; break;               // reduce: all
+      case 6: case 7: case 8: nlocal = 1; break;     // reducing receives: srcs[0]
+      default: nlocal = 0;
+    }
+    int64_t offset = 0;  // data offset of the chunk in the message
+    for (int64_t c = 0; c < s.count; ++c) {
+      int64_t bytes = 0, b2 = 0;
+      unsigned char* dst = s.dst.buf != kBufNone ? chunk_at(a, r, s.dst.buf, s.dst.index + c, &bytes) : nullptr;
+      const unsigned char* src0 = nullptr;
+      if (nlocal > 0) src0 = chunk_at(a, r, a.srcs[s.first_src].buf, a.srcs[s.first_src].index + c, &b2);
+      if (!dst) bytes = b2;
+      if (s.op == 3 && src0 == dst) {  // a copy onto itself (in-place aliasing): nothing to move
+        offset += (bytes + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+        continue;
+      }
+      const int64_t units = (bytes + 15) / 16;
+      for (int64_t u = team.rank(); u < units; u += team.size()) {
+        const int64_t valid = bytes - u * 16;
+        Pack16 acc{{0, 0}};
+        int k = 0;
+        if (in) {
+          if (ll) {
+            const unsigned char* line = rslot + (offset + u * 16) * 2;
+            uint64_t lo = 0, hi = 0;
+            uint64_t since = 0;
+            int spins = 0;
+            while (!mem::ll_load(line, recv_flag, &lo)) {
+              if (++spins % mem::kSpinsPerCheck == 0 && !keep_waiting(a, site, since)) {
+                failed = true;
+                break;
+              }
+              mem::pause_word(line + 12, spins);
+            }
+            spins = 0;
+            while (!failed && !mem::ll_load(line + 16, recv_flag, &hi)) {
+              if (++spins % mem::kSpinsPerCheck == 0 && !keep_waiting(a, site, since)) {
+                failed = true;
+                break;
+              }
+              mem::pause_word(line + 28, spins);
+            }
+            if (failed) break;
+            acc.w[0] = lo;
+            acc.w[1] = hi;
+          } else {
+            acc = mem::load_slot(rslot + offset + u * 16);
+          }
+        } else if (nlocal > 0) {
+          acc = load_local(src0, u, valid);
+          k = 1;
+        }
+        for (; k < nlocal; ++k) {
+          int64_t nb = 0;
+          const unsigned char* p =
+              k == 0 ? src0 : chunk_at(a, r, a.srcs[s.first_src + k].buf, a.srcs[s.first_src + k].index + c, &nb);
+          acc = combine<E>(a.op, acc, load_local(p, u, valid));
+        }
+        if (s.op == 9 && s.kernel == 1) acc = scale_pack<E>(acc, s.kernel_arg);
+        if (dst) store_local(dst, u, valid, acc);
+        if (out) {
+          if (ll) {
+            unsigned char* line = sslot + (offset + u * 16) * 2;
+            mem::ll_store(line, acc.w[0], send_flag);
+            mem::ll_store(line + 16, acc.w[1], send_flag);
+          } else {
+            mem::store_slot(sslot + offset + u * 16, acc);
+          }
+        }
+      }
+      if (failed) break;
+      offset += (bytes + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+    }
+    // Every thread's loads and stores of the step are done: thread 0 publishes them.
+    if (team.sync_or(failed)) return false;
+    if (team.rank() == 0) {
+      if (out) {
+        if (!ll) mem::store_release(out->tail, send_seq);
+        *out->count = send_seq;
+      }
+      if (in) {
+        mem::store_release(in->head, recv_seq);
+        *in->count = recv_seq;
+      }
+    }
+    return true;
+  }
+
+  TUTTI_HD void run() {
+    const DevBlock blk = a.blocks[block];
+    const uint64_t epoch = a.state->epoch << 32;
+    for (int64_t k = 0; k < a.rounds; ++k) {
+      Round r{k * a.round_elems, a.count - k * a.round_elems < a.round_elems ? a.count - k * a.round_elems : a.round_elems};
+      for (int32_t i = 0; i < blk.nsteps; ++i) {
+        const DevStep& s = a.steps[blk.first_step + i];
+        bool failed = false;
+        if (team.rank() == 0)
+          for (int32_t d = 0; d < s.ndeps && !failed; ++d) {
+            const DevDep dep = a.deps[s.first_dep + d];
+            const uint64_t want = epoch | static_cast<uint64_t>(k * a.blocks[dep.block].nsteps + dep.step + 1);
+            failed = !wait_ge(a, &a.progress[dep.block], want, WaitSite{block, i, -1, k});
+          }
+        if (team.sync_or(failed)) return;
+        if (!step(s, i, r, k)) return;
+        if (s.signal && team.rank() == 0)
+          mem::store_release(&a.progress[block], epoch | static_cast<uint64_t>(k * blk.nsteps + i + 1));
+      }
+    }
+  }
+};
+
+// Runs block `block` of a launch, then counts it finished; the last block of the launch advances
+// the rank's epoch for the next launch (read by every block at its start).
+template <class E>
+TUTTI_HD void run_block(const LaunchArgs& a, int32_t block) {
+  BlockRun<E>{a, Team{}, block}.run();
+  Team team;
+  team.sync();
+  if (team.rank() == 0) {
+    if (mem::fetch_add(&a.state->finished, 1) + 1 == static_cast<uint64_t>(a.nblocks)) {
+      a.state->finished = 0;
+      a.state->epoch = a.state->epoch + 1;
+    }
+  }
+}
+
+// Calls f.template operator()<E>() with the element traits of `type` (a DataType value).
+template <class F>
+TUTTI_HD void with_elem(int32_t type, F&& f) {
+  switch (type) {
+    case 0: f.template operator()<NativeElem<int8_t>>(); break;
+    case 1: f.template operator()<NativeElem<uint8_t>>(); break;
+    case 2: f.template operator()<NativeElem<int32_t>>(); break;
+    case 3: f.template operator()<NativeElem<uint32_t>>(); break;
+    case 4: f.template operator()<NativeElem<int64_t>>(); break;
+    case 5: f.template operator()<NativeElem<uint64_t>>(); break;
+    case 6: f.template operator()<MiniElem<element::HalfT>>(); break;
+    case 7: f.template operator()<NativeElem<float>>(); break;
+    case 8: f.template operator()<NativeElem<double>>(); break;
+    case 9: f.template operator()<MiniElem<element::Bf16T>>(); break;
+    case 10: f.template operator()<MiniElem<element::E4M3T>>(); break;
+    default: f.template operator()<MiniElem<element::E5M2T>>(); break;
+  }
+}
+
+}  // namespace tutti::device

@@ -1,0 +1,304 @@
+// The device plan interpreter on the emulated device (the CUDA kernel's source compiled for the
+// host, a CPU thread per thread block, the same FIFO and flag protocol): every built-in at 1, 2, 3,
+// 4 and 8 ranks, in and out of place, Simple and LL; every data type and operator; the shared MSCCL
+// plans; FIFOs of one and two slots; failures that name where they stopped. Results are compared bit
+// for bit with the CPU reductions over nccl-tests-style data (exact in every type, any order).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "collectives/algorithms/registry.hpp"
+#include "compiler/compile.hpp"
+#include "core/reduce.hpp"
+#include "runtime/device/device_executor.hpp"
+#include "runtime/instruction_semantics.hpp"
+#include "support/ranks.hpp"
+
+using namespace tutti;
+using namespace tutti::device;
+
+namespace {
+
+using Prepared = std::shared_ptr<const PreparedPlan>;
+
+// Small values whose sums, products, minima and maxima over up to 8 ranks are exact in every type,
+// including fp8 (integers up to 16 in e4m3, powers of two up to 256).
+double value(DataType type, RedOp op, int rank, int64_t i) {
+  const bool is_unsigned = type == DataType::kUint8 || type == DataType::kUint32 || type == DataType::kUint64;
+  int64_t h = (rank * 7 + i * 3 + i / 5) % 3;
+  switch (op) {
+    case RedOp::kProd: return h == 0 ? 1 : h == 1 ? (is_unsigned ? 1 : -1) : 2;
+    case RedOp::kMin:
+    case RedOp::kMax: return static_cast<double>((rank * 5 + i * 7) % 7) - (is_unsigned ? 0 : 3);
+    default: return is_unsigned ? static_cast<double>(h) : static_cast<double>(h - 1);
+  }
+}
+
+struct Options {
+  DataType type = DataType::kFloat32;
+  RedOp op = RedOp::kSum;
+  int32_t protocol = kProtoSimple;
+  int64_t slot_bytes = 4096;  // small slots: most calls take several rounds
+  int64_t ll_slot_bytes = 2048;
+  int64_t fifo_depth = 8;
+  double timeout_s = 120;  // a deadlock fails the test instead of hanging it
+};
+
+DeviceOptions device_options(const Options& o) {
+  DeviceOptions d;
+  d.slot_bytes = o.slot_bytes;
+  d.ll_slot_bytes = o.ll_slot_bytes;
+  d.fifo_depth = o.fifo_depth;
+  d.protocol = o.protocol;
+  d.timeout_s = o.timeout_s;
+  return d;
+}
+
+// Runs each plan of `seq` in turn on one emulated-device executor per rank (later plans meet the
+// FIFO counters and epochs earlier ones left) and checks every output element bit for bit.
+void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>& counts, const Options& o) {
+  ASSERT_FALSE(seq.empty());
+  const int n = seq[0]->plan.nranks;
+  auto comms = Communicator::create_local(n);
+  std::vector<std::unique_ptr<DeviceExecutor>> executors;
+  for (int r = 0; r < n; ++r)
+    executors.push_back(std::make_unique<DeviceExecutor>(*comms[r], make_emulated_backend(), device_options(o)));
+  const int64_t es = static_cast<int64_t>(size_of(o.type));
+  for (int64_t count : counts)
+    for (const Prepared& prepared : seq) {
+      const plan::Plan& pl = prepared->plan;
+      SCOPED_TRACE(fmt::format("{} ranks={} {} {} {} count={}", pl.name, n, pl.inplace ? "in-place" : "out-of-place",
+                               name(o.type), name(o.op), o.protocol == kProtoLL ? "LL" : "Simple", count));
+      dsl::CollectiveSpec spec = pl.spec();
+      const int64_t C = pl.chunk_factor;
+      const int64_t in_elems = spec.input_chunks() / C * count, out_elems = spec.output_chunks() / C * count;
+      auto elem = [&](std::vector<unsigned char>& v, int64_t i) { return v.data() + i * es; };
+      std::vector<std::vector<unsigned char>> in(n), out(n);
+      for (int r = 0; r < n; ++r) {
+        in[r].resize(static_cast<size_t>(in_elems * es));
+        for (int64_t i = 0; i < in_elems; ++i) store_value(o.type, elem(in[r], i), value(o.type, o.op, r, i));
+        out[r].assign(static_cast<size_t>(out_elems * es), 0xa5);
+        if (pl.inplace && pl.collective == dsl::Collective::kAllGather)
+          std::memcpy(out[r].data() + r * count * es, in[r].data(), static_cast<size_t>(count * es));
+        else if (pl.inplace && pl.collective != dsl::Collective::kReduceScatter)
+          out[r] = in[r];
+      }
+      test_support::on_ranks(comms, [&](int r, Communicator&) {
+        ExecArgs a;
+        a.count = count;
+        a.reduction.type = o.type;
+        a.reduction.op = o.op;
+        if (pl.inplace && pl.collective == dsl::Collective::kReduceScatter) {
+          a.input = in[r].data();
+          a.output = in[r].data() + r * count * es;
+        } else {
+          a.input = pl.inplace ? out[r].data() : in[r].data();
+          a.output = out[r].data();
+        }
+        executors[r]->run(*prepared, a, nullptr);
+        if (pl.inplace && pl.collective == dsl::Collective::kReduceScatter)
+          std::memcpy(out[r].data(), in[r].data() + r * count * es, static_cast<size_t>(count * es));
+      });
+      // Reference: each output element folds its contributions with the CPU kernels.
+      exec::Geometry g{count, C, es};
+      std::vector<unsigned char> want(static_cast<size_t>(es)), part(static_cast<size_t>(es));
+      for (int r = 0; r < n; ++r)
+        for (int64_t j = 0; j < spec.output_chunks(); ++j) {
+          auto post = spec.postcondition(r, static_cast<int>(j));
+          if (!post) continue;
+          for (int64_t e = g.chunk_begin(j); e < g.chunk_end(j); ++e) {
+            const int64_t within = e - g.chunk_begin(j);
+            bool first = true;
+            for (auto& c : post->parts) {
+              store_value(o.type, part.data(), value(o.type, o.op, c.rank, g.chunk_begin(c.index) + within));
+              if (first) want = part;
+              else combine(o.op, o.type, want.data(), want.data(), part.data(), 1);
+              first = false;
+            }
+            ASSERT_EQ(std::memcmp(elem(out[r], e), want.data(), static_cast<size_t>(es)), 0)
+                << "rank " << r << " output element " << e << " (chunk " << j << ")";
+          }
+        }
+    }
+}
+
+Prepared builtin(const std::string& name, int n, algorithms::Params prm = {}) {
+  return PreparedPlan::make(plan::compile(algorithms::build(name, n, prm)).plan);
+}
+
+class EveryBuiltin : public testing::TestWithParam<int32_t> {};
+
+TEST_P(EveryBuiltin, ProducesTheReferenceResultAtEveryRankCount) {
+  Options o;
+  o.protocol = GetParam();
+  for (const auto& b : algorithms::builtins())
+    for (int n : {1, 2, 3, 4, 8})
+      for (int inplace : {0, 1}) {
+        algorithms::Params prm;
+        bool has_inplace = false;
+        for (auto& p : b.params) has_inplace |= p.name == "inplace";
+        if (has_inplace) prm["inplace"] = inplace;
+        else if (inplace) continue;
+        if (b.name.find("hier") != std::string::npos) prm["local"] = n % 2 == 0 ? 2 : 1;
+        if (b.name.find("broadcast") != std::string::npos || b.name == "tree_reduce") prm["root"] = n - 1;
+        try {
+          algorithms::resolve(b, n, prm);
+        } catch (const InvalidArgument&) {
+          continue;  // not offered at this rank count
+        }
+        ASSERT_NO_FATAL_FAILURE(run_and_check({builtin(b.name, n, prm)}, {0, 1, 7, 1000, 30001}, o));
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(Protocols, EveryBuiltin, testing::Values(kProtoSimple, kProtoLL),
+                         [](const auto& info) { return info.param == kProtoLL ? std::string("LL") : std::string("Simple"); });
+
+struct TypeCase {
+  DataType type;
+  int32_t protocol;
+};
+class EveryTypeAndOp : public testing::TestWithParam<TypeCase> {};
+
+TEST_P(EveryTypeAndOp, AllReduceReduceScatterAllGatherAreBitExact) {
+  std::vector<Prepared> plans = {builtin("ring_allreduce", 3, {{"channels", 2}}),
+                                 builtin("ring_allreduce", 4, {{"inplace", 1}}), builtin("rhd_allreduce", 4),
+                                 builtin("ring_reducescatter", 4), builtin("ring_allgather", 3, {{"inplace", 1}})};
+  for (RedOp op : {RedOp::kSum, RedOp::kProd, RedOp::kMin, RedOp::kMax}) {
+    Options o;
+    o.type = GetParam().type;
+    o.protocol = GetParam().protocol;
+    o.op = op;
+    for (const Prepared& p : plans) ASSERT_NO_FATAL_FAILURE(run_and_check({p}, {1, 33, 2049}, o));
+  }
+}
+
+std::vector<TypeCase> type_cases() {
+  std::vector<TypeCase> out;
+  for (int t = 0; t < kNumDataTypes; ++t)
+    for (int32_t proto : {kProtoSimple, kProtoLL}) out.push_back({static_cast<DataType>(t), proto});
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Types, EveryTypeAndOp, testing::ValuesIn(type_cases()), [](const auto& info) {
+  return std::string(name(info.param.type)) + (info.param.protocol == kProtoLL ? "_LL" : "_Simple");
+});
+
+TEST(DeviceExecutor, SharedMscclPlansRunAtTheirRankCounts) {
+  int seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(TUTTI_TESTDATA "/msccl")) {
+    SCOPED_TRACE(entry.path().string());
+    Prepared p = PreparedPlan::make(plan::load_file(entry.path().string()));
+    for (int32_t proto : {kProtoSimple, kProtoLL}) {
+      Options o;
+      o.protocol = proto;
+      o.slot_bytes = 64 << 10;
+      o.ll_slot_bytes = 64 << 10;
+      const int64_t C = p->plan.chunk_factor;
+      ASSERT_NO_FATAL_FAILURE(run_and_check({p}, {C, 257 * C}, o));
+    }
+    ++seen;
+  }
+  EXPECT_GE(seen, 6);
+}
+
+TEST(DeviceExecutor, FifosOfTheVerifiedDepthStillFinish) {
+  for (int64_t depth : {2, 3}) {
+    Options o;
+    o.fifo_depth = depth;
+    o.slot_bytes = 256;  // 16 float32 per message: thousands of rounds
+    o.ll_slot_bytes = 256;
+    for (int32_t proto : {kProtoSimple, kProtoLL}) {
+      o.protocol = proto;
+      ASSERT_NO_FATAL_FAILURE(run_and_check({builtin("ring_allreduce", 4, {{"channels", 2}})}, {20011}, o));
+      ASSERT_NO_FATAL_FAILURE(run_and_check({builtin("ring_allgather", 3)}, {5003}, o));
+    }
+  }
+  // Plans that the verifier proves deadlock-free with one-slot FIFOs run with exactly one slot.
+  for (auto [name, n] : {std::pair{"allpairs_allreduce", 4}, std::pair{"tree_allreduce", 5}}) {
+    Prepared p = builtin(name, n);
+    if (verified_fifo_depth(*p) != 1) continue;
+    Options o;
+    o.fifo_depth = 1;
+    o.slot_bytes = o.ll_slot_bytes = 256;
+    for (int32_t proto : {kProtoSimple, kProtoLL}) {
+      o.protocol = proto;
+      ASSERT_NO_FATAL_FAILURE(run_and_check({p}, {4099}, o));
+    }
+  }
+}
+
+TEST(DeviceExecutor, AlternatingPlansAndRepeatedCallsShareFifosAndEpochs) {
+  Options o;
+  std::vector<Prepared> seq = {builtin("ring_allreduce", 4, {{"channels", 2}}), builtin("rhd_allreduce", 4),
+                               builtin("ring_allreduce", 4, {{"channels", 2}}), builtin("allpairs_allreduce", 4),
+                               builtin("ring_allreduce", 4, {{"channels", 2}})};
+  for (int32_t proto : {kProtoSimple, kProtoLL}) {
+    o.protocol = proto;
+    ASSERT_NO_FATAL_FAILURE(run_and_check(seq, {7, 3001, 1}, o));
+  }
+}
+
+TEST(DeviceExecutor, RefusesPlansThatNeedDeeperFifosThanConfigured) {
+  Prepared p = builtin("ring_allreduce", 4);
+  int64_t need = verified_fifo_depth(*p);
+  ASSERT_GE(need, 2);  // a ring's first send and its receive overlap
+  auto comms = Communicator::create_local(4);
+  DeviceOptions d;
+  d.fifo_depth = need - 1;
+  DeviceExecutor ex(*comms[0], make_emulated_backend(), d);
+  std::vector<float> buf(64);
+  ExecArgs a;
+  a.input = a.output = buf.data();
+  a.count = 16;
+  try {
+    ex.run(*p, a, nullptr);
+    FAIL() << "ran a plan that needs deeper FIFOs";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("TUTTI_DEVICE_FIFO_DEPTH"), std::string::npos) << e.what();
+  }
+}
+
+// A rank whose peer never launches gives up after TUTTI_TIMEOUT with a message naming the block,
+// the step and the peer it waited for; an aborted executor stops at once.
+TEST(DeviceExecutor, WaitsTimeOutAndAbortNamingWhereTheyStopped) {
+  Prepared p = builtin("ring_allreduce", 2);
+  for (bool abort : {false, true}) {
+    SCOPED_TRACE(abort ? "abort" : "timeout");
+    auto comms = Communicator::create_local(2);
+    DeviceOptions d;
+    d.timeout_s = abort ? 0 : 0.3;  // 0: no timeout, only the abort can end the wait
+    d.protocol = kProtoSimple;
+    std::vector<std::unique_ptr<DeviceExecutor>> ex;
+    std::vector<std::vector<float>> buf(2, std::vector<float>(1024, 1.0f));
+    for (int r = 0; r < 2; ++r) ex.push_back(std::make_unique<DeviceExecutor>(*comms[r], make_emulated_backend(), d));
+    auto args = [&](int r) {
+      ExecArgs a;
+      a.input = a.output = buf[r].data();
+      a.count = 1024;
+      return a;
+    };
+    // Both ranks connect and run once; then rank 0 runs alone.
+    test_support::on_ranks(comms, [&](int r, Communicator&) { ex[r]->run(*p, args(r), nullptr); });
+    std::thread aborter;
+    if (abort)
+      aborter = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the run is waiting (or about to)
+        ex[0]->abort();
+      });
+    try {
+      ex[0]->run(*p, args(0), nullptr);
+      ADD_FAILURE() << "a rank without its peer finished";
+    } catch (const Error& e) {
+      std::string m = e.what();
+      EXPECT_EQ(e.kind(), abort ? ErrorKind::kAborted : ErrorKind::kTimeout) << m;
+      EXPECT_NE(m.find("waiting for rank 1"), std::string::npos) << m;
+      EXPECT_NE(m.find("ring_allreduce"), std::string::npos) << m;
+    }
+    if (aborter.joinable()) aborter.join();
+    // The failure stays recorded: the next call reports it instead of running on broken FIFOs.
+    EXPECT_THROW(ex[0]->run(*p, args(0), nullptr), Error);
+  }
+}
+
+}  // namespace
