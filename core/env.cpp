@@ -57,6 +57,9 @@ constexpr Variable kVariables[] = {
     {"TUTTI_DEVICE_LL_SLOT_SIZE", "", "32K", "Bytes per slot of a device FIFO in the LL protocol (half is data)."},
     {"TUTTI_DEVICE_FIFO_DEPTH", "", "8",
      "Slots per device FIFO. A plan that the verifier proves deadlock-free only with deeper FIFOs is refused."},
+    {"TUTTI_DEVICE_INSTANCES", "", "0",
+     "Copies of a plan in one device launch, each with its own FIFOs, taking the call's rounds in turn (more thread "
+     "blocks move more bytes at once); 0 picks about one thread block per multiprocessor over the ranks of a GPU."},
     {"TUTTI_DEVICE_THREADS", "", "512", "CUDA threads per thread block of the plan interpreter (a multiple of 32)."},
     {"TUTTI_PROTO", "NCCL_PROTO", "",
      "Device protocol for every plan: Simple or LL (LL128 runs as Simple); unset: the plan's own, Simple by "

@@ -43,6 +43,7 @@ struct Options {
   int64_t slot_bytes = 4096;  // small slots: most calls take several rounds
   int64_t ll_slot_bytes = 2048;
   int64_t fifo_depth = 8;
+  int instances = 1;
   double timeout_s = 120;  // a deadlock fails the test instead of hanging it
 };
 
@@ -51,6 +52,7 @@ DeviceOptions device_options(const Options& o) {
   d.slot_bytes = o.slot_bytes;
   d.ll_slot_bytes = o.ll_slot_bytes;
   d.fifo_depth = o.fifo_depth;
+  d.instances = o.instances;
   d.protocol = o.protocol;
   d.timeout_s = o.timeout_s;
   return d;
@@ -236,6 +238,18 @@ TEST(DeviceExecutor, AlternatingPlansAndRepeatedCallsShareFifosAndEpochs) {
   for (int32_t proto : {kProtoSimple, kProtoLL}) {
     o.protocol = proto;
     ASSERT_NO_FATAL_FAILURE(run_and_check(seq, {7, 3001, 1}, o));
+  }
+}
+
+// Instances: copies of the plan with their own FIFOs take rounds in turn.
+TEST(DeviceExecutor, InstancesShareTheRounds) {
+  Options o;
+  o.instances = 3;
+  for (int32_t proto : {kProtoSimple, kProtoLL}) {
+    o.protocol = proto;
+    ASSERT_NO_FATAL_FAILURE(run_and_check({builtin("ring_allreduce", 4, {{"channels", 2}}), builtin("tree_allreduce", 4),
+                                           builtin("rhd_allreduce", 4, {{"inplace", 1}})},
+                                          {1, 1000, 100003}, o));
   }
 }
 

@@ -146,7 +146,7 @@ class Cuda final : public Backend {
   }
   void launch(const LaunchArgs& args, int threads, void* stream) override {
     OnDevice on(dev_);
-    interpret<<<static_cast<unsigned>(args.nblocks), static_cast<unsigned>(threads), 0,
+    interpret<<<static_cast<unsigned>(args.nblocks * args.instances), static_cast<unsigned>(threads), 0,
                 static_cast<cudaStream_t>(stream)>>>(args);
     check(cudaGetLastError(), "launching the plan interpreter");
   }
@@ -201,6 +201,7 @@ class Cuda final : public Backend {
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, interpret, threads, 0), "occupancy");
     return per_sm * sms_;
   }
+  int processors() override { return sms_; }
 
  private:
   template <class Native, class Mini>

@@ -84,12 +84,14 @@ struct LaunchArgs {
   const DevDep* deps = nullptr;
   const FifoView* send = nullptr;
   const FifoView* recv = nullptr;
-  uint64_t* progress = nullptr;  // per block
+  uint64_t* progress = nullptr;  // per thread block (instance * nblocks + block)
   RankState* state = nullptr;
   Status* status = nullptr;          // this rank's failure record
   const volatile int32_t* abort = nullptr;  // set by the host when the communicator aborts
   unsigned char* bufs[3] = {nullptr, nullptr, nullptr};
-  int32_t nblocks = 0;
+  int32_t nblocks = 0;    // plan blocks of this rank
+  int32_t instances = 1;  // copies of the plan, each with its own FIFOs, taking rounds in turn
+  int32_t nsend = 0, nrecv = 0;  // FIFO views per instance (send[instance * nsend + conn])
   int32_t protocol = kProtoSimple;
   int32_t op = 0;    // RedOp
   int32_t type = 0;  // DataType

@@ -45,6 +45,7 @@ class Backend {
   virtual void synchronize(void* stream) = 0;
   // How many thread blocks of `threads` threads can run at once (all blocks of a launch must).
   virtual int resident_blocks(int threads) = 0;
+  virtual int processors() = 0;  // multiprocessors (1 for the emulated device)
 };
 
 std::unique_ptr<Backend> make_emulated_backend();

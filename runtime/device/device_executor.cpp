@@ -27,6 +27,9 @@ DeviceOptions DeviceOptions::from_env() {
   o.ll_slot_bytes = static_cast<int64_t>(env::get_size("TUTTI_DEVICE_LL_SLOT_SIZE"));
   o.fifo_depth = env::get_int("TUTTI_DEVICE_FIFO_DEPTH");
   o.threads = static_cast<int>(env::get_int("TUTTI_DEVICE_THREADS"));
+  o.instances = static_cast<int>(env::get_int("TUTTI_DEVICE_INSTANCES"));
+  TUTTI_CHECK(o.instances >= 0, InvalidArgument, "TUTTI_DEVICE_INSTANCES must be 0 (automatic) or a count, not {}",
+              o.instances);
   o.timeout_s = env::get_seconds("TUTTI_TIMEOUT");
   TUTTI_CHECK(o.slot_bytes >= 256 && o.slot_bytes % 16 == 0, InvalidArgument,
               "TUTTI_DEVICE_SLOT_SIZE must be a multiple of 16 bytes and at least 256, not {}", o.slot_bytes);
@@ -59,6 +62,7 @@ struct DeviceExecutor::Channel {
 
 struct DeviceExecutor::Uploaded {
   DevicePlan plan;
+  int instances = 1;
   int64_t fifo_depth = 1;
   int32_t max_steps = 0;
   void* memory = nullptr;
@@ -182,9 +186,18 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp) {
               "(TUTTI_DEVICE_FIFO_DEPTH)",
               pp.plan.name, u->fifo_depth, options_.fifo_depth);
   for (const DevBlock& b : u->plan.blocks) u->max_steps = std::max(u->max_steps, b.nsteps);
-  ensure_channels(u->plan.channels);
+  // The same on every rank: instance i of one rank exchanges with instance i of the others.
+  const int nblocks = u->plan.max_blocks;
+  u->instances = options_.instances > 0
+                     ? options_.instances
+                     : std::clamp(backend_->processors() / (nblocks * std::max(1, comm_.local_ranks())), 1, 16);
+  u->instances = std::min(u->instances, std::max(1, backend_->resident_blocks(options_.threads) / nblocks));
+  // Device channel 0 is reserved for point-to-point calls; instance i's plan channel c is
+  // 1 + i * channels + c.
+  ensure_channels(1 + u->instances * u->plan.channels);
+  int instance = 0;
   auto view = [&](const ConnectionKey& k, bool send) {
-    const Channel& ch = *channels_.at(static_cast<size_t>(k.channel));
+    const Channel& ch = *channels_.at(static_cast<size_t>(1 + instance * u->plan.channels + k.channel));
     unsigned char* fifo = send ? ch.peer_inbox[k.peer] + fifo_stride_ * me : ch.inbox + fifo_stride_ * k.peer;
     FifoView v;
     v.tail = reinterpret_cast<uint64_t*>(fifo);
@@ -196,8 +209,10 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp) {
     return v;
   };
   std::vector<FifoView> sends, recvs;
-  for (auto& k : u->plan.sends) sends.push_back(view(k, true));
-  for (auto& k : u->plan.recvs) recvs.push_back(view(k, false));
+  for (instance = 0; instance < u->instances; ++instance) {
+    for (auto& k : u->plan.sends) sends.push_back(view(k, true));
+    for (auto& k : u->plan.recvs) recvs.push_back(view(k, false));
+  }
   // One allocation: the plan's arrays, the FIFO views and the blocks' progress words.
   std::vector<unsigned char> image;
   auto put = [&](const void* data, size_t bytes) {
@@ -213,7 +228,7 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp) {
   size_t o_deps = put(d.deps.data(), d.deps.size() * sizeof(DevDep));
   size_t o_send = put(sends.data(), sends.size() * sizeof(FifoView));
   size_t o_recv = put(recvs.data(), recvs.size() * sizeof(FifoView));
-  std::vector<uint64_t> zeros(d.blocks.size(), 0);
+  std::vector<uint64_t> zeros(d.blocks.size() * static_cast<size_t>(u->instances), 0);
   size_t o_progress = put(zeros.data(), zeros.size() * sizeof(uint64_t));
   u->memory = backend_->alloc(image.size());
   backend_->upload(u->memory, image.data(), image.size());
@@ -227,10 +242,13 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp) {
   a.recv = reinterpret_cast<const FifoView*>(base + o_recv);
   a.progress = reinterpret_cast<uint64_t*>(base + o_progress);
   a.nblocks = static_cast<int32_t>(d.blocks.size());
+  a.instances = u->instances;
+  a.nsend = static_cast<int32_t>(d.sends.size());
+  a.nrecv = static_cast<int32_t>(d.recvs.size());
   return *(plans_[pp.id] = std::move(u));
 }
 
-void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* stream) {
+void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* stream, int32_t protocol) {
   const plan::Plan& p = pp.plan;
   check();
   TUTTI_CHECK(p.nranks == comm_.size(), InvalidArgument, "plan '{}' is for {} ranks, the communicator has {}", p.name,
@@ -242,12 +260,14 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* str
   Uploaded& u = upload(pp);
   if (u.plan.blocks.empty()) return;
   const int threads = options_.threads;
-  TUTTI_CHECK(u.base.nblocks <= backend_->resident_blocks(threads), InvalidArgument,
-              "plan '{}' has {} blocks on rank {}, more than the device runs at once with {} threads each", p.name,
-              u.base.nblocks, comm_.rank(), threads);
+  TUTTI_CHECK(u.base.nblocks * u.instances <= backend_->resident_blocks(threads), InvalidArgument,
+              "plan '{}' has {} blocks ({} instances) on rank {}, more than the device runs at once with {} threads each",
+              p.name, u.base.nblocks, u.instances, comm_.rank(), threads);
 
   LaunchArgs a = u.base;
-  a.protocol = options_.protocol ? *options_.protocol : (p.protocol == dsl::Protocol::kLL ? kProtoLL : kProtoSimple);
+  a.protocol = protocol >= 0         ? protocol
+               : options_.protocol ? *options_.protocol
+                                   : (p.protocol == dsl::Protocol::kLL ? kProtoLL : kProtoSimple);
   a.op = static_cast<int32_t>(args.reduction.op);
   a.type = static_cast<int32_t>(args.reduction.type);
   a.esize = static_cast<int64_t>(size_of(args.reduction.type));
@@ -266,6 +286,15 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* str
               "plan '{}' sends messages of {} chunks, which do not fit device slots of {} bytes (TUTTI_DEVICE_SLOT_SIZE)",
               p.name, u.plan.max_message_chunks, capacity);
   a.round_elems = chunk_elems * p.chunk_factor;
+  // Several instances share the rounds: rounds small enough that each gets some (but chunks of at
+  // least 4 KiB, below which a round costs more in flags than it moves).
+  if (u.instances > 1) {
+    const int64_t C = p.chunk_factor;
+    int64_t share = (args.count + u.instances - 1) / u.instances;
+    share = std::max(share, C * std::max<int64_t>(1, 4096 / a.esize));
+    share = (share + C - 1) / C * C;
+    a.round_elems = std::min(a.round_elems, share);
+  }
   a.rounds = std::max<int64_t>(1, (args.count + a.round_elems - 1) / a.round_elems);
   TUTTI_CHECK(a.rounds * u.max_steps < (int64_t{1} << 32) - 1, InvalidArgument,
               "count {} needs {} rounds of plan '{}': too many for the device's progress words; use larger slots",

@@ -31,10 +31,11 @@ struct DeviceOptions {
   int64_t ll_slot_bytes = 32 << 10;
   int64_t fifo_depth = 8;
   int threads = 512;
+  int instances = 0;  // 0: about one thread block per multiprocessor over the ranks of this host
   std::optional<int32_t> protocol;  // kProtoSimple / kProtoLL for every plan; unset: the plan's own
   double timeout_s = 1800;
   // TUTTI_DEVICE_SLOT_SIZE, TUTTI_DEVICE_LL_SLOT_SIZE, TUTTI_DEVICE_FIFO_DEPTH, TUTTI_DEVICE_THREADS,
-  // TUTTI_PROTO/NCCL_PROTO, TUTTI_TIMEOUT. Throws InvalidArgument naming a bad value.
+  // TUTTI_DEVICE_INSTANCES, TUTTI_PROTO/NCCL_PROTO, TUTTI_TIMEOUT. Throws InvalidArgument naming a bad value.
   static DeviceOptions from_env();
 };
 
@@ -48,7 +49,8 @@ class DeviceExecutor {
   // Enqueues the plan for this rank on `stream`. Collective: every rank runs the same plan with the
   // same count. Throws InvalidArgument for a count the plan cannot split or a plan that needs
   // deeper FIFOs than configured, and the failure of an earlier launch (check()).
-  void run(const PreparedPlan& plan, const ExecArgs& args, void* stream);
+  // `protocol`: kProtoSimple or kProtoLL for this call, -1 for the options' or else the plan's.
+  void run(const PreparedPlan& plan, const ExecArgs& args, void* stream, int32_t protocol = -1);
   // Throws the error an earlier launch recorded (abort, timeout: rank, block, step, peer, round).
   void check();
   // Makes every wait of running and future launches give up (communicator abort).

@@ -12,9 +12,11 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
   TUTTI_CHECK(rank >= 0 && rank < p.nranks, InvalidArgument, "plan '{}': rank {} out of range ({} ranks)", p.name, rank,
               p.nranks);
   DevicePlan out;
-  for (const plan::RankPlan& rp : p.ranks)
+  for (const plan::RankPlan& rp : p.ranks) {
+    out.max_blocks = std::max(out.max_blocks, static_cast<int>(rp.blocks.size()));
     for (const plan::Block& b : rp.blocks)
       for (const plan::Instruction& in : b.steps) out.max_message_chunks = std::max(out.max_message_chunks, in.count());
+  }
   out.channels = std::max(1, p.channels());
   const plan::RankPlan& rp = p.ranks[rank];
   out.scratch_chunks = rp.scratch_chunks;

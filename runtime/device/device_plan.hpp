@@ -26,6 +26,7 @@ struct DevicePlan {
   std::vector<ConnectionKey> sends, recvs;  // indexed by DevStep::send_conn / recv_conn
   int64_t max_message_chunks = 1;  // most chunks one step moves, over every rank (rounds are sized by it)
   int64_t scratch_chunks = 0;
+  int max_blocks = 1;  // most blocks of any rank (instances are chosen alike on every rank from it)
   int channels = 1;
 };
 

@@ -50,8 +50,8 @@ class Emulated final : public Backend {
   void reach(int) override {}
   void launch(const LaunchArgs& args, int, void*) override {
     std::vector<std::thread> threads;
-    threads.reserve(static_cast<size_t>(args.nblocks));
-    for (int32_t b = 0; b < args.nblocks; ++b)
+    threads.reserve(static_cast<size_t>(args.nblocks * args.instances));
+    for (int32_t b = 0; b < args.nblocks * args.instances; ++b)
       threads.emplace_back([&args, b] { with_elem(args.type, RunBlock{args, b}); });
     for (auto& t : threads) t.join();
   }
@@ -66,6 +66,7 @@ class Emulated final : public Backend {
   }
   void synchronize(void*) override {}
   int resident_blocks(int) override { return 1 << 20; }
+  int processors() override { return 1; }
 };
 
 }  // namespace

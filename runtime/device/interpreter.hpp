@@ -172,14 +172,15 @@ template <class E>
 struct BlockRun {
   const LaunchArgs& a;
   Team team;
-  int32_t block;
+  int32_t block;     // plan block
+  int32_t instance;  // which copy of the plan: rounds instance, instance + instances, ...
 
   // Runs one step in round `r`; false when a wait gave up.
   TUTTI_HD bool step(const DevStep& s, int32_t index, const Round& r, int64_t round_no) {
     const exec::OpShape shape = exec::shape_of(s.op);
     const bool ll = a.protocol == kProtoLL;
-    const FifoView* out = shape.send ? &a.send[s.send_conn] : nullptr;
-    const FifoView* in = shape.recv ? &a.recv[s.recv_conn] : nullptr;
+    const FifoView* out = shape.send ? &a.send[instance * a.nsend + s.send_conn] : nullptr;
+    const FifoView* in = shape.recv ? &a.recv[instance * a.nrecv + s.recv_conn] : nullptr;
     const uint64_t send_seq = out ? *out->count + 1 : 0;  // this message's number on its FIFO
     const uint64_t recv_seq = in ? *in->count + 1 : 0;
     WaitSite site{block, index, in ? in->peer : out ? out->peer : -1, round_no};
@@ -292,7 +293,8 @@ struct BlockRun {
   TUTTI_HD void run() {
     const DevBlock blk = a.blocks[block];
     const uint64_t epoch = a.state->epoch << 32;
-    for (int64_t k = 0; k < a.rounds; ++k) {
+    uint64_t* progress = a.progress + static_cast<int64_t>(instance) * a.nblocks;
+    for (int64_t k = instance; k < a.rounds; k += a.instances) {
       Round r{k * a.round_elems, a.count - k * a.round_elems < a.round_elems ? a.count - k * a.round_elems : a.round_elems};
       for (int32_t i = 0; i < blk.nsteps; ++i) {
         const DevStep& s = a.steps[blk.first_step + i];
@@ -301,26 +303,27 @@ struct BlockRun {
           for (int32_t d = 0; d < s.ndeps && !failed; ++d) {
             const DevDep dep = a.deps[s.first_dep + d];
             const uint64_t want = epoch | static_cast<uint64_t>(k * a.blocks[dep.block].nsteps + dep.step + 1);
-            failed = !wait_ge(a, &a.progress[dep.block], want, WaitSite{block, i, -1, k});
+            failed = !wait_ge(a, &progress[dep.block], want, WaitSite{block, i, -1, k});
           }
         if (team.sync_or(failed)) return;
         if (!step(s, i, r, k)) return;
         if (s.signal && team.rank() == 0)
-          mem::store_release(&a.progress[block], epoch | static_cast<uint64_t>(k * blk.nsteps + i + 1));
+          mem::store_release(&progress[block], epoch | static_cast<uint64_t>(k * blk.nsteps + i + 1));
       }
     }
   }
 };
 
-// Runs block `block` of a launch, then counts it finished; the last block of the launch advances
-// the rank's epoch for the next launch (read by every block at its start).
+// Runs thread block `id` of a launch (plan block id % nblocks of instance id / nblocks), then counts
+// it finished; the last one of the launch advances the rank's epoch for the next launch (read by
+// every block at its start).
 template <class E>
-TUTTI_HD void run_block(const LaunchArgs& a, int32_t block) {
-  BlockRun<E>{a, Team{}, block}.run();
+TUTTI_HD void run_block(const LaunchArgs& a, int32_t id) {
+  BlockRun<E>{a, Team{}, id % a.nblocks, id / a.nblocks}.run();
   Team team;
   team.sync();
   if (team.rank() == 0) {
-    if (mem::fetch_add(&a.state->finished, 1) + 1 == static_cast<uint64_t>(a.nblocks)) {
+    if (mem::fetch_add(&a.state->finished, 1) + 1 == static_cast<uint64_t>(a.nblocks) * a.instances) {
       a.state->finished = 0;
       a.state->epoch = a.state->epoch + 1;
     }
