@@ -159,12 +159,14 @@ std::shared_ptr<const PreparedPlan> Dispatcher::builtin(const std::string& name,
   return prepared;
 }
 
-Choice Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize) {
-  auto key = std::make_tuple(static_cast<int>(c), inplace, root, bytes, count, esize);
+Choice Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,
+                          bool device) {
+  auto key = std::make_tuple(static_cast<int>(c), inplace, root, bytes, count, esize, device);
   auto hit = chosen_.find(key);
   if (hit != chosen_.end()) return hit->second;
   const int n = comm_.size();
-  const bool fits = comm_.mailbox() && oneshot_fits(*comm_.mailbox(), c, count, esize);
+  // The mailbox lives in host memory: device buffers always run plans.
+  const bool fits = !device && comm_.mailbox() && oneshot_fits(*comm_.mailbox(), c, count, esize);
   auto applicable = [&](const PreparedPlan& pp) {
     const plan::Plan& p = pp.plan;
     if (p.collective != c || p.nranks != n) return false;
@@ -350,6 +352,67 @@ void Dispatcher::run(const CollectiveCall& call) {
               name(call.reduction.type), pp->plan.name);
   res_->executor.run(*pp, args);
   finish();
+}
+
+}  // namespace tutti
+
+namespace tutti {
+
+// Device calls up to this size run LL (one 16-byte store per 8 bytes, no fence per message); above
+// it Simple, whose full-width copies move more bytes per instruction.
+constexpr uint64_t kDeviceLLBytes = 64 << 10;
+
+void Dispatcher::run_device(const CollectiveCall& call, device::DeviceExecutor& exec, void* stream) {
+  const int n = comm_.size(), rank = comm_.rank();
+  const Collective c = call.collective;
+  const int64_t esize = static_cast<int64_t>(size_of(call.reduction.type));
+  const int64_t in_elems = input_elems(c, call.count, n), out_elems = output_elems(c, call.count, n);
+  if (check_) check_consistent(call);
+  device::Backend& dev = exec.backend();
+  const unsigned char* in = static_cast<const unsigned char*>(call.input);
+  unsigned char* out = static_cast<unsigned char*>(call.output);
+  bool inplace;
+  switch (c) {
+    case Collective::kAllGather: inplace = in == out + rank * call.count * esize; break;
+    case Collective::kReduceScatter: inplace = out == in + rank * call.count * esize; break;
+    default: inplace = in == out;
+  }
+  if (c == Collective::kReduce && rank != call.root)
+    out = static_cast<unsigned char*>(exec.temp(1, static_cast<size_t>(out_elems * esize)));
+  unsigned char* scaled = nullptr;
+  if (call.reduction.op == RedOp::kPreMulSum) {
+    scaled = static_cast<unsigned char*>(exec.temp(0, static_cast<size_t>(in_elems * esize)));
+    dev.scale(call.reduction.type, scaled, in, call.reduction.scalar, static_cast<size_t>(in_elems), stream);
+    in = scaled;
+    inplace = false;
+  }
+  const uint64_t bytes = static_cast<uint64_t>(std::max(in_elems, out_elems) * esize);
+  Choice choice = choose(c, inplace, bytes, call.root, call.count, esize, true);
+  if (last_plan_ != choice.name())
+    TUTTI_INFO(log::kTuning, "rank {}: {} of {} bytes on the device runs plan '{}'", rank, dsl::to_string(c), bytes,
+               choice.name());
+  last_plan_ = choice.name();
+  const auto& pp = choice.plan;
+  ExecArgs args;
+  args.count = call.count;
+  args.reduction = call.reduction;
+  args.input = in;
+  args.output = out;
+  if (!rooted(c) && pp->plan.inplace && !inplace) {
+    unsigned char* slot = c == Collective::kAllGather ? out + rank * call.count * esize : out;
+    dev.copy(slot, in, static_cast<size_t>(in_elems * esize), stream);
+    args.input = slot;
+  } else if (!rooted(c) && !pp->plan.inplace && inplace) {
+    if (in != scaled) {
+      unsigned char* copy = static_cast<unsigned char*>(exec.temp(0, static_cast<size_t>(in_elems * esize)));
+      dev.copy(copy, in, static_cast<size_t>(in_elems * esize), stream);
+      args.input = copy;
+    }
+  }
+  const int32_t protocol = !exec.options().protocol && bytes <= kDeviceLLBytes ? device::kProtoLL : -1;
+  exec.run(*pp, args, stream, protocol);
+  if (call.reduction.op == RedOp::kAvg && (c != Collective::kReduce || rank == call.root))
+    dev.divide(call.reduction.type, out, out, static_cast<uint64_t>(n), static_cast<size_t>(out_elems), stream);
 }
 
 }  // namespace tutti

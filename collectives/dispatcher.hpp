@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "collectives/tuner.hpp"
+#include "runtime/device/device_executor.hpp"
 #include "runtime/executor.hpp"
 
 namespace tutti {
@@ -29,6 +30,8 @@ struct CollectiveCall {
   int64_t count = 0;  // NCCL's count (allgather: sendcount, reduce-scatter: recvcount)
   Reduction reduction;
   int root = 0;
+  bool device = false;     // buffers in device memory: run_device on `stream`
+  void* stream = nullptr;  // cudaStream_t
 };
 
 // What runs a call: a prepared plan, or the one-shot mailbox path (collectives/oneshot.hpp).
@@ -75,6 +78,10 @@ class Dispatcher {
   explicit Dispatcher(Communicator& comm, const DispatcherOptions& options = DispatcherOptions::from_env(),
                       std::shared_ptr<DispatchResources> shared = nullptr);
   void run(const CollectiveCall& call);
+  // Device buffers: the same choice among plans (never the host mailbox), run by `exec` on `stream`,
+  // with the call's adaptations (in-place, premulsum, avg, a non-root's reduce output) enqueued on
+  // the device too. Returns once everything is enqueued.
+  void run_device(const CollectiveCall& call, device::DeviceExecutor& exec, void* stream);
   // The plan the last run used (for logs and tests).
   const std::string& last_plan() const { return last_plan_; }
   const tuning::Table& table() const { return table_; }
@@ -84,7 +91,8 @@ class Dispatcher {
   static const std::vector<std::shared_ptr<const PreparedPlan>>& loaded_plans();
 
  private:
-  Choice choose(dsl::Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize);
+  Choice choose(dsl::Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,
+                bool device = false);
   std::shared_ptr<const PreparedPlan> builtin(const std::string& name, std::map<std::string, int> params);
   void check_consistent(const CollectiveCall& call);
 
@@ -97,8 +105,8 @@ class Dispatcher {
   tuning::Table table_;
   uint64_t oneshot_threshold_;              // TUTTI_ONESHOT_THRESHOLD
   Choice tuned(dsl::Collective c, uint64_t bytes, const std::function<Choice(const tuning::Candidate&)>& make);
-  // Choices already made: (collective, in-place, root, bytes, count, element size) -> choice.
-  std::map<std::tuple<int, bool, int, uint64_t, int64_t, int64_t>, Choice> chosen_;
+  // Choices already made: (collective, in-place, root, bytes, count, element size, device) -> choice.
+  std::map<std::tuple<int, bool, int, uint64_t, int64_t, int64_t, bool>, Choice> chosen_;
   std::string last_plan_;
 };
 

@@ -20,10 +20,10 @@
 #include "core/log.hpp"
 #include "runtime/rendezvous.hpp"
 #include "runtime/shm_segment.hpp"
+#include "runtime/device/backend.hpp"
+#include "runtime/device/device_executor.hpp"
 #ifdef TUTTI_HAVE_CUDA
 #include <cuda_runtime.h>
-
-#include "runtime/cuda/cuda_reduce.hpp"
 #endif
 
 #define NCCL_API(ret, func, ...)                                                                    \
@@ -38,7 +38,9 @@ struct ncclComm {
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<Dispatcher> dispatcher;
   bool blocking = true;
-  int cuda_dev = -1;
+  int cuda_dev = -1;  // the current device at init, as NCCL's
+  bool emulated = false;  // TUTTI_DEVICE=emulated: every buffer runs on the emulated device
+  std::unique_ptr<device::DeviceExecutor> device;  // made on the first call with device buffers
   std::atomic<int> async{ncclSuccess};
   std::thread worker;  // non-blocking init or group
   std::mutex mu;
@@ -157,22 +159,72 @@ Reduction to_reduction(ncclComm* c, ncclRedOp_t op, DataType type, const char* f
   return r;
 }
 
-void check_host_memory(const void* p, const char* what, const char* fn) {
+bool have_gpu() {
 #ifdef TUTTI_HAVE_CUDA
-  static const bool have_gpu = cuda::device_count() > 0;
-  if (!have_gpu || !p) return;
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeDevice)
-    throw InvalidUsage(fmt::format("{}: {} is device memory; this build runs collectives on host memory only", fn, what));
-  cudaGetLastError();
+  static const bool yes = device::cuda_device_count() > 0;
+  return yes;
 #else
-  (void)p, (void)what, (void)fn;
+  return false;
+#endif
+}
+
+bool is_device_memory(const void* p) {
+#ifdef TUTTI_HAVE_CUDA
+  return p && have_gpu() && device::memory_kind(p) == device::MemoryKind::kDevice;
+#else
+  (void)p;
+  return false;
 #endif
 }
 
 void check_buffer(const void* p, size_t count, const char* what, const char* fn) {
   TUTTI_CHECK(p || count == 0, InvalidArgument, "{}: {} is NULL with count {}", fn, what, count);
-  check_host_memory(p, what, fn);
+}
+
+// Whether a call's buffers are device memory (then every one must be), for the device executor.
+bool on_device(ncclComm* c, std::initializer_list<const void*> buffers, const char* fn) {
+  if (c->emulated) return true;
+  int device = 0, host = 0;
+  for (const void* p : buffers)
+    if (p) ++(is_device_memory(p) ? device : host);
+  TUTTI_CHECK(device == 0 || host == 0, InvalidArgument,
+              "{}: some buffers are device memory and some host memory; a call takes one kind", fn);
+  return device > 0;
+}
+
+device::DeviceExecutor& device_executor(ncclComm* c) {
+  if (!c->device) {
+    std::unique_ptr<device::Backend> backend;
+    if (c->emulated) {
+      backend = device::make_emulated_backend();
+    } else {
+#ifdef TUTTI_HAVE_CUDA
+      TUTTI_CHECK(c->cuda_dev >= 0, InvalidUsage,
+                  "rank {}: device buffers, but no CUDA device was current when the communicator was created",
+                  c->comm->rank());
+      backend = device::make_cuda_backend(c->cuda_dev);
+#else
+      throw InvalidUsage("device buffers need a CUDA build of tutti");
+#endif
+    }
+    c->device = std::make_unique<device::DeviceExecutor>(*c->comm, std::move(backend), device::DeviceOptions::from_env());
+  }
+  return *c->device;
+}
+
+int current_cuda_device() {
+#ifdef TUTTI_HAVE_CUDA
+  return have_gpu() ? device::cuda_current_device() : -1;
+#else
+  return -1;
+#endif
+}
+
+bool emulated_device() {
+  std::string mode = env::get_string("TUTTI_DEVICE");
+  TUTTI_CHECK(mode == "auto" || mode == "emulated", InvalidArgument, "TUTTI_DEVICE must be auto or emulated, not '{}'",
+              mode);
+  return mode == "emulated";
 }
 
 // --- groups -------------------------------------------------------------------------------------
@@ -184,6 +236,8 @@ struct PendingOp {
   void* buffer = nullptr;
   size_t bytes = 0;
   int peer = -1;
+  bool device = false;
+  void* stream = nullptr;
 };
 
 thread_local int t_group_depth = 0;
@@ -225,17 +279,33 @@ void run_p2p(Communicator& comm, const std::vector<PendingOp>& ops) {
       [&] { return fmt::format("waiting for {} point-to-point operation(s) of a group", posted.size()); });
 }
 
+void run_collective(ncclComm* c, const CollectiveCall& call) {
+  if (call.device) c->dispatcher->run_device(call, device_executor(c), call.stream);
+  else c->dispatcher->run(call);
+}
+
 void run_ops(ncclComm* c, const std::vector<PendingOp>& ops) {
   log::set_thread_rank(c->comm->rank());
   for (size_t i = 0; i < ops.size();) {
     if (ops[i].kind == PendingOp::kCollective) {
-      c->dispatcher->run(ops[i].call);
+      run_collective(c, ops[i].call);
       ++i;
       continue;
     }
+    // Consecutive point-to-point calls of one kind of memory (and one stream) run together.
     std::vector<PendingOp> p2p;
-    while (i < ops.size() && ops[i].kind != PendingOp::kCollective) p2p.push_back(ops[i++]);
-    run_p2p(*c->comm, p2p);
+    const bool dev = ops[i].device;
+    void* stream = ops[i].stream;
+    while (i < ops.size() && ops[i].kind != PendingOp::kCollective && ops[i].device == dev &&
+           (!dev || ops[i].stream == stream))
+      p2p.push_back(ops[i++]);
+    if (!dev) {
+      run_p2p(*c->comm, p2p);
+      continue;
+    }
+    std::vector<device::DeviceExecutor::P2p> dops;
+    for (const PendingOp& op : p2p) dops.push_back({op.kind == PendingOp::kSend, op.peer, op.buffer, op.bytes});
+    device_executor(c).run_p2p(dops, stream);
   }
 }
 
@@ -301,14 +371,16 @@ ncclResult_t submit(PendingOp op) {
     // containers (a small all-reduce is a microsecond; allocations would be a good part of it).
     Use use(op.comm, "ncclCollective");
     if (use->blocking) {
-      use->dispatcher->run(op.call);
+      run_collective(op.comm, op.call);
       return ncclSuccess;
     }
   }
   return execute({std::move(op)});
 }
 
-ncclResult_t collective(const char*, ncclComm_t comm, CollectiveCall call) {
+ncclResult_t collective(const char* fn, ncclComm_t comm, CollectiveCall call, cudaStream_t stream) {
+  call.device = on_device(comm, {call.input, call.output}, fn);
+  call.stream = stream;
   PendingOp op{PendingOp::kCollective, comm, call};
   return submit(op);
 }
@@ -390,6 +462,8 @@ NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* newcomm, int nranks, 
         if (text->find(':') != std::string::npos && UniqueId::parse(*text).bytes == id.bytes) ensure_persistent_root(id);
     auto c = std::make_unique<ncclComm>();
     apply_config(c.get(), config, "ncclCommInitRankConfig");
+    c->cuda_dev = current_cuda_device();
+    c->emulated = emulated_device();
     ncclComm* raw = c.release();
     register_comm(raw);
     *newcomm = raw;
@@ -430,7 +504,8 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* 
     auto all = Communicator::create_local(ndev);
     for (int r = 0; r < ndev; ++r) {
       auto* c = new ncclComm();
-      c->cuda_dev = devlist ? devlist[r] : r;
+      c->cuda_dev = have_gpu() ? (devlist ? devlist[r] : r) : -1;
+      c->emulated = emulated_device();
       c->comm = std::move(all[r]);
       c->dispatcher = std::make_unique<Dispatcher>(*c->comm);
       register_comm(c);
@@ -453,6 +528,7 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
     apply_config(c, config, "ncclCommSplit");
     c->blocking = true;
     c->cuda_dev = use->cuda_dev;
+    c->emulated = use->emulated;
     c->comm = std::move(child);
     c->dispatcher = std::make_unique<Dispatcher>(*c->comm);
     register_comm(c);
@@ -477,6 +553,7 @@ ncclResult_t release(ncclComm_t comm, bool abort, const char* fn) {
       g_comms.erase(comm);
     }
     if (abort && comm->comm) comm->comm->abort();
+    if (abort && comm->device) comm->device->abort();
     comm->closing.store(true, std::memory_order_seq_cst);
     {
       std::unique_lock lock(comm->mu);
@@ -484,6 +561,7 @@ ncclResult_t release(ncclComm_t comm, bool abort, const char* fn) {
     }
     if (comm->worker.joinable()) comm->worker.join();
     comm->magic = 0;
+    comm->device.reset();  // waits for this rank's launches
     comm->dispatcher.reset();
     comm->comm.reset();  // flushes (destroy) or just frees (abort)
     delete comm;
@@ -504,6 +582,14 @@ NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asy
     }
     ncclResult_t r = static_cast<ncclResult_t>(comm->async.load());
     if (r == ncclSuccess && comm->comm && comm->comm->state().failed()) r = ncclRemoteError;
+    if (r == ncclSuccess && comm->device) {
+      try {
+        comm->device->check();
+      } catch (const Error& e) {
+        t_last_error = fmt::format("ncclCommGetAsyncError: {}", e.what());
+        r = e.kind() == ErrorKind::kAborted ? ncclInvalidUsage : ncclRemoteError;
+      }
+    }
     *asyncError = r;
     return ncclSuccess;
   });
@@ -547,9 +633,27 @@ struct Registration {
 };
 }  // namespace
 
+namespace {
+std::set<void*> g_device_mem;  // guarded by g_mem_mutex
+}
+
 NCCL_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
   return guard("ncclMemAlloc", [&] {
     TUTTI_CHECK(ptr, InvalidArgument, "ncclMemAlloc: ptr is NULL");
+#ifdef TUTTI_HAVE_CUDA
+    // With a CUDA device, device memory, as NCCL's (which ncclCommRegister and the device FIFOs use).
+    if (current_cuda_device() >= 0) {
+      cudaError_t rc = cudaMalloc(ptr, std::max<size_t>(size, 1));
+      if (rc != cudaSuccess) {
+        cudaGetLastError();
+        throw Error(ErrorKind::kSystem, fmt::format("ncclMemAlloc: cudaMalloc of {} bytes: {}", size,
+                                                    cudaGetErrorString(rc)));
+      }
+      std::lock_guard lock(g_mem_mutex);
+      g_device_mem.insert(*ptr);
+      return ncclSuccess;
+    }
+#endif
     // A shared segment: peers on this host can map it by name.
     ShmSegment seg = ShmSegment::create("mem", std::max<size_t>(size, 1));
     *ptr = seg.data();
@@ -563,6 +667,12 @@ NCCL_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
 NCCL_API(ncclResult_t, ncclMemFree, void* ptr) {
   return guard("ncclMemFree", [&] {
     std::lock_guard lock(g_mem_mutex);
+#ifdef TUTTI_HAVE_CUDA
+    if (g_device_mem.erase(ptr)) {
+      cudaFree(ptr);
+      return ncclSuccess;
+    }
+#endif
     auto it = g_mem.find(ptr);
     TUTTI_CHECK(it != g_mem.end(), InvalidArgument, "ncclMemFree: {} was not allocated by ncclMemAlloc", ptr);
     unregister_shared_buffer(ptr);
@@ -622,19 +732,19 @@ NCCL_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm) {
 // --- collectives ---------------------------------------------------------------------------------
 
 NCCL_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-         ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclAllReduce", [&] {
     Use use(comm, "ncclAllReduce");
     CollectiveCall call{dsl::Collective::kAllReduce, sendbuff, recvbuff, static_cast<int64_t>(count), {}, 0};
     call.reduction = to_reduction(comm, op, to_type(datatype, "ncclAllReduce"), "ncclAllReduce");
     check_buffer(sendbuff, count, "sendbuff", "ncclAllReduce");
     check_buffer(recvbuff, count, "recvbuff", "ncclAllReduce");
-    return collective("ncclAllReduce", comm, call);
+    return collective("ncclAllReduce", comm, call, stream);
   });
 }
 
 NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-         int root, ncclComm_t comm, cudaStream_t) {
+         int root, ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclBroadcast", [&] {
     Use use(comm, "ncclBroadcast");
     TUTTI_CHECK(root >= 0 && root < use->comm->size(), InvalidArgument, "ncclBroadcast: root {} is out of range (0..{})",
@@ -643,7 +753,7 @@ NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size
     call.reduction.type = to_type(datatype, "ncclBroadcast");
     if (use->comm->rank() == root) check_buffer(sendbuff, count, "sendbuff", "ncclBroadcast");
     check_buffer(recvbuff, count, "recvbuff", "ncclBroadcast");
-    return collective("ncclBroadcast", comm, call);
+    return collective("ncclBroadcast", comm, call, stream);
   });
 }
 
@@ -653,7 +763,7 @@ NCCL_API(ncclResult_t, ncclBcast, void* buff, size_t count, ncclDataType_t datat
 }
 
 NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t) {
+         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclReduce", [&] {
     Use use(comm, "ncclReduce");
     TUTTI_CHECK(root >= 0 && root < use->comm->size(), InvalidArgument, "ncclReduce: root {} is out of range (0..{})", root,
@@ -662,36 +772,36 @@ NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t 
     call.reduction = to_reduction(comm, op, to_type(datatype, "ncclReduce"), "ncclReduce");
     check_buffer(sendbuff, count, "sendbuff", "ncclReduce");
     if (use->comm->rank() == root) check_buffer(recvbuff, count, "recvbuff", "ncclReduce");
-    return collective("ncclReduce", comm, call);
+    return collective("ncclReduce", comm, call, stream);
   });
 }
 
 NCCL_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
-         ncclComm_t comm, cudaStream_t) {
+         ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclAllGather", [&] {
     Use use(comm, "ncclAllGather");
     CollectiveCall call{dsl::Collective::kAllGather, sendbuff, recvbuff, static_cast<int64_t>(sendcount), {}, 0};
     call.reduction.type = to_type(datatype, "ncclAllGather");
     check_buffer(sendbuff, sendcount, "sendbuff", "ncclAllGather");
     check_buffer(recvbuff, sendcount, "recvbuff", "ncclAllGather");
-    return collective("ncclAllGather", comm, call);
+    return collective("ncclAllGather", comm, call, stream);
   });
 }
 
 NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, size_t recvcount,
-         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclReduceScatter", [&] {
     Use use(comm, "ncclReduceScatter");
     CollectiveCall call{dsl::Collective::kReduceScatter, sendbuff, recvbuff, static_cast<int64_t>(recvcount), {}, 0};
     call.reduction = to_reduction(comm, op, to_type(datatype, "ncclReduceScatter"), "ncclReduceScatter");
     check_buffer(sendbuff, recvcount, "sendbuff", "ncclReduceScatter");
     check_buffer(recvbuff, recvcount, "recvbuff", "ncclReduceScatter");
-    return collective("ncclReduceScatter", comm, call);
+    return collective("ncclReduceScatter", comm, call, stream);
   });
 }
 
 NCCL_API(ncclResult_t, ncclAllToAll, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-         ncclComm_t comm, cudaStream_t) {
+         ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclAllToAll", [&] {
     Use use(comm, "ncclAllToAll");
     CollectiveCall call{dsl::Collective::kAllToAll, sendbuff, recvbuff, static_cast<int64_t>(count), {}, 0};
@@ -699,12 +809,12 @@ NCCL_API(ncclResult_t, ncclAllToAll, const void* sendbuff, void* recvbuff, size_
     check_buffer(sendbuff, count, "sendbuff", "ncclAllToAll");
     check_buffer(recvbuff, count, "recvbuff", "ncclAllToAll");
     TUTTI_CHECK(sendbuff != recvbuff || count == 0, InvalidArgument, "ncclAllToAll: in-place all-to-all is not supported");
-    return collective("ncclAllToAll", comm, call);
+    return collective("ncclAllToAll", comm, call, stream);
   });
 }
 
 NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
-         cudaStream_t) {
+         cudaStream_t stream) {
   return guard("ncclSend", [&] {
     Use use(comm, "ncclSend");
     DataType type = to_type(datatype, "ncclSend");
@@ -712,12 +822,14 @@ NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataTyp
                 use->comm->size() - 1);
     check_buffer(sendbuff, count, "sendbuff", "ncclSend");
     PendingOp op{PendingOp::kSend, comm, {}, const_cast<void*>(sendbuff), count * size_of(type), peer};
+    op.device = on_device(comm, {sendbuff}, "ncclSend");
+    op.stream = stream;
     return submit(op);
   });
 }
 
 NCCL_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
-         cudaStream_t) {
+         cudaStream_t stream) {
   return guard("ncclRecv", [&] {
     Use use(comm, "ncclRecv");
     DataType type = to_type(datatype, "ncclRecv");
@@ -725,6 +837,8 @@ NCCL_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t da
                 use->comm->size() - 1);
     check_buffer(recvbuff, count, "recvbuff", "ncclRecv");
     PendingOp op{PendingOp::kRecv, comm, {}, recvbuff, count * size_of(type), peer};
+    op.device = on_device(comm, {recvbuff}, "ncclRecv");
+    op.stream = stream;
     return submit(op);
   });
 }

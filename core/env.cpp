@@ -51,6 +51,10 @@ constexpr Variable kVariables[] = {
     {"TUTTI_ONESHOT_THRESHOLD", "", "8K",
      "Largest collective (nccl-tests' size) the dispatcher runs through the one-shot mailbox instead of a plan "
      "(a tuning table or TUTTI_ALGO overrides it; 0: never)."},
+    {"TUTTI_DEVICE", "", "auto",
+     "Which buffers the NCCL API runs on the device executor: auto (device memory, recognised with "
+     "cudaPointerGetAttributes, on the CUDA device; host memory on the CPU executor) or emulated (every buffer, on "
+     "the emulated device: CPU threads running the CUDA interpreter's code, for tests without a GPU)."},
     {"TUTTI_DEVICE_SLOT_SIZE", "", "512K",
      "Bytes per slot of a device FIFO (Simple protocol). A call runs in rounds sized so that each transfer of the "
      "plan fits one slot."},

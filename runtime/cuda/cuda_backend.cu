@@ -77,8 +77,8 @@ class OnDevice {
 
 class Cuda final : public Backend {
  public:
-  Cuda() {
-    check(cudaGetDevice(&dev_), "cudaGetDevice");
+  explicit Cuda(int dev) : dev_(dev) {
+    OnDevice on(dev_);
     check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev_), "cudaDeviceGetAttribute");
   }
   const char* name() const override { return "cuda"; }
@@ -149,6 +149,35 @@ class Cuda final : public Backend {
     interpret<<<static_cast<unsigned>(args.nblocks * args.instances), static_cast<unsigned>(threads), 0,
                 static_cast<cudaStream_t>(stream)>>>(args);
     check(cudaGetLastError(), "launching the plan interpreter");
+  }
+  void launch_group(const std::vector<LaunchArgs>& launches, const std::vector<int>& lanes, int threads,
+                    void* stream) override {
+    OnDevice on(dev_);
+    auto user = static_cast<cudaStream_t>(stream);
+    int nlanes = 0;
+    for (int l : lanes) nlanes = std::max(nlanes, l + 1);
+    // Fork and join through events (allowed inside CUDA graph capture).
+    while (static_cast<int>(lanes_.size()) < nlanes) {
+      Lane lane;
+      check(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+      check(cudaEventCreateWithFlags(&lane.done, cudaEventDisableTiming), "cudaEventCreate");
+      lanes_.push_back(lane);
+    }
+    if (!fork_) check(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventRecord(fork_, user), "cudaEventRecord");
+    for (int l = 0; l < nlanes; ++l) check(cudaStreamWaitEvent(lanes_[l].stream, fork_, 0), "cudaStreamWaitEvent");
+    for (size_t i = 0; i < launches.size(); ++i) launch(launches[i], threads, lanes_[lanes[i]].stream);
+    for (int l = 0; l < nlanes; ++l) {
+      check(cudaEventRecord(lanes_[l].done, lanes_[l].stream), "cudaEventRecord");
+      check(cudaStreamWaitEvent(user, lanes_[l].done, 0), "cudaStreamWaitEvent");
+    }
+  }
+  ~Cuda() override {
+    for (Lane& l : lanes_) {
+      cudaStreamDestroy(l.stream);
+      cudaEventDestroy(l.done);
+    }
+    if (fork_) cudaEventDestroy(fork_);
   }
   void copy(void* dst, const void* src, size_t bytes, void* stream) override {
     if (!bytes || dst == src) return;
@@ -221,12 +250,47 @@ class Cuda final : public Backend {
       case DataType::kFp8E5M2: return mini(element::E5M2T{});
     }
   }
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;
+  };
   int dev_ = 0;
   int sms_ = 1;
+  std::vector<Lane> lanes_;
+  cudaEvent_t fork_ = nullptr;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<Cuda>(); }
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<Cuda>(device); }
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+int cuda_current_device() {
+  int d = -1;
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return d;
+}
+
+MemoryKind memory_kind(const void* p) {
+  if (!p) return MemoryKind::kHost;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return MemoryKind::kHost;
+  }
+  if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return MemoryKind::kDevice;
+  return MemoryKind::kHost;
+}
 
 }  // namespace tutti::device

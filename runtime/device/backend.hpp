@@ -39,6 +39,10 @@ class Backend {
   virtual void reach(int owner_device) = 0;
 
   virtual void launch(const LaunchArgs& args, int threads, void* stream) = 0;
+  // Several launches that may depend on each other, ordered after what `stream` holds and before
+  // what follows on it; launches of one lane (lanes[i]) run in order, lanes run concurrently.
+  virtual void launch_group(const std::vector<LaunchArgs>& launches, const std::vector<int>& lanes, int threads,
+                            void* stream) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual void scale(DataType type, void* dst, const void* src, const void* scalar, size_t count, void* stream) = 0;
   virtual void divide(DataType type, void* dst, const void* src, uint64_t divisor, size_t count, void* stream) = 0;
@@ -49,7 +53,14 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_emulated_backend();
-// The CUDA device current on the calling thread. Only in CUDA builds (TUTTI_HAVE_CUDA).
-std::unique_ptr<Backend> make_cuda_backend();
+
+// Only in CUDA builds (TUTTI_HAVE_CUDA):
+std::unique_ptr<Backend> make_cuda_backend(int device);
+int cuda_device_count();    // 0 without a driver or a device
+int cuda_current_device();  // -1 when there is none
+enum class MemoryKind { kHost, kDevice };
+// kDevice for cudaMalloc'd and managed memory (cudaPointerGetAttributes); host, pinned or unknown
+// pointers are kHost.
+MemoryKind memory_kind(const void* p);
 
 }  // namespace tutti::device

@@ -69,10 +69,17 @@ struct DeviceExecutor::Uploaded {
   LaunchArgs base;  // plan arrays, FIFO views and progress filled in
 };
 
+// A one-step plan: send the input to `peer`, or receive the output from it, on device channel 0.
+struct DeviceExecutor::P2pPlan {
+  void* memory = nullptr;
+  LaunchArgs base;
+};
+
 DeviceExecutor::DeviceExecutor(Communicator& comm, std::unique_ptr<Backend> backend, const DeviceOptions& options)
     : comm_(comm), backend_(std::move(backend)), options_(options) {
   fifo_stride_ = round_up(kFifoHeader + options_.fifo_depth * (options_.slot_bytes + options_.ll_slot_bytes), 256);
   state_ = static_cast<RankState*>(backend_->alloc(sizeof(RankState)));
+  p2p_state_ = static_cast<RankState*>(backend_->alloc(sizeof(RankState)));
   void* view = nullptr;
   status_host_ = static_cast<Status*>(backend_->alloc_host(sizeof(Status), &view));
   status_dev_ = static_cast<Status*>(view);
@@ -89,6 +96,8 @@ DeviceExecutor::~DeviceExecutor() {
     TUTTI_WARN("rank {}: device executor: {}", comm_.rank(), e.what());
   }
   for (auto& [id, u] : plans_) backend_->release(u->memory);
+  for (auto& [key, u] : p2p_) backend_->release(u->memory);
+  backend_->release(p2p_state_);
   for (auto& ch : channels_) {
     for (size_t r = 0; r < ch->peer_inbox.size(); ++r)
       if (ch->opened[r]) backend_->close(ch->peer_inbox[r]);
@@ -316,6 +325,109 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* str
   a.abort = abort_dev_;
   last_plan_ = p.name;
   backend_->launch(a, threads, stream);
+  check();
+}
+
+}  // namespace tutti::device
+
+namespace tutti::device {
+
+// Point-to-point transfers of up to this many bytes use LL (both sides decide alike from the size,
+// which NCCL requires to match).
+constexpr size_t kP2pLLBytes = 64 << 10;
+
+void DeviceExecutor::run_p2p(const std::vector<P2p>& ops, void* stream) {
+  check();
+  const int me = comm_.rank();
+  std::vector<const P2p*> self_sends, self_recvs;
+  for (const P2p& op : ops) {
+    TUTTI_CHECK(op.peer >= 0 && op.peer < comm_.size(), InvalidArgument, "rank {}: peer {} is out of range (0..{})", me,
+                op.peer, comm_.size() - 1);
+    if (op.peer == me) (op.send ? self_sends : self_recvs).push_back(&op);
+  }
+  TUTTI_CHECK(self_sends.size() == self_recvs.size(), InvalidUsage,
+              "rank {}: {} send(s) to itself but {} receive(s) from itself in one group", me, self_sends.size(),
+              self_recvs.size());
+  for (size_t i = 0; i < self_sends.size(); ++i) {
+    TUTTI_CHECK(self_sends[i]->bytes == self_recvs[i]->bytes, InvalidUsage,
+                "rank {}: send to itself of {} bytes meets a receive of {} bytes", me, self_sends[i]->bytes,
+                self_recvs[i]->bytes);
+    backend_->copy(self_recvs[i]->buffer, self_sends[i]->buffer, self_sends[i]->bytes, stream);
+  }
+  ensure_channels(1);
+  std::vector<LaunchArgs> launches;
+  std::vector<int> lanes;
+  std::map<std::pair<int, bool>, int> lane_of;
+  for (const P2p& op : ops) {
+    if (op.peer == me) continue;
+    auto key = std::make_pair(op.peer, op.send);
+    std::unique_ptr<P2pPlan>& pp = p2p_[key];
+    if (!pp) {
+      pp = std::make_unique<P2pPlan>();
+      DevBlock block{0, 1};
+      DevStep step;
+      step.op = op.send ? 1 : 2;  // send, recv
+      step.count = 1;
+      DevRef ref{0, op.send ? kBufInput : kBufOutput};
+      if (op.send) {
+        step.nsrcs = 1;
+        step.send_conn = 0;
+      } else {
+        step.dst = ref;
+        step.recv_conn = 0;
+      }
+      const Channel& ch = *channels_[0];
+      unsigned char* fifo = op.send ? ch.peer_inbox[op.peer] + fifo_stride_ * me : ch.inbox + fifo_stride_ * op.peer;
+      FifoView v;
+      v.tail = reinterpret_cast<uint64_t*>(fifo);
+      v.head = reinterpret_cast<uint64_t*>(fifo + 64);
+      v.simple = fifo + kFifoHeader;
+      v.ll = fifo + kFifoHeader + options_.fifo_depth * options_.slot_bytes;
+      v.count = ch.counts + (op.send ? 0 : comm_.size()) + op.peer;
+      v.peer = op.peer;
+      struct Image {
+        DevBlock block;
+        DevStep step;
+        DevRef ref;
+        FifoView view;
+        uint64_t progress;
+      } image{block, step, ref, v, 0};
+      pp->memory = backend_->alloc(sizeof(Image));
+      backend_->upload(pp->memory, &image, sizeof(Image));
+      auto* img = static_cast<Image*>(pp->memory);
+      LaunchArgs& a = pp->base;
+      a.blocks = &img->block;
+      a.steps = &img->step;
+      a.srcs = &img->ref;
+      a.send = op.send ? &img->view : nullptr;
+      a.recv = op.send ? nullptr : &img->view;
+      a.nsend = op.send ? 1 : 0;
+      a.nrecv = op.send ? 0 : 1;
+      a.progress = &img->progress;
+      a.nblocks = 1;
+    }
+    LaunchArgs a = pp->base;
+    a.protocol = options_.protocol ? *options_.protocol : op.bytes <= kP2pLLBytes ? kProtoLL : kProtoSimple;
+    a.type = static_cast<int32_t>(DataType::kUint8);
+    a.esize = 1;
+    a.count = static_cast<int64_t>(op.bytes);
+    a.chunk_factor = 1;
+    a.depth = options_.fifo_depth;
+    a.slot_bytes = options_.slot_bytes;
+    a.ll_slot_bytes = options_.ll_slot_bytes;
+    a.round_elems = (a.protocol == kProtoLL ? a.ll_slot_bytes / 2 : a.slot_bytes) / kChunkAlign * kChunkAlign;
+    a.rounds = std::max<int64_t>(1, (a.count + a.round_elems - 1) / a.round_elems);
+    a.timeout_ns = static_cast<uint64_t>(options_.timeout_s * 1e9);
+    a.bufs[op.send ? kBufInput : kBufOutput] = static_cast<unsigned char*>(op.buffer);
+    a.state = p2p_state_;
+    a.status = status_dev_;
+    a.abort = abort_dev_;
+    launches.push_back(a);
+    auto [it, fresh] = lane_of.emplace(key, static_cast<int>(lane_of.size()));
+    lanes.push_back(it->second);
+  }
+  last_plan_ = "point-to-point";
+  if (!launches.empty()) backend_->launch_group(launches, lanes, options_.threads, stream);
   check();
 }
 

@@ -51,6 +51,17 @@ class DeviceExecutor {
   // deeper FIFOs than configured, and the failure of an earlier launch (check()).
   // `protocol`: kProtoSimple or kProtoLL for this call, -1 for the options' or else the plan's.
   void run(const PreparedPlan& plan, const ExecArgs& args, void* stream, int32_t protocol = -1);
+  // One ncclSend (send) or ncclRecv of a group.
+  struct P2p {
+    bool send = true;
+    int peer = -1;
+    void* buffer = nullptr;
+    size_t bytes = 0;
+  };
+  // Enqueues the point-to-point transfers of a group on `stream`: transfers with different peers or
+  // directions run concurrently, those of one peer and direction in order (matched in order on the
+  // peer, as NCCL's). A transfer to this rank itself is a copy (sends and receives paired in order).
+  void run_p2p(const std::vector<P2p>& ops, void* stream);
   // Throws the error an earlier launch recorded (abort, timeout: rank, block, step, peer, round).
   void check();
   // Makes every wait of running and future launches give up (communicator abort).
@@ -64,6 +75,7 @@ class DeviceExecutor {
  private:
   struct Channel;
   struct Uploaded;
+  struct P2pPlan;
   void ensure_channels(int n);
   Uploaded& upload(const PreparedPlan& plan);
 
@@ -73,6 +85,8 @@ class DeviceExecutor {
   int64_t fifo_stride_ = 0;
   std::vector<std::unique_ptr<Channel>> channels_;
   std::map<uint64_t, std::unique_ptr<Uploaded>> plans_;  // by PreparedPlan::id
+  std::map<std::pair<int, bool>, std::unique_ptr<P2pPlan>> p2p_;  // by (peer, send)
+  RankState* p2p_state_ = nullptr;  // point-to-point launches run beside each other: their own epochs
   RankState* state_ = nullptr;  // device memory
   Status* status_host_ = nullptr;
   Status* status_dev_ = nullptr;

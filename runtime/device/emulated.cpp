@@ -55,6 +55,18 @@ class Emulated final : public Backend {
       threads.emplace_back([&args, b] { with_elem(args.type, RunBlock{args, b}); });
     for (auto& t : threads) t.join();
   }
+  void launch_group(const std::vector<LaunchArgs>& launches, const std::vector<int>& lanes, int threads,
+                    void* stream) override {
+    int nlanes = 0;
+    for (int l : lanes) nlanes = std::max(nlanes, l + 1);
+    std::vector<std::thread> threads_of_lanes;
+    for (int l = 0; l < nlanes; ++l)
+      threads_of_lanes.emplace_back([&, l] {
+        for (size_t i = 0; i < launches.size(); ++i)
+          if (lanes[i] == l) launch(launches[i], threads, stream);
+      });
+    for (auto& t : threads_of_lanes) t.join();
+  }
   void copy(void* dst, const void* src, size_t bytes, void*) override {
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }

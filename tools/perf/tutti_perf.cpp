@@ -1,7 +1,7 @@
 // tutti-perf: nccl-tests for tutti, through the NCCL API (libnccl.so.2).
 //
 //   tutti-perf COLL [-b 8] [-e 128M] [-f 2 | -i STEP] [-n 20] [-w 5] [-c 1] [-o sum|...|all]
-//              [-d float|...|all] [-r ROOT|-1] [-z 0] [-a 1] [-t THREADS]
+//              [-d float|...|all] [-r ROOT|-1] [-z 0] [-a 1] [-t THREADS] [-G 0|1]
 //   COLL: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv
 //
 // Runs under tutti-run -n N (one rank per process, times -t threads) or alone with -t N threads.
@@ -9,6 +9,10 @@
 // out-of-place and in-place) and the "Avg bus bandwidth" footer. Data follows nccl-tests' idea:
 // small integers, so any reduction order is exact and results are compared bit for bit. The exit
 // status is non-zero if any element is wrong or a call fails.
+//
+// -G 1 puts the buffers in CUDA device memory (the current device, 0 unless CUDA_VISIBLE_DEVICES
+// says otherwise) and runs every rank's calls on a stream of its own, as nccl-tests does: several
+// ranks of one GPU need concurrent kernels. Times then include waiting for the stream.
 
 #include <unistd.h>
 
@@ -26,6 +30,9 @@
 #include <fmt/format.h>
 
 #include "collectives/include/nccl.h"
+#ifdef TUTTI_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 #include "core/datatype.hpp"
 #include "core/element.hpp"
 #include "core/env.hpp"
@@ -39,8 +46,21 @@ namespace {
 // communicator, which peers on this host read in place (zero copy), as nccl-tests' -R does.
 class Buffer {
  public:
-  Buffer(size_t bytes, bool registered, ncclComm_t comm) : comm_(comm) {
-    if (registered) {
+  Buffer(size_t bytes, bool registered, bool device, ncclComm_t comm) : comm_(comm) {
+    if (device) {
+#ifdef TUTTI_HAVE_CUDA
+      if (cudaMalloc(reinterpret_cast<void**>(&data_), bytes) != cudaSuccess ||
+          cudaMemset(data_, 0, bytes) != cudaSuccess) {
+        std::fprintf(stderr, "tutti-perf: cudaMalloc of %zu bytes failed\n", bytes);
+        std::exit(1);
+      }
+      device_ = true;
+      if (registered && ncclCommRegister(comm, data_, bytes, &handle_) != ncclSuccess) {
+        std::fprintf(stderr, "tutti-perf: ncclCommRegister failed: %s\n", ncclGetLastError(comm));
+        std::exit(1);
+      }
+#endif
+    } else if (registered) {
       if (ncclMemAlloc(reinterpret_cast<void**>(&data_), bytes) != ncclSuccess ||
           ncclCommRegister(comm, data_, bytes, &handle_) != ncclSuccess) {
         std::fprintf(stderr, "tutti-perf: ncclMemAlloc/ncclCommRegister of %zu bytes failed: %s\n", bytes,
@@ -55,6 +75,12 @@ class Buffer {
   }
   ~Buffer() {
     if (handle_) ncclCommDeregister(comm_, handle_);
+#ifdef TUTTI_HAVE_CUDA
+    if (device_) {
+      cudaFree(data_);
+      return;
+    }
+#endif
     if (plain_.empty() && data_) ncclMemFree(data_);
   }
   Buffer(const Buffer&) = delete;
@@ -65,7 +91,42 @@ class Buffer {
   ncclComm_t comm_;
   unsigned char* data_ = nullptr;
   void* handle_ = nullptr;
+  bool device_ = false;
   std::vector<unsigned char> plain_;
+};
+
+// Host <-> buffer copies and waiting for a rank's calls: plain memory and the CPU executor need
+// neither; device buffers go through cudaMemcpy and the rank's stream.
+struct Memory {
+  bool device = false;
+  void* stream = nullptr;
+  void to_buffer(void* dst, const void* src, size_t n) const {
+#ifdef TUTTI_HAVE_CUDA
+    if (device) {
+      if (n && cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice) != cudaSuccess) fail("cudaMemcpy to the device");
+      return;
+    }
+#endif
+    if (n) std::memcpy(dst, src, n);
+  }
+  void from_buffer(void* dst, const void* src, size_t n) const {
+#ifdef TUTTI_HAVE_CUDA
+    if (device) {
+      if (n && cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost) != cudaSuccess) fail("cudaMemcpy from the device");
+      return;
+    }
+#endif
+    if (n) std::memcpy(dst, src, n);
+  }
+  void wait() const {
+#ifdef TUTTI_HAVE_CUDA
+    if (device && cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) != cudaSuccess) fail("cudaStreamSynchronize");
+#endif
+  }
+  [[noreturn]] static void fail(const char* what) {
+    std::fprintf(stderr, "tutti-perf: %s failed\n", what);
+    throw std::runtime_error(what);
+  }
 };
 
 enum class Coll { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kReduce, kAllToAll, kSendRecv };
@@ -86,12 +147,14 @@ struct Options {
   int threads = 1;
   bool alltoall_api = false;  // -A 1: ncclAllToAll (tutti/MSCCL extension) instead of grouped send/recv
   bool registered = false;    // -R 1: buffers from ncclMemAlloc, registered (nccl-tests' user buffer registration)
+  bool device = false;        // -G 1: buffers in CUDA device memory, a stream per rank
 };
 
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "tutti-perf: %s\nusage: tutti-perf COLL [-b min] [-e max] [-f factor|-i step] [-n iters] [-w warmup] "
-               "[-c 0|1] [-o op|all] [-d type|all] [-r root|-1] [-z 0|1] [-a 0-3] [-t threads] [-A 0|1] [-R 0|1]\n"
+               "[-c 0|1] [-o op|all] [-d type|all] [-r root|-1] [-z 0|1] [-a 0-3] [-t threads] [-A 0|1] [-R 0|1] "
+               "[-G 0|1]\n"
                "COLL: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv\n",
                msg);
   std::exit(2);
@@ -137,9 +200,13 @@ Options parse(int argc, char** argv) {
     else if (f == "-t") o.threads = std::atoi(v);
     else if (f == "-A") o.alltoall_api = std::atoi(v) != 0;
     else if (f == "-R") o.registered = std::atoi(v) != 0;
-    else if (f == "-g" || f == "-m" || f == "-p" || f == "-G") continue;  // nccl-tests flags without meaning here
+    else if (f == "-G") o.device = std::atoi(v) != 0;
+    else if (f == "-g" || f == "-m" || f == "-p") continue;  // nccl-tests flags without meaning here
     else usage(("unknown flag " + f).c_str());
   }
+#ifndef TUTTI_HAVE_CUDA
+  if (o.device) usage("-G 1 needs a CUDA build");
+#endif
   if (o.iters < 1 || o.warmup < 0 || o.threads < 1 || o.min_bytes > o.max_bytes || (o.step == 0 && o.factor <= 1))
     usage("bad -n/-w/-t/-b/-e/-f");
   if (ops == "all") o.ops = {0, 1, 2, 3, 4, 5};
@@ -213,7 +280,7 @@ struct Shared {
 
 class Rank {
  public:
-  Rank(Shared& s, ncclComm_t comm, int rank) : s_(s), comm_(comm), rank_(rank) {}
+  Rank(Shared& s, ncclComm_t comm, int rank, Memory mem) : s_(s), comm_(comm), rank_(rank), mem_(mem) {}
 
   // One size, one type, one op, one root; returns per-rank (time us, wrong) for out-of-place and in-place.
   void run_case(uint64_t bytes, DataType t, int op_index, int root, double times[2], long wrong[2]) {
@@ -225,8 +292,9 @@ class Rank {
     if (o.coll == Coll::kAllGather) out_elems = count * n;
     if (o.coll == Coll::kReduceScatter || o.coll == Coll::kAllToAll) in_elems = count * n;
     if (o.coll == Coll::kAllToAll) out_elems = count * n;
-    Buffer send(std::max<size_t>(in_elems, 1) * es, o.registered, comm),
-        recv(std::max<size_t>(out_elems, 1) * es, o.registered, comm);
+    Buffer send(std::max<size_t>(in_elems, 1) * es, o.registered, o.device, comm),
+        recv(std::max<size_t>(out_elems, 1) * es, o.registered, o.device, comm);
+    cudaStream_t stream = static_cast<cudaStream_t>(mem_.stream);
     std::vector<unsigned char> expect(std::max<size_t>(out_elems, 1) * es);
     ncclRedOp_t op = static_cast<ncclRedOp_t>(std::min(op_index, 4));
     ncclRedOp_t premul{};
@@ -236,8 +304,10 @@ class Rank {
       CHECK_NCCL(ncclRedOpCreatePreMulSum(&premul, two, static_cast<ncclDataType_t>(t), ncclScalarHostImmediate, comm));
       op = premul;
     }
+    std::vector<unsigned char> staging(std::max(in_elems, out_elems) * es);
     auto fill = [&](void* buf, size_t elems, size_t offset_elems) {
-      for (size_t i = 0; i < elems; ++i) store(t, buf, i, value(t, op_index, rank, i + offset_elems));
+      for (size_t i = 0; i < elems; ++i) store(t, staging.data(), i, value(t, op_index, rank, i + offset_elems));
+      mem_.to_buffer(buf, staging.data(), elems * es);
     };
     // Expected output for this rank.
     auto expected = [&]() {
@@ -269,27 +339,27 @@ class Rank {
     };
     auto call = [&](const void* sb, void* rb) {
       switch (o.coll) {
-        case Coll::kAllReduce: CHECK_NCCL(ncclAllReduce(sb, rb, count, (ncclDataType_t)t, op, comm, nullptr)); break;
-        case Coll::kAllGather: CHECK_NCCL(ncclAllGather(sb, rb, count, (ncclDataType_t)t, comm, nullptr)); break;
-        case Coll::kReduceScatter: CHECK_NCCL(ncclReduceScatter(sb, rb, count, (ncclDataType_t)t, op, comm, nullptr)); break;
-        case Coll::kBroadcast: CHECK_NCCL(ncclBroadcast(sb, rb, count, (ncclDataType_t)t, root, comm, nullptr)); break;
-        case Coll::kReduce: CHECK_NCCL(ncclReduce(sb, rb, count, (ncclDataType_t)t, op, root, comm, nullptr)); break;
+        case Coll::kAllReduce: CHECK_NCCL(ncclAllReduce(sb, rb, count, (ncclDataType_t)t, op, comm, stream)); break;
+        case Coll::kAllGather: CHECK_NCCL(ncclAllGather(sb, rb, count, (ncclDataType_t)t, comm, stream)); break;
+        case Coll::kReduceScatter: CHECK_NCCL(ncclReduceScatter(sb, rb, count, (ncclDataType_t)t, op, comm, stream)); break;
+        case Coll::kBroadcast: CHECK_NCCL(ncclBroadcast(sb, rb, count, (ncclDataType_t)t, root, comm, stream)); break;
+        case Coll::kReduce: CHECK_NCCL(ncclReduce(sb, rb, count, (ncclDataType_t)t, op, root, comm, stream)); break;
         case Coll::kAllToAll:
           if (o.alltoall_api) {
-            CHECK_NCCL(ncclAllToAll(sb, rb, count, (ncclDataType_t)t, comm, nullptr));
+            CHECK_NCCL(ncclAllToAll(sb, rb, count, (ncclDataType_t)t, comm, stream));
             break;
           }
           CHECK_NCCL(ncclGroupStart());
           for (int q = 0; q < n; ++q) {
-            CHECK_NCCL(ncclSend(static_cast<const unsigned char*>(sb) + q * count * es, count, (ncclDataType_t)t, q, comm, nullptr));
-            CHECK_NCCL(ncclRecv(static_cast<unsigned char*>(rb) + q * count * es, count, (ncclDataType_t)t, q, comm, nullptr));
+            CHECK_NCCL(ncclSend(static_cast<const unsigned char*>(sb) + q * count * es, count, (ncclDataType_t)t, q, comm, stream));
+            CHECK_NCCL(ncclRecv(static_cast<unsigned char*>(rb) + q * count * es, count, (ncclDataType_t)t, q, comm, stream));
           }
           CHECK_NCCL(ncclGroupEnd());
           break;
         case Coll::kSendRecv:
           CHECK_NCCL(ncclGroupStart());
-          CHECK_NCCL(ncclSend(sb, count, (ncclDataType_t)t, (rank + 1) % n, comm, nullptr));
-          CHECK_NCCL(ncclRecv(rb, count, (ncclDataType_t)t, (rank + n - 1) % n, comm, nullptr));
+          CHECK_NCCL(ncclSend(sb, count, (ncclDataType_t)t, (rank + 1) % n, comm, stream));
+          CHECK_NCCL(ncclRecv(rb, count, (ncclDataType_t)t, (rank + n - 1) % n, comm, stream));
           CHECK_NCCL(ncclGroupEnd());
           break;
       }
@@ -322,17 +392,21 @@ class Rank {
       reset();
       for (int w = 0; w < o.warmup; ++w) {
         call(sb, rb);
+        mem_.wait();
         reset();
       }
       // Timed: consecutive calls; the data is checked on a separate, fresh call.
       double t0 = now();
       for (int it = 0; it < o.iters; ++it) call(sb, rb);
+      mem_.wait();
       times[place] = (now() - t0) / o.iters * 1e6;
       wrong[place] = 0;
       if (o.check) {
         reset();
         call(sb, rb);
-        const unsigned char* got = rb;
+        mem_.wait();
+        mem_.from_buffer(staging.data(), rb, out_elems * es);
+        const unsigned char* got = staging.data();
         bool meaningful = !(o.coll == Coll::kReduce && rank != root);
         if (meaningful)
           for (size_t i = 0; i < out_elems; ++i)
@@ -350,6 +424,7 @@ class Rank {
   Shared& s_;
   ncclComm_t comm_;
   int rank_;
+  Memory mem_;
 };
 
 }  // namespace
@@ -374,8 +449,8 @@ int main(int argc, char** argv) {
                 "validation: %d graph: 0\n#\n# Using devices\n",
                 o.threads, (unsigned long long)o.min_bytes, (unsigned long long)o.max_bytes, o.step ? (double)o.step : o.factor,
                 o.step ? "bytes" : "factor", o.warmup, o.iters, o.check ? 1 : 0);
-    std::printf("#  Rank %2d Group  0 Pid %6d on %10s device  - [host memory] tutti (%d ranks)\n#\n", 0, getpid(), host,
-                s.nranks);
+    std::printf("#  Rank %2d Group  0 Pid %6d on %10s device  - [%s] tutti (%d ranks)\n#\n", 0, getpid(), host,
+                o.device ? "device memory" : "host memory", s.nranks);
     std::printf("#                                                              out-of-place                       in-place\n");
     std::printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
     std::printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");
@@ -405,7 +480,15 @@ int main(int argc, char** argv) {
           while (st == ncclInProgress);
           CHECK_NCCL(st);
         }
-        Rank r(s, comm, rank);
+        Memory mem;
+        mem.device = o.device;
+#ifdef TUTTI_HAVE_CUDA
+        cudaStream_t stream = nullptr;
+        if (o.device && cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
+          Memory::fail("cudaStreamCreate");
+        mem.stream = stream;
+#endif
+        Rank r(s, comm, rank, mem);
         std::vector<int> roots;
         bool has_root = o.coll == Coll::kBroadcast || o.coll == Coll::kReduce;
         if (!has_root) roots = {-1};
@@ -458,6 +541,9 @@ int main(int argc, char** argv) {
                 }
               }
         CHECK_NCCL(ncclCommDestroy(comm));
+#ifdef TUTTI_HAVE_CUDA
+        if (stream) cudaStreamDestroy(stream);
+#endif
       } catch (const std::exception& e) {
         std::fprintf(stderr, "tutti-perf: rank %d: %s\n", rank, e.what());
         s.failed = 1;
