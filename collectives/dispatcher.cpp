@@ -378,10 +378,10 @@ void Dispatcher::run_device(const CollectiveCall& call, device::DeviceExecutor& 
     default: inplace = in == out;
   }
   if (c == Collective::kReduce && rank != call.root)
-    out = static_cast<unsigned char*>(exec.temp(1, static_cast<size_t>(out_elems * esize)));
+    out = static_cast<unsigned char*>(exec.temp(1, static_cast<size_t>(out_elems * esize), stream));
   unsigned char* scaled = nullptr;
   if (call.reduction.op == RedOp::kPreMulSum) {
-    scaled = static_cast<unsigned char*>(exec.temp(0, static_cast<size_t>(in_elems * esize)));
+    scaled = static_cast<unsigned char*>(exec.temp(0, static_cast<size_t>(in_elems * esize), stream));
     dev.scale(call.reduction.type, scaled, in, call.reduction.scalar, static_cast<size_t>(in_elems), stream);
     in = scaled;
     inplace = false;
@@ -404,7 +404,7 @@ void Dispatcher::run_device(const CollectiveCall& call, device::DeviceExecutor& 
     args.input = slot;
   } else if (!rooted(c) && !pp->plan.inplace && inplace) {
     if (in != scaled) {
-      unsigned char* copy = static_cast<unsigned char*>(exec.temp(0, static_cast<size_t>(in_elems * esize)));
+      unsigned char* copy = static_cast<unsigned char*>(exec.temp(0, static_cast<size_t>(in_elems * esize), stream));
       dev.copy(copy, in, static_cast<size_t>(in_elems * esize), stream);
       args.input = copy;
     }

@@ -859,3 +859,142 @@ NCCL_API(ncclResult_t, ncclGroupEnd) {
     return execute(std::move(ops));
   });
 }
+
+// --- NCCL 2.28 names that programs built against that NCCL link to -------------------------------
+// (PyTorch's libtorch_cuda.so needs every one of them to load.)
+
+NCCL_API(ncclResult_t, ncclAlltoAll, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         ncclComm_t comm, cudaStream_t stream) {
+  return pncclAllToAll(sendbuff, recvbuff, count, datatype, comm, stream);
+}
+
+namespace {
+// Gather (to_root) or scatter from the root, as one group of sends and receives.
+ncclResult_t rooted_exchange(const char* fn, bool to_root, const void* sendbuff, void* recvbuff, size_t count,
+                             ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
+  return guard(fn, [&]() -> ncclResult_t {
+    int n = 0, me = 0;
+    {
+      Use use(comm, fn);
+      n = use->comm->size();
+      me = use->comm->rank();
+    }
+    TUTTI_CHECK(root >= 0 && root < n, InvalidArgument, "{}: root {} is out of range (0..{})", fn, root, n - 1);
+    const size_t bytes = count * size_of(to_type(datatype, fn));
+    ncclResult_t rc = pncclGroupStart();
+    auto step = [&](ncclResult_t r) {
+      if (rc == ncclSuccess) rc = r;
+    };
+    if (to_root) {
+      step(pncclSend(sendbuff, count, datatype, root, comm, stream));
+      if (me == root)
+        for (int r = 0; r < n; ++r)
+          step(pncclRecv(static_cast<unsigned char*>(recvbuff) + r * bytes, count, datatype, r, comm, stream));
+    } else {
+      if (me == root)
+        for (int r = 0; r < n; ++r)
+          step(pncclSend(static_cast<const unsigned char*>(sendbuff) + r * bytes, count, datatype, r, comm, stream));
+      step(pncclRecv(recvbuff, count, datatype, root, comm, stream));
+    }
+    ncclResult_t end = pncclGroupEnd();
+    return rc != ncclSuccess ? rc : end;
+  });
+}
+
+ncclResult_t unsupported(const char* fn, const char* why) {
+  t_last_error = fmt::format("{}: {}", fn, why);
+  TUTTI_WARN("{}", t_last_error);
+  return ncclInvalidUsage;
+}
+constexpr const char* kNoDeviceApi = "tutti does not offer NCCL's device API (ncclDevComm, teams, barriers)";
+
+struct Team {  // NCCL's ncclTeam_t
+  int nRanks, rank, stride;
+};
+Team world_team(ncclComm_t comm) {
+  if (!comm || !comm->comm) return {0, 0, 1};
+  return {comm->comm->size(), comm->comm->rank(), 1};
+}
+// Load/store accessible ranks: tutti shares memory among all ranks of a host; a team is a
+// contiguous range only when every rank of the communicator is on this host.
+Team lsa_team(ncclComm_t comm) {
+  Team w = world_team(comm);
+  if (comm && comm->comm && comm->comm->local_ranks() == w.nRanks) return w;
+  return {1, 0, 1};
+}
+}  // namespace
+
+NCCL_API(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         int root, ncclComm_t comm, cudaStream_t stream) {
+  return rooted_exchange("ncclGather", true, sendbuff, recvbuff, count, datatype, root, comm, stream);
+}
+
+NCCL_API(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+         int root, ncclComm_t comm, cudaStream_t stream) {
+  return rooted_exchange("ncclScatter", false, sendbuff, recvbuff, count, datatype, root, comm, stream);
+}
+
+// Windows register like ncclCommRegister: plans read registered memory where they can.
+NCCL_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t size, void** win, int) {
+  return pncclCommRegister(comm, buff, size, win);
+}
+NCCL_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, void* win) { return pncclCommDeregister(comm, win); }
+
+NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t* newcomm, int nranks, int myrank, int nId,
+         ncclUniqueId* commIds, ncclConfig_t* config) {
+  // Several ids spread NCCL's bootstrap over several roots; tutti's rendezvous takes one.
+  if (nId < 1 || !commIds) {
+    t_last_error = fmt::format("ncclCommInitRankScalable: {} unique ids", nId);
+    return ncclInvalidArgument;
+  }
+  return pncclCommInitRankConfig(newcomm, nranks, commIds[0], myrank, config);
+}
+
+NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t, int*, int, ncclComm_t* newcomm, ncclConfig_t*, int) {
+  if (newcomm) *newcomm = nullptr;
+  return unsupported("ncclCommShrink", "not supported yet; ncclCommSplit with NCCL_SPLIT_NOCOLOR does the same");
+}
+NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t, int) {
+  return unsupported("ncclCommRevoke", "not supported yet; ncclCommAbort stops the communicator");
+}
+NCCL_API(ncclResult_t, ncclGroupSimulateEnd, void*) {
+  // Ends the group without running it (there is nothing to simulate it with here).
+  if (t_group_depth > 0 && --t_group_depth == 0) t_ops.clear();
+  return unsupported("ncclGroupSimulateEnd", "tutti does not simulate groups through the NCCL API (tutti-sim does)");
+}
+NCCL_API(void, ncclResetDebugInit) {}
+NCCL_API(void, ncclResetDebugInitInternal) {}
+
+NCCL_API(ncclResult_t, ncclDevCommCreate, ncclComm_t, const void*, void*) {
+  return unsupported("ncclDevCommCreate", kNoDeviceApi);
+}
+NCCL_API(ncclResult_t, ncclDevCommDestroy, ncclComm_t, const void*) {
+  return unsupported("ncclDevCommDestroy", kNoDeviceApi);
+}
+NCCL_API(ncclResult_t, ncclGinBarrierCreateRequirement, ncclComm_t, Team, int, void*, void*) {
+  return unsupported("ncclGinBarrierCreateRequirement", kNoDeviceApi);
+}
+NCCL_API(ncclResult_t, ncclLsaBarrierCreateRequirement, Team, int, void*, void*) {
+  return unsupported("ncclLsaBarrierCreateRequirement", kNoDeviceApi);
+}
+NCCL_API(ncclResult_t, ncclLLA2ACreateRequirement, int, int, void*, void*) {
+  return unsupported("ncclLLA2ACreateRequirement", kNoDeviceApi);
+}
+NCCL_API(int, ncclLLA2ACalcSlots, int, int) {
+  unsupported("ncclLLA2ACalcSlots", kNoDeviceApi);
+  return 0;
+}
+NCCL_API(Team, ncclTeamWorld, ncclComm_t comm) { return world_team(comm); }
+NCCL_API(Team, ncclTeamLsa, ncclComm_t comm) { return lsa_team(comm); }
+NCCL_API(Team, ncclTeamRail, ncclComm_t comm) {
+  Team w = world_team(comm), l = lsa_team(comm);
+  return {w.nRanks / std::max(1, l.nRanks), w.rank / std::max(1, l.nRanks), l.nRanks};
+}
+NCCL_API(int, ncclTeamRankToWorld, ncclComm_t comm, Team team, int rank) {
+  return world_team(comm).rank + (rank - team.rank) * team.stride;
+}
+NCCL_API(int, ncclTeamRankToLsa, ncclComm_t comm, Team team, int rank) {
+  Team w = world_team(comm), l = lsa_team(comm);
+  int world = w.rank + (rank - team.rank) * team.stride;
+  return world - (w.rank - l.rank);
+}

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <mutex>
 
 #include "core/element.hpp"
 #include "core/error.hpp"
@@ -79,6 +80,7 @@ class Cuda final : public Backend {
  public:
   explicit Cuda(int dev) : dev_(dev) {
     OnDevice on(dev_);
+    load_kernels();
     check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev_), "cudaDeviceGetAttribute");
   }
   const char* name() const override { return "cuda"; }
@@ -109,6 +111,25 @@ class Cuda final : public Backend {
   void upload(void* dst, const void* src, size_t bytes) override {
     OnDevice on(dev_);
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (plan upload)");
+  }
+  void* alloc_async(size_t bytes, void* stream) override {
+    OnDevice on(dev_);
+    auto s = static_cast<cudaStream_t>(stream);
+    void* p = nullptr;
+    check(cudaMallocAsync(&p, std::max<size_t>(bytes, 1), s), "cudaMallocAsync");
+    check(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 1), s), "cudaMemsetAsync");
+    return p;
+  }
+  void release_async(void* p, void* stream) override {
+    if (!p) return;
+    OnDevice on(dev_);
+    check(cudaFreeAsync(p, static_cast<cudaStream_t>(stream)), "cudaFreeAsync");
+  }
+  void upload_async(void* dst, const void* src, size_t bytes, void* stream) override {
+    OnDevice on(dev_);
+    // From pageable memory: returns once `src` is staged, so the caller may reuse it.
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)),
+          "cudaMemcpyAsync (plan upload)");
   }
   std::vector<unsigned char> share(void* p) override {
     OnDevice on(dev_);
@@ -254,6 +275,30 @@ class Cuda final : public Backend {
     cudaStream_t stream = nullptr;
     cudaEvent_t done = nullptr;
   };
+  // With CUDA's lazy loading (the default), the first launch of a kernel loads it, and loading
+  // waits for the kernels running on the device. A rank's first scale or division would then wait
+  // for another rank's interpreter, which waits for this rank: measured on an H200 as a hang at
+  // the first avg of a type sweep, gone with CUDA_MODULE_LOADING=EAGER. So every kernel is loaded
+  // when the backend is made, before any collective runs.
+  static void load_kernels() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      cudaFuncAttributes attr;
+      auto load = [&](const void* f) { check(cudaFuncGetAttributes(&attr, f), "loading the kernels"); };
+      load(reinterpret_cast<const void*>(&interpret));
+      auto native = [&](auto t) {
+        using T = decltype(t);
+        load(reinterpret_cast<const void*>(&scale_native<T>));
+        load(reinterpret_cast<const void*>(&divide_native<T>));
+      };
+      auto mini = [&](auto f) {
+        using F = decltype(f);
+        load(reinterpret_cast<const void*>(&scale_mini<F>));
+        load(reinterpret_cast<const void*>(&divide_mini<F>));
+      };
+      for (int t = 0; t < kNumDataTypes; ++t) by_type(static_cast<DataType>(t), native, mini);
+    });
+  }
   int dev_ = 0;
   int sms_ = 1;
   std::vector<Lane> lanes_;

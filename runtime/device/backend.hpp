@@ -30,6 +30,14 @@ class Backend {
   virtual void* alloc_host(size_t bytes, void** device_view) = 0;
   virtual void release_host(void* p) = 0;
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;  // synchronous
+  // Stream-ordered memory and uploads. Ranks that are threads sharing one GPU must never make a
+  // device-wide synchronizing call (cudaFree, cudaMalloc may) between another rank's launch of a
+  // collective and their own: the other rank's kernel waits for theirs, and the call waits for that
+  // kernel. Everything a run does before its launch therefore goes through these; `src` of
+  // upload_async may be reused once it returns.
+  virtual void* alloc_async(size_t bytes, void* stream) = 0;  // zero-filled
+  virtual void release_async(void* p, void* stream) = 0;
+  virtual void upload_async(void* dst, const void* src, size_t bytes, void* stream) = 0;
 
   // Lets a process other than this one map memory from alloc(); open() maps a peer's handle.
   virtual std::vector<unsigned char> share(void* p) = 0;

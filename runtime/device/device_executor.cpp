@@ -90,10 +90,18 @@ DeviceExecutor::DeviceExecutor(Communicator& comm, std::unique_ptr<Backend> back
 }
 
 DeviceExecutor::~DeviceExecutor() {
+  // After an abort or a failed launch, peers' kernels may still write into this rank's FIFOs and
+  // its own may still spin: leave the device memory to the process's end rather than free it
+  // under them.
+  if (aborted_ || status_host_->failed != 0) {
+    TUTTI_WARN("rank {}: device executor closed after a failure: its device memory stays allocated", comm_.rank());
+    return;
+  }
   try {
-    backend_->synchronize(nullptr);
+    backend_->synchronize(nullptr);  // this rank's launches; after them no peer touches its FIFOs
   } catch (const std::exception& e) {
     TUTTI_WARN("rank {}: device executor: {}", comm_.rank(), e.what());
+    return;
   }
   for (auto& [id, u] : plans_) backend_->release(u->memory);
   for (auto& [key, u] : p2p_) backend_->release(u->memory);
@@ -111,7 +119,10 @@ DeviceExecutor::~DeviceExecutor() {
   backend_->release_host(abort_host_);
 }
 
-void DeviceExecutor::abort() { std::atomic_ref<int32_t>(*abort_host_).store(1, std::memory_order_release); }
+void DeviceExecutor::abort() {
+  aborted_ = true;
+  std::atomic_ref<int32_t>(*abort_host_).store(1, std::memory_order_release);
+}
 
 void DeviceExecutor::check() {
   Status s;
@@ -124,12 +135,12 @@ void DeviceExecutor::check() {
   throw Timeout(fmt::format("{}: no progress for {} s (TUTTI_TIMEOUT)", where, options_.timeout_s));
 }
 
-void* DeviceExecutor::temp(int slot, size_t bytes) {
+void* DeviceExecutor::temp(int slot, size_t bytes, void* stream) {
   TUTTI_CHECK(slot == 0 || slot == 1, InternalError, "device temp slot {}", slot);
   if (temp_bytes_[slot] < bytes) {
-    backend_->release(temps_[slot]);
+    backend_->release_async(temps_[slot], stream);
     temps_[slot] = nullptr;
-    temps_[slot] = backend_->alloc(bytes);
+    temps_[slot] = backend_->alloc_async(bytes, stream);
     temp_bytes_[slot] = bytes;
   }
   return temps_[slot];
@@ -183,7 +194,7 @@ void DeviceExecutor::ensure_channels(int n) {
   }
 }
 
-DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp) {
+DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* stream) {
   if (auto it = plans_.find(pp.id); it != plans_.end()) return *it->second;
   auto u = std::make_unique<Uploaded>();
   const int me = comm_.rank(), n = comm_.size();
@@ -199,7 +210,7 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp) {
   const int nblocks = u->plan.max_blocks;
   u->instances = options_.instances > 0
                      ? options_.instances
-                     : std::clamp(backend_->processors() / (nblocks * std::max(1, comm_.local_ranks())), 1, 16);
+                     : std::clamp(backend_->processors() / (nblocks * std::max(1, comm_.local_ranks())), 1, 64);
   u->instances = std::min(u->instances, std::max(1, backend_->resident_blocks(options_.threads) / nblocks));
   // Device channel 0 is reserved for point-to-point calls; instance i's plan channel c is
   // 1 + i * channels + c.
@@ -239,8 +250,9 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp) {
   size_t o_recv = put(recvs.data(), recvs.size() * sizeof(FifoView));
   std::vector<uint64_t> zeros(d.blocks.size() * static_cast<size_t>(u->instances), 0);
   size_t o_progress = put(zeros.data(), zeros.size() * sizeof(uint64_t));
-  u->memory = backend_->alloc(image.size());
-  backend_->upload(u->memory, image.data(), image.size());
+  // Other ranks may have launched this call already: nothing here may synchronize the device.
+  u->memory = backend_->alloc_async(image.size(), stream);
+  backend_->upload_async(u->memory, image.data(), image.size(), stream);
   auto* base = static_cast<unsigned char*>(u->memory);
   LaunchArgs& a = u->base;
   a.blocks = reinterpret_cast<const DevBlock*>(base + o_blocks);
@@ -266,7 +278,7 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* str
   TUTTI_CHECK(pp.any_count || args.count % p.chunk_factor == 0, InvalidArgument,
               "plan '{}' moves chunks between different positions and needs the count ({}) to be a multiple of {}",
               p.name, args.count, p.chunk_factor);
-  Uploaded& u = upload(pp);
+  Uploaded& u = upload(pp, stream);
   if (u.plan.blocks.empty()) return;
   const int threads = options_.threads;
   TUTTI_CHECK(u.base.nblocks * u.instances <= backend_->resident_blocks(threads), InvalidArgument,
@@ -305,6 +317,8 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* str
     a.round_elems = std::min(a.round_elems, share);
   }
   a.rounds = std::max<int64_t>(1, (args.count + a.round_elems - 1) / a.round_elems);
+  // Instances beyond the rounds would only start, find nothing and count themselves finished.
+  a.instances = static_cast<int32_t>(std::min<int64_t>(u.instances, a.rounds));
   TUTTI_CHECK(a.rounds * u.max_steps < (int64_t{1} << 32) - 1, InvalidArgument,
               "count {} needs {} rounds of plan '{}': too many for the device's progress words; use larger slots",
               args.count, a.rounds, p.name);
@@ -312,9 +326,9 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* str
   exec::Geometry g{args.count, p.chunk_factor, a.esize};
   size_t scratch = u.plan.scratch_chunks > 0 ? static_cast<size_t>(g.chunk_end(u.plan.scratch_chunks - 1) * a.esize) : 0;
   if (scratch > scratch_bytes_) {
-    backend_->release(scratch_);
+    backend_->release_async(scratch_, stream);
     scratch_ = nullptr;
-    scratch_ = backend_->alloc(scratch);
+    scratch_ = backend_->alloc_async(scratch, stream);
     scratch_bytes_ = scratch;
   }
   a.bufs[kBufInput] = static_cast<unsigned char*>(const_cast<void*>(args.input));
@@ -392,8 +406,8 @@ void DeviceExecutor::run_p2p(const std::vector<P2p>& ops, void* stream) {
         FifoView view;
         uint64_t progress;
       } image{block, step, ref, v, 0};
-      pp->memory = backend_->alloc(sizeof(Image));
-      backend_->upload(pp->memory, &image, sizeof(Image));
+      pp->memory = backend_->alloc_async(sizeof(Image), stream);
+      backend_->upload_async(pp->memory, &image, sizeof(Image), stream);
       auto* img = static_cast<Image*>(pp->memory);
       LaunchArgs& a = pp->base;
       a.blocks = &img->block;

@@ -69,15 +69,15 @@ class DeviceExecutor {
   Backend& backend() { return *backend_; }
   const DeviceOptions& options() const { return options_; }
   // Scratch memory of the device for the caller's adaptations (in-place / out-of-place), grown on
-  // demand; valid until the next call of temp().
-  void* temp(int slot, size_t bytes);
+  // demand in `stream`'s order; valid until the next call of temp().
+  void* temp(int slot, size_t bytes, void* stream);
 
  private:
   struct Channel;
   struct Uploaded;
   struct P2pPlan;
   void ensure_channels(int n);
-  Uploaded& upload(const PreparedPlan& plan);
+  Uploaded& upload(const PreparedPlan& plan, void* stream);
 
   Communicator& comm_;
   std::unique_ptr<Backend> backend_;
@@ -97,6 +97,7 @@ class DeviceExecutor {
   void* temps_[2] = {nullptr, nullptr};
   size_t temp_bytes_[2] = {0, 0};
   std::string last_plan_;
+  bool aborted_ = false;
 };
 
 }  // namespace tutti::device

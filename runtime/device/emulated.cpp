@@ -42,6 +42,9 @@ class Emulated final : public Backend {
   void upload(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
   }
+  void* alloc_async(size_t bytes, void*) override { return alloc(bytes); }
+  void release_async(void* p, void*) override { release(p); }
+  void upload_async(void* dst, const void* src, size_t bytes, void*) override { upload(dst, src, bytes); }
   std::vector<unsigned char> share(void*) override { return {}; }
   void* open(const std::vector<unsigned char>&, int) override {
     throw InvalidUsage("the emulated device cannot share memory between processes: run its ranks as threads");

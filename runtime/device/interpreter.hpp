@@ -175,6 +175,56 @@ struct BlockRun {
   int32_t block;     // plan block
   int32_t instance;  // which copy of the plan: rounds instance, instance + instances, ...
 
+  // The Simple protocol's main loop: full 16-byte units of 16-byte aligned operands, four per
+  // thread at a time with every load issued before the first use, so each warp keeps several
+  // memory requests in flight. Returns how many units (from the first) it moved; the caller's
+  // plain loop does the rest.
+  static constexpr int kUnroll = 4;
+  TUTTI_HD int64_t bulk(const DevStep& s, int64_t c, const Round& r, int nlocal, int64_t bytes, unsigned char* dst,
+                        const unsigned char* src0, const unsigned char* rslot, unsigned char* sslot) {
+    auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+    if ((dst && !aligned(dst)) || (src0 && !aligned(src0))) return 0;
+    const unsigned char* more[3] = {nullptr, nullptr, nullptr};  // further local sources (reduce)
+    const int first_more = rslot ? 0 : 1;                         // srcs[0] is acc's start when nothing arrives
+    const int nmore = nlocal - first_more;
+    if (nmore > 3) return 0;
+    for (int k = 0; k < nmore; ++k) {
+      int64_t nb = 0;
+      const int idx = first_more + k;
+      more[k] = idx == 0 ? src0 : chunk_at(a, r, a.srcs[s.first_src + idx].buf, a.srcs[s.first_src + idx].index + c, &nb);
+      if (!aligned(more[k])) return 0;
+    }
+    if (!rslot && nlocal == 0) return 0;
+    const int64_t T = team.size();
+    const int64_t groups = (bytes / 16) / (kUnroll * T);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t base = g * kUnroll * T + team.rank();
+      Pack16 acc[kUnroll], x[kUnroll];
+      TUTTI_UNROLL
+      for (int j = 0; j < kUnroll; ++j) {
+        const int64_t at = (base + j * T) * 16;
+        acc[j] = rslot ? mem::load_slot(rslot + at) : *reinterpret_cast<const Pack16*>(src0 + at);
+      }
+      for (int k = 0; k < nmore; ++k) {
+        TUTTI_UNROLL
+        for (int j = 0; j < kUnroll; ++j) x[j] = *reinterpret_cast<const Pack16*>(more[k] + (base + j * T) * 16);
+        TUTTI_UNROLL
+        for (int j = 0; j < kUnroll; ++j) acc[j] = combine<E>(a.op, acc[j], x[j]);
+      }
+      if (s.op == 9 && s.kernel == 1) {
+        TUTTI_UNROLL
+        for (int j = 0; j < kUnroll; ++j) acc[j] = scale_pack<E>(acc[j], s.kernel_arg);
+      }
+      TUTTI_UNROLL
+      for (int j = 0; j < kUnroll; ++j) {
+        const int64_t at = (base + j * T) * 16;
+        if (dst) *reinterpret_cast<Pack16*>(dst + at) = acc[j];
+        if (sslot) mem::store_slot(sslot + at, acc[j]);
+      }
+    }
+    return groups * kUnroll * T;
+  }
+
   // Runs one step in round `r`; false when a wait gave up.
   TUTTI_HD bool step(const DevStep& s, int32_t index, const Round& r, int64_t round_no) {
     const exec::OpShape shape = exec::shape_of(s.op);
@@ -219,7 +269,9 @@ struct BlockRun {
         continue;
       }
       const int64_t units = (bytes + 15) / 16;
-      for (int64_t u = team.rank(); u < units; u += team.size()) {
+      int64_t done = 0;  // units the unrolled path moved
+      if (!ll) done = bulk(s, c, r, nlocal, bytes, dst, src0, in ? rslot + offset : nullptr, out ? sslot + offset : nullptr);
+      for (int64_t u = done + team.rank(); u < units; u += team.size()) {
         const int64_t valid = bytes - u * 16;
         Pack16 acc{{0, 0}};
         int k = 0;

@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -100,10 +101,16 @@ class Buffer {
 struct Memory {
   bool device = false;
   void* stream = nullptr;
+  // On the rank's stream: a plain cudaMemcpy from pageable memory may return before its DMA is
+  // done and is not ordered with a non-blocking stream (measured: in-place results computed from
+  // the previous call's data).
   void to_buffer(void* dst, const void* src, size_t n) const {
 #ifdef TUTTI_HAVE_CUDA
     if (device) {
-      if (n && cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice) != cudaSuccess) fail("cudaMemcpy to the device");
+      auto s = static_cast<cudaStream_t>(stream);
+      if (n && (cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s) != cudaSuccess ||
+                cudaStreamSynchronize(s) != cudaSuccess))
+        fail("cudaMemcpyAsync to the device");
       return;
     }
 #endif
@@ -112,7 +119,10 @@ struct Memory {
   void from_buffer(void* dst, const void* src, size_t n) const {
 #ifdef TUTTI_HAVE_CUDA
     if (device) {
-      if (n && cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost) != cudaSuccess) fail("cudaMemcpy from the device");
+      auto s = static_cast<cudaStream_t>(stream);
+      if (n && (cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
+                cudaStreamSynchronize(s) != cudaSuccess))
+        fail("cudaMemcpyAsync from the device");
       return;
     }
 #endif
@@ -280,7 +290,16 @@ struct Shared {
 
 class Rank {
  public:
-  Rank(Shared& s, ncclComm_t comm, int rank, Memory mem) : s_(s), comm_(comm), rank_(rank), mem_(mem) {}
+  // The buffers are allocated once, for the largest size, as nccl-tests does: freeing device memory
+  // synchronizes the whole device, which must not happen while another rank of this GPU waits in a
+  // collective for this one.
+  Rank(Shared& s, ncclComm_t comm, int rank, Memory mem)
+      : s_(s),
+        comm_(comm),
+        rank_(rank),
+        mem_(mem),
+        send_(s.opt.max_bytes + 64, s.opt.registered, s.opt.device, comm),
+        recv_(s.opt.max_bytes + 64, s.opt.registered, s.opt.device, comm) {}
 
   // One size, one type, one op, one root; returns per-rank (time us, wrong) for out-of-place and in-place.
   void run_case(uint64_t bytes, DataType t, int op_index, int root, double times[2], long wrong[2]) {
@@ -292,8 +311,8 @@ class Rank {
     if (o.coll == Coll::kAllGather) out_elems = count * n;
     if (o.coll == Coll::kReduceScatter || o.coll == Coll::kAllToAll) in_elems = count * n;
     if (o.coll == Coll::kAllToAll) out_elems = count * n;
-    Buffer send(std::max<size_t>(in_elems, 1) * es, o.registered, o.device, comm),
-        recv(std::max<size_t>(out_elems, 1) * es, o.registered, o.device, comm);
+    Buffer& send = send_;
+    Buffer& recv = recv_;
     cudaStream_t stream = static_cast<cudaStream_t>(mem_.stream);
     std::vector<unsigned char> expect(std::max<size_t>(out_elems, 1) * es);
     ncclRedOp_t op = static_cast<ncclRedOp_t>(std::min(op_index, 4));
@@ -425,6 +444,7 @@ class Rank {
   ncclComm_t comm_;
   int rank_;
   Memory mem_;
+  Buffer send_, recv_;
 };
 
 }  // namespace
@@ -432,6 +452,10 @@ class Rank {
 int main(int argc, char** argv) {
   Shared s;
   s.opt = parse(argc, argv);
+  // Each rank thread's stream needs a hardware queue of its own: two streams that share one run
+  // their kernels in order, and a collective's kernels wait for each other. CUDA's default is 8
+  // queues; set before the first CUDA call. (Processes have a context, and queues, each.)
+  if (s.opt.device) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   const Options& o = s.opt;
   const char* env_rank = std::getenv("TUTTI_RANK");
   const char* env_size = std::getenv("TUTTI_SIZE");
@@ -488,7 +512,8 @@ int main(int argc, char** argv) {
           Memory::fail("cudaStreamCreate");
         mem.stream = stream;
 #endif
-        Rank r(s, comm, rank, mem);
+        auto rank_state = std::make_unique<Rank>(s, comm, rank, mem);  // its buffers go before the communicator
+        Rank& r = *rank_state;
         std::vector<int> roots;
         bool has_root = o.coll == Coll::kBroadcast || o.coll == Coll::kReduce;
         if (!has_root) roots = {-1};
@@ -540,6 +565,7 @@ int main(int argc, char** argv) {
                   s.wrong += static_cast<long>(sum[2] + sum[3]);
                 }
               }
+        rank_state.reset();
         CHECK_NCCL(ncclCommDestroy(comm));
 #ifdef TUTTI_HAVE_CUDA
         if (stream) cudaStreamDestroy(stream);
