@@ -47,6 +47,10 @@ for np in 2 4; do
       mpirun $mpirun_flags $np "$bench" $coll $min $max $factor $iters $warmup > "$work/m$k"
       "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll -b $min -e $max -f $factor \
         -n $iters -w $warmup -c 0 -R 1 | awk '/^ +[0-9]/ {print $1, $6}' > "$work/r$k"
+      # What no all-gather can beat: writing the 16 MiB outputs at all (tools/bench/write_bound.cpp).
+      if [[ $coll == all_gather ]]; then
+        "$build/bin/tutti-write-bound" --threads $np --bytes 16M --iters $iters | awk '{print $6}' > "$work/b$k"
+      fi
     done
     median_rows "$work"/t* > "$work/t"
     median_rows "$work"/r* | cut -d" " -f2 > "$work/r"
@@ -55,6 +59,12 @@ for np in 2 4; do
       awk -v c=$coll -v p=$np -v s=$size -v t=$tt -v r=$rt -v m=$mt \
         'BEGIN { printf "%-15s %5d %10d %12.2f %12.2f %12.2f %9.2f %9.2f %9.2f %9.2f\n", c, p, s, t, r, m, t / m, m / t, r / m, m / r }'
     done
+    if [[ $coll == all_gather ]]; then
+      bound=$(cat "$work"/b* | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}')
+      paste -d" " "$work/t" "$work/m" | awk -v p=$np -v b="$bound" '$1 == 16777216 {
+        printf "  all_gather %d procs 16 MiB: writing the outputs alone takes %.2f us; Open MPI / that = %.2f " \
+               "(the largest ratio any all-gather can reach here), tutti / that = %.2f\n", p, b, $3 / b, $2 / b }'
+    fi
     rm -f "$work"/*
   done
 done
