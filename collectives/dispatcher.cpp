@@ -19,6 +19,20 @@
 namespace tutti {
 namespace {
 
+// NCCL's in-place calls: the input is the rank's slice of the output (all-gather), the output the
+// rank's slice of the input (reduce-scatter), or the very same buffer.
+bool is_inplace(dsl::Collective c, const unsigned char* in, const unsigned char* out, int rank, int64_t piece_bytes) {
+  switch (c) {
+    case dsl::Collective::kAllGather: return in == out + rank * piece_bytes;
+    case dsl::Collective::kReduceScatter: return out == in + rank * piece_bytes;
+    default: return in == out;
+  }
+}
+
+}  // namespace
+
+namespace {
+
 using dsl::Collective;
 
 bool rooted(Collective c) { return c == Collective::kBroadcast || c == Collective::kReduce; }
@@ -296,12 +310,7 @@ void Dispatcher::run(const CollectiveCall& call) {
   if (check_) check_consistent(call);
   const unsigned char* in = static_cast<const unsigned char*>(call.input);
   unsigned char* out = static_cast<unsigned char*>(call.output);
-  bool inplace;
-  switch (c) {
-    case Collective::kAllGather: inplace = in == out + rank * call.count * esize; break;
-    case Collective::kReduceScatter: inplace = out == in + rank * call.count * esize; break;
-    default: inplace = in == out;
-  }
+  bool inplace = is_inplace(c, in, out, rank, call.count * esize);
   // Reduce: non-roots keep their receive buffer untouched (NCCL does not use it there).
   if (c == Collective::kReduce && rank != call.root) {
     res_->temp_out.resize(static_cast<size_t>(out_elems * esize));
@@ -371,12 +380,7 @@ void Dispatcher::run_device(const CollectiveCall& call, device::DeviceExecutor& 
   device::Backend& dev = exec.backend();
   const unsigned char* in = static_cast<const unsigned char*>(call.input);
   unsigned char* out = static_cast<unsigned char*>(call.output);
-  bool inplace;
-  switch (c) {
-    case Collective::kAllGather: inplace = in == out + rank * call.count * esize; break;
-    case Collective::kReduceScatter: inplace = out == in + rank * call.count * esize; break;
-    default: inplace = in == out;
-  }
+  bool inplace = is_inplace(c, in, out, rank, call.count * esize);
   if (c == Collective::kReduce && rank != call.root)
     out = static_cast<unsigned char*>(exec.temp(1, static_cast<size_t>(out_elems * esize), stream));
   unsigned char* scaled = nullptr;

@@ -40,7 +40,10 @@ struct ncclComm {
   bool blocking = true;
   int cuda_dev = -1;  // the current device at init, as NCCL's
   bool emulated = false;  // TUTTI_DEVICE=emulated: every buffer runs on the emulated device
-  std::unique_ptr<device::DeviceExecutor> device;  // made on the first call with device buffers
+  // Made on the first call with device buffers; `device_mu` guards making it against readers on
+  // other threads (a framework's watchdog polling ncclCommGetAsyncError, ncclCommAbort).
+  std::unique_ptr<device::DeviceExecutor> device;
+  std::mutex device_mu;
   std::atomic<int> async{ncclSuccess};
   std::thread worker;  // non-blocking init or group
   std::mutex mu;
@@ -193,6 +196,7 @@ bool on_device(ncclComm* c, std::initializer_list<const void*> buffers, const ch
 }
 
 device::DeviceExecutor& device_executor(ncclComm* c) {
+  std::lock_guard lock(c->device_mu);
   if (!c->device) {
     std::unique_ptr<device::Backend> backend;
     if (c->emulated) {
@@ -504,7 +508,7 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* 
     auto all = Communicator::create_local(ndev);
     for (int r = 0; r < ndev; ++r) {
       auto* c = new ncclComm();
-      c->cuda_dev = have_gpu() ? (devlist ? devlist[r] : r) : -1;
+      c->cuda_dev = devlist ? devlist[r] : r;  // as NCCL: the devices listed, else 0..ndev-1
       c->emulated = emulated_device();
       c->comm = std::move(all[r]);
       c->dispatcher = std::make_unique<Dispatcher>(*c->comm);
@@ -553,7 +557,10 @@ ncclResult_t release(ncclComm_t comm, bool abort, const char* fn) {
       g_comms.erase(comm);
     }
     if (abort && comm->comm) comm->comm->abort();
-    if (abort && comm->device) comm->device->abort();
+    if (abort) {
+      std::lock_guard lock(comm->device_mu);
+      if (comm->device) comm->device->abort();
+    }
     comm->closing.store(true, std::memory_order_seq_cst);
     {
       std::unique_lock lock(comm->mu);
@@ -582,6 +589,7 @@ NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asy
     }
     ncclResult_t r = static_cast<ncclResult_t>(comm->async.load());
     if (r == ncclSuccess && comm->comm && comm->comm->state().failed()) r = ncclRemoteError;
+    std::lock_guard lock(comm->device_mu);
     if (r == ncclSuccess && comm->device) {
       try {
         comm->device->check();
@@ -935,10 +943,10 @@ NCCL_API(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t
 }
 
 // Windows register like ncclCommRegister: plans read registered memory where they can.
-NCCL_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t size, void** win, int) {
-  return pncclCommRegister(comm, buff, size, win);
+NCCL_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int) {
+  return pncclCommRegister(comm, buff, size, reinterpret_cast<void**>(win));
 }
-NCCL_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, void* win) { return pncclCommDeregister(comm, win); }
+NCCL_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win) { return pncclCommDeregister(comm, win); }
 
 NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t* newcomm, int nranks, int myrank, int nId,
          ncclUniqueId* commIds, ncclConfig_t* config) {

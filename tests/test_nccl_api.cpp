@@ -143,6 +143,30 @@ TEST(NcclApi, AllToAllGatherScatterThroughGroupedSendRecv) {
   });
 }
 
+// NCCL 2.28's gather, scatter and all-to-all spelling, and windows.
+TEST(NcclApi, GatherScatterAndAlltoAllOfNccl228) {
+  const int n = 3, count = 17;
+  on_ranks(n, [&](int r, ncclComm_t comm) {
+    std::vector<int32_t> send(count * n), recv(count * n, -1);
+    for (int i = 0; i < count * n; ++i) send[i] = r * 1000 + i;
+    ASSERT_EQ(ncclGather(send.data(), recv.data(), count, ncclInt32, 2, comm, nullptr), ncclSuccess);
+    if (r == 2) {
+      for (int q = 0; q < n; ++q)
+        for (int i = 0; i < count; ++i) ASSERT_EQ(recv[q * count + i], q * 1000 + i);
+    }
+    std::fill(recv.begin(), recv.end(), -1);
+    ASSERT_EQ(ncclScatter(send.data(), recv.data(), count, ncclInt32, 1, comm, nullptr), ncclSuccess);
+    for (int i = 0; i < count; ++i) ASSERT_EQ(recv[i], 1000 + r * count + i);
+    ASSERT_EQ(ncclAlltoAll(send.data(), recv.data(), count, ncclInt32, comm, nullptr), ncclSuccess);
+    for (int q = 0; q < n; ++q) ASSERT_EQ(recv[q * count], q * 1000 + r * count);
+    EXPECT_EQ(ncclGather(send.data(), recv.data(), count, ncclInt32, n, comm, nullptr), ncclInvalidArgument);
+    ncclWindow_t win = nullptr;
+    ASSERT_EQ(ncclCommWindowRegister(comm, send.data(), send.size() * 4, &win, 0), ncclSuccess);
+    EXPECT_NE(win, nullptr);
+    EXPECT_EQ(ncclCommWindowDeregister(comm, win), ncclSuccess);
+  });
+}
+
 TEST(NcclApi, PreMulSumAndAverage) {
   const int n = 3;
   on_ranks(n, [&](int r, ncclComm_t comm) {

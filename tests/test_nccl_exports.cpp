@@ -8,6 +8,8 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <string>
+#include <cstdio>
 
 namespace {
 
@@ -44,6 +46,29 @@ TEST(NcclExports, EveryFunctionOfTheClaimedVersionIsExported) {
   reinterpret_cast<GetVersion>(dlsym(lib, "ncclGetVersion"))(&version);
   EXPECT_EQ(version, 21903);
   dlclose(lib);
+}
+
+// Programs built against today's NCCL (2.28) link to every name its library exports; PyTorch's
+// libtorch_cuda.so does, and refuses to load if one is missing. So every nccl*/pnccl* name that
+// NVIDIA's libnccl.so.2 exports must be exported here too (nm -D of both).
+std::set<std::string> exported(const std::string& lib) {
+  std::set<std::string> names;
+  FILE* p = popen(("nm -D --defined-only '" + lib + "' 2>/dev/null").c_str(), "r");
+  if (!p) return names;
+  char line[512];
+  while (std::fgets(line, sizeof(line), p)) {
+    std::istringstream ls(line);
+    std::string addr, kind, name;
+    if (ls >> addr >> kind >> name && (name.rfind("nccl", 0) == 0 || name.rfind("pnccl", 0) == 0)) names.insert(name);
+  }
+  pclose(p);
+  return names;
+}
+
+TEST(NcclExports, EveryNameNvidiasLibraryExportsIsExportedToo) {
+  std::set<std::string> theirs = exported(NCCL_REAL_LIB), ours = exported(TUTTI_NCCL_LIB);
+  ASSERT_GE(theirs.size(), 60u) << "could not read the exports of " << NCCL_REAL_LIB << " with nm -D";
+  for (const std::string& name : theirs) EXPECT_TRUE(ours.count(name)) << name << " is exported by NVIDIA's library, not by tutti's";
 }
 
 }  // namespace
