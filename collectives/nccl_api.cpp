@@ -40,6 +40,7 @@ struct ncclComm {
   bool blocking = true;
   int cuda_dev = -1;  // the current device at init, as NCCL's
   bool emulated = false;  // TUTTI_DEVICE=emulated: every buffer runs on the emulated device
+  device::DeviceOptions device_options;  // read at creation, as every setting of a communicator
   // Made on the first call with device buffers; `device_mu` guards making it against readers on
   // other threads (a framework's watchdog polling ncclCommGetAsyncError, ncclCommAbort).
   std::unique_ptr<device::DeviceExecutor> device;
@@ -211,7 +212,7 @@ device::DeviceExecutor& device_executor(ncclComm* c) {
       throw InvalidUsage("device buffers need a CUDA build of tutti");
 #endif
     }
-    c->device = std::make_unique<device::DeviceExecutor>(*c->comm, std::move(backend), device::DeviceOptions::from_env());
+    c->device = std::make_unique<device::DeviceExecutor>(*c->comm, std::move(backend), c->device_options);
   }
   return *c->device;
 }
@@ -468,6 +469,7 @@ NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* newcomm, int nranks, 
     apply_config(c.get(), config, "ncclCommInitRankConfig");
     c->cuda_dev = current_cuda_device();
     c->emulated = emulated_device();
+    c->device_options = device::DeviceOptions::from_env();
     ncclComm* raw = c.release();
     register_comm(raw);
     *newcomm = raw;
@@ -510,6 +512,7 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* 
       auto* c = new ncclComm();
       c->cuda_dev = devlist ? devlist[r] : r;  // as NCCL: the devices listed, else 0..ndev-1
       c->emulated = emulated_device();
+      c->device_options = device::DeviceOptions::from_env();
       c->comm = std::move(all[r]);
       c->dispatcher = std::make_unique<Dispatcher>(*c->comm);
       register_comm(c);
@@ -533,6 +536,7 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
     c->blocking = true;
     c->cuda_dev = use->cuda_dev;
     c->emulated = use->emulated;
+    c->device_options = use->device_options;
     c->comm = std::move(child);
     c->dispatcher = std::make_unique<Dispatcher>(*c->comm);
     register_comm(c);
