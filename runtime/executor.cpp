@@ -141,15 +141,20 @@ struct Executor::Layout {
 
 Executor::~Executor() = default;
 
+void check_call(const PreparedPlan& pp, int nranks, int64_t count) {
+  const plan::Plan& p = pp.plan;
+  TUTTI_CHECK(p.nranks == nranks, InvalidArgument, "plan '{}' is for {} ranks, the communicator has {}", p.name,
+              p.nranks, nranks);
+  TUTTI_CHECK(count >= 0, InvalidArgument, "negative count {}", count);
+  TUTTI_CHECK(pp.any_count || count % p.chunk_factor == 0, InvalidArgument,
+              "plan '{}' moves chunks between different positions and needs the count ({}) to be a multiple of {}",
+              p.name, count, p.chunk_factor);
+}
+
 void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
   const plan::Plan& p = pp.plan;
   const int rank = comm_.rank();
-  TUTTI_CHECK(p.nranks == comm_.size(), InvalidArgument, "plan '{}' is for {} ranks, the communicator has {}", p.name,
-              p.nranks, comm_.size());
-  TUTTI_CHECK(args.count >= 0, InvalidArgument, "negative count {}", args.count);
-  TUTTI_CHECK(pp.any_count || args.count % p.chunk_factor == 0, InvalidArgument,
-              "plan '{}' moves chunks between different positions and needs the count ({}) to be a multiple of {}",
-              p.name, args.count, p.chunk_factor);
+  check_call(pp, comm_.size(), args.count);
   const RedOp op = args.reduction.op;
   const DataType type = args.reduction.type;
   const int64_t esize = static_cast<int64_t>(size_of(type));

@@ -43,6 +43,10 @@ struct PreparedPlan {
   static std::shared_ptr<const PreparedPlan> make(plan::Plan plan);
 };
 
+// What every executor checks of a call before running a plan: the plan's rank count, a count the
+// plan can split. Throws InvalidArgument naming the plan.
+void check_call(const PreparedPlan& plan, int nranks, int64_t count);
+
 struct ExecArgs {
   const void* input = nullptr;  // sendbuff
   void* output = nullptr;       // recvbuff

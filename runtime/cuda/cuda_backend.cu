@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "core/by_type.hpp"
 #include "core/element.hpp"
 #include "core/error.hpp"
 #include "runtime/device/backend.hpp"
@@ -246,6 +247,11 @@ class Cuda final : public Backend {
     if (stream) check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
     else check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
+  bool capturing(void* stream) override {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st), "cudaStreamIsCapturing");
+    return st != cudaStreamCaptureStatusNone;
+  }
   int resident_blocks(int threads) override {
     int per_sm = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, interpret, threads, 0), "occupancy");
@@ -254,23 +260,6 @@ class Cuda final : public Backend {
   int processors() override { return sms_; }
 
  private:
-  template <class Native, class Mini>
-  static void by_type(DataType type, Native native, Mini mini) {
-    switch (type) {
-      case DataType::kInt8: return native(int8_t{});
-      case DataType::kUint8: return native(uint8_t{});
-      case DataType::kInt32: return native(int32_t{});
-      case DataType::kUint32: return native(uint32_t{});
-      case DataType::kInt64: return native(int64_t{});
-      case DataType::kUint64: return native(uint64_t{});
-      case DataType::kFloat32: return native(float{});
-      case DataType::kFloat64: return native(double{});
-      case DataType::kFloat16: return mini(element::HalfT{});
-      case DataType::kBfloat16: return mini(element::Bf16T{});
-      case DataType::kFp8E4M3: return mini(element::E4M3T{});
-      case DataType::kFp8E5M2: return mini(element::E5M2T{});
-    }
-  }
   struct Lane {
     cudaStream_t stream = nullptr;
     cudaEvent_t done = nullptr;

@@ -55,6 +55,9 @@ class Backend {
   virtual void scale(DataType type, void* dst, const void* src, const void* scalar, size_t count, void* stream) = 0;
   virtual void divide(DataType type, void* dst, const void* src, uint64_t divisor, size_t count, void* stream) = 0;
   virtual void synchronize(void* stream) = 0;
+  // Whether `stream` is being captured into a CUDA graph (where uploads from host memory and freeing
+  // memory from outside the graph are not allowed).
+  virtual bool capturing(void* stream) = 0;
   // How many thread blocks of `threads` threads can run at once (all blocks of a launch must).
   virtual int resident_blocks(int threads) = 0;
   virtual int processors() = 0;  // multiprocessors (1 for the emulated device)

@@ -138,6 +138,10 @@ void DeviceExecutor::check() {
 void* DeviceExecutor::temp(int slot, size_t bytes, void* stream) {
   TUTTI_CHECK(slot == 0 || slot == 1, InternalError, "device temp slot {}", slot);
   if (temp_bytes_[slot] < bytes) {
+    TUTTI_CHECK(!backend_->capturing(stream), InvalidUsage,
+                "rank {}: a collective needs more temporary device memory inside a CUDA graph capture than any call "
+                "before it; run it at this size once before capturing it",
+                comm_.rank());
     backend_->release_async(temps_[slot], stream);
     temps_[slot] = nullptr;
     temps_[slot] = backend_->alloc_async(bytes, stream);
@@ -196,6 +200,10 @@ void DeviceExecutor::ensure_channels(int n) {
 
 DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* stream) {
   if (auto it = plans_.find(pp.id); it != plans_.end()) return *it->second;
+  TUTTI_CHECK(!backend_->capturing(stream), InvalidUsage,
+              "rank {}: plan '{}' runs for the first time inside a CUDA graph capture; its first call uploads it, "
+              "which a capture does not allow: run the collective once before capturing it",
+              comm_.rank(), pp.plan.name);
   auto u = std::make_unique<Uploaded>();
   const int me = comm_.rank(), n = comm_.size();
   u->plan = flatten(pp, me);
@@ -272,12 +280,7 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
 void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* stream, int32_t protocol) {
   const plan::Plan& p = pp.plan;
   check();
-  TUTTI_CHECK(p.nranks == comm_.size(), InvalidArgument, "plan '{}' is for {} ranks, the communicator has {}", p.name,
-              p.nranks, comm_.size());
-  TUTTI_CHECK(args.count >= 0, InvalidArgument, "negative count {}", args.count);
-  TUTTI_CHECK(pp.any_count || args.count % p.chunk_factor == 0, InvalidArgument,
-              "plan '{}' moves chunks between different positions and needs the count ({}) to be a multiple of {}",
-              p.name, args.count, p.chunk_factor);
+  check_call(pp, comm_.size(), args.count);
   Uploaded& u = upload(pp, stream);
   if (u.plan.blocks.empty()) return;
   const int threads = options_.threads;
@@ -326,6 +329,10 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* str
   exec::Geometry g{args.count, p.chunk_factor, a.esize};
   size_t scratch = u.plan.scratch_chunks > 0 ? static_cast<size_t>(g.chunk_end(u.plan.scratch_chunks - 1) * a.esize) : 0;
   if (scratch > scratch_bytes_) {
+    TUTTI_CHECK(!backend_->capturing(stream), InvalidUsage,
+                "rank {}: plan '{}' needs more scratch inside a CUDA graph capture than any call before it; run the "
+                "collective at this size once before capturing it",
+                comm_.rank(), p.name);
     backend_->release_async(scratch_, stream);
     scratch_ = nullptr;
     scratch_ = backend_->alloc_async(scratch, stream);

@@ -80,6 +80,7 @@ class Emulated final : public Backend {
     tutti::divide(type, dst, src, divisor, count);
   }
   void synchronize(void*) override {}
+  bool capturing(void*) override { return false; }
   int resident_blocks(int) override { return 1 << 20; }
   int processors() override { return 1; }
 };

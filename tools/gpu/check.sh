@@ -50,6 +50,7 @@ want cuda && check test_cuda 60 test_cuda
 
 # 2. Measurements (threads on the one GPU), printed for the notes.
 want bench && check bench_d2d 60 python3 "$pack/d2d_rate.py"
+want bench && check bench_interpreter_loops 60 tutti-device-reduce-bench --bytes 1G --iters 10
 want bench && for t in 2 4 8; do
   check "bench_all_reduce_t$t" 120 tutti-perf all_reduce -G 1 -b 8 -e 256M -f 4 -n 20 -w 5 -c 0 -t $t
 done
