@@ -1,5 +1,7 @@
 #include "core/reduce.hpp"
 
+#include "core/by_type.hpp"
+
 // Highway's per-target compilation: this file is re-included once per instruction set.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "core/reduce.cpp"
@@ -154,25 +156,6 @@ void divide_mini(void* dst, const void* src, uint64_t n, size_t count) {
   for (size_t i = 0; i < count; ++i)
     static_cast<typename F::Bits*>(dst)[i] =
         F::store(F::load(static_cast<const typename F::Bits*>(src)[i]) / static_cast<float>(n));
-}
-
-// Calls fn.template operator()<Native or Mini>() for the element type.
-template <class Native, class Mini>
-void by_type(DataType type, Native native, Mini mini) {
-  switch (type) {
-    case DataType::kInt8: return native(int8_t{});
-    case DataType::kUint8: return native(uint8_t{});
-    case DataType::kInt32: return native(int32_t{});
-    case DataType::kUint32: return native(uint32_t{});
-    case DataType::kInt64: return native(int64_t{});
-    case DataType::kUint64: return native(uint64_t{});
-    case DataType::kFloat32: return native(float{});
-    case DataType::kFloat64: return native(double{});
-    case DataType::kFloat16: return mini(element::HalfT{});
-    case DataType::kBfloat16: return mini(element::Bf16T{});
-    case DataType::kFp8E4M3: return mini(element::E4M3T{});
-    case DataType::kFp8E5M2: return mini(element::E5M2T{});
-  }
 }
 
 }  // namespace
