@@ -6,40 +6,41 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "compiler/msccl_xml.hpp"
 #include "core/error.hpp"
+#include "runtime/instruction_semantics.hpp"
 
 namespace tutti::plan {
 
 using nlohmann::json;
 
-namespace {
-constexpr const char* kOpNames[] = {"nop",  "send",   "recv",           "copy",
-                                    "reduce", "recv_copy_send", "recv_reduce_send", "recv_reduce_copy",
-                                    "recv_reduce_copy_send", "compute"};
-}
+// The table in instruction_semantics.hpp is indexed by these values.
+static_assert(std::string_view(exec::op_info(static_cast<int>(Opcode::kNop)).name) == "nop" &&
+              std::string_view(exec::op_info(static_cast<int>(Opcode::kSend)).name) == "send" &&
+              std::string_view(exec::op_info(static_cast<int>(Opcode::kRecv)).name) == "recv" &&
+              std::string_view(exec::op_info(static_cast<int>(Opcode::kCopy)).name) == "copy" &&
+              std::string_view(exec::op_info(static_cast<int>(Opcode::kReduce)).name) == "reduce" &&
+              std::string_view(exec::op_info(static_cast<int>(Opcode::kRecvCopySend)).name) == "recv_copy_send" &&
+              std::string_view(exec::op_info(static_cast<int>(Opcode::kRecvReduceSend)).name) == "recv_reduce_send" &&
+              std::string_view(exec::op_info(static_cast<int>(Opcode::kRecvReduceCopy)).name) == "recv_reduce_copy" &&
+              std::string_view(exec::op_info(static_cast<int>(Opcode::kRecvReduceCopySend)).name) ==
+                  "recv_reduce_copy_send" &&
+              std::string_view(exec::op_info(static_cast<int>(Opcode::kCompute)).name) == "compute",
+              "runtime/instruction_semantics.hpp's opcode table follows plan::Opcode");
 
-const char* to_string(Opcode op) { return kOpNames[static_cast<int>(op)]; }
+const char* to_string(Opcode op) { return exec::op_info(static_cast<int>(op)).name; }
 
 std::optional<Opcode> parse_opcode(const std::string& text) {
-  for (int i = 0; i < static_cast<int>(std::size(kOpNames)); ++i)
-    if (text == kOpNames[i]) return static_cast<Opcode>(i);
+  for (int i = 0; i < exec::kNumOpcodes; ++i)
+    if (text == exec::op_info(i).name) return static_cast<Opcode>(i);
   return std::nullopt;
 }
 
-bool sends(Opcode op) {
-  return op == Opcode::kSend || op == Opcode::kRecvCopySend || op == Opcode::kRecvReduceSend ||
-         op == Opcode::kRecvReduceCopySend;
-}
-bool receives(Opcode op) {
-  return op == Opcode::kRecv || op == Opcode::kRecvCopySend || op == Opcode::kRecvReduceSend ||
-         op == Opcode::kRecvReduceCopy || op == Opcode::kRecvReduceCopySend;
-}
-bool stores(Opcode op) {
-  return op == Opcode::kRecv || op == Opcode::kCopy || op == Opcode::kReduce || op == Opcode::kRecvCopySend ||
-         op == Opcode::kRecvReduceCopy || op == Opcode::kRecvReduceCopySend || op == Opcode::kCompute;
-}
+bool sends(Opcode op) { return exec::shape_of(static_cast<int>(op)).send; }
+bool receives(Opcode op) { return exec::shape_of(static_cast<int>(op)).recv; }
+bool stores(Opcode op) { return exec::shape_of(static_cast<int>(op)).store; }
 
 std::string Ref::describe() const {
   if (count == 1) return fmt::format("{}[{}]", dsl::to_string(buffer), index);

@@ -49,8 +49,7 @@ TUTTI_HD int64_t tile_bytes(int64_t t, int64_t bytes, int64_t tile) {
   return b < 0 ? 0 : (b < tile ? b : tile);
 }
 
-// How each opcode uses the connection and the local operands. The numeric opcode values are those
-// of plan::Opcode.
+// How each opcode uses the connection and the local operands.
 struct OpShape {
   bool recv;          // takes a message from recv_peer
   bool send;          // gives a message to send_peer
@@ -59,16 +58,32 @@ struct OpShape {
   bool staging;       // the message must land apart from dst (dst is also an operand, or nothing is stored)
 };
 
-TUTTI_HD OpShape shape_of(int opcode) {
+// The one table of opcodes: name (JSON, logs), shape, and how many local sources an instruction
+// combines (kAllSources: every one of srcs). Indexed by the plan::Opcode value; plan.cpp (names,
+// sends/receives/stores for the lowering, importer, verifier and simulator), the CPU executor and
+// the device interpreter all read it. A constexpr function rather than an array so device code can
+// use it too.
+inline constexpr int kNumOpcodes = 10;
+inline constexpr int kAllSources = -1;
+struct OpInfo {
+  const char* name;
+  OpShape shape;
+  int local_sources;
+};
+TUTTI_HD constexpr OpInfo op_info(int opcode) {
   switch (opcode) {
-    case 1: return {false, true, false, false, false};  // send
-    case 2: return {true, false, false, true, false};   // recv
-    case 5: return {true, true, false, true, false};    // recv_copy_send
-    case 6: return {true, true, true, false, true};     // recv_reduce_send
-    case 7: return {true, false, true, true, true};     // recv_reduce_copy
-    case 8: return {true, true, true, true, true};      // recv_reduce_copy_send
-    default: return {false, false, false, opcode == 3 || opcode == 4 || opcode == 9, false};  // local
+    case 1: return {"send", {false, true, false, false, false}, 1};
+    case 2: return {"recv", {true, false, false, true, false}, 0};
+    case 3: return {"copy", {false, false, false, true, false}, 1};
+    case 4: return {"reduce", {false, false, false, true, false}, kAllSources};
+    case 5: return {"recv_copy_send", {true, true, false, true, false}, 0};
+    case 6: return {"recv_reduce_send", {true, true, true, false, true}, 1};
+    case 7: return {"recv_reduce_copy", {true, false, true, true, true}, 1};
+    case 8: return {"recv_reduce_copy_send", {true, true, true, true, true}, 1};
+    case 9: return {"compute", {false, false, false, true, false}, 1};
+    default: return {"nop", {false, false, false, false, false}, 0};
   }
 }
+TUTTI_HD constexpr OpShape shape_of(int opcode) { return op_info(opcode).shape; }
 
 }  // namespace tutti::exec

@@ -250,13 +250,8 @@ struct BlockRun {
     const uint32_t send_flag = static_cast<uint32_t>(send_seq), recv_flag = static_cast<uint32_t>(recv_seq);
 
     // Operands: which local sources combine, in order.
-    int nlocal = 0;
-    switch (s.op) {
-      case 1: case 3: case 9: nlocal = 1; break;     // send, copy, compute: srcs[0]
-      case 4: nlocal = s.nsrcs; break;               // reduce: all
-      case 6: case 7: case 8: nlocal = 1; break;     // reducing receives: srcs[0]
-      default: nlocal = 0;
-    }
+    const int sources = exec::op_info(s.op).local_sources;
+    const int nlocal = sources == exec::kAllSources ? s.nsrcs : sources;
     int64_t offset = 0;  // data offset of the chunk in the message
     for (int64_t c = 0; c < s.count; ++c) {
       int64_t bytes = 0, b2 = 0;
