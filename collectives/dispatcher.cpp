@@ -302,35 +302,92 @@ void Dispatcher::check_consistent(const CollectiveCall& call) {
   }
 }
 
+namespace {
+
+// Host buffers: the dispatcher's own temporaries and the CPU kernels.
+class HostMemory final : public Dispatcher::CallMemory {
+ public:
+  explicit HostMemory(DispatchResources& res) : res_(res) {}
+  void* temp(int slot, size_t bytes) override {
+    auto& v = slot == 0 ? res_.temp_in : res_.temp_out;
+    v.resize(bytes);
+    return v.data();
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
+  }
+  void scale(DataType t, void* dst, const void* src, const void* scalar, size_t n) override {
+    tutti::scale(t, dst, src, scalar, n);
+  }
+  void divide(DataType t, void* dst, const void* src, uint64_t d, size_t n) override { tutti::divide(t, dst, src, d, n); }
+
+ private:
+  DispatchResources& res_;
+};
+
+// Device buffers: the device executor's temporaries and the backend's stream operations.
+class DeviceMemory final : public Dispatcher::CallMemory {
+ public:
+  DeviceMemory(device::DeviceExecutor& exec, void* stream) : exec_(exec), stream_(stream) {}
+  void* temp(int slot, size_t bytes) override { return exec_.temp(slot, bytes, stream_); }
+  void copy(void* dst, const void* src, size_t bytes) override { exec_.backend().copy(dst, src, bytes, stream_); }
+  void scale(DataType t, void* dst, const void* src, const void* scalar, size_t n) override {
+    exec_.backend().scale(t, dst, src, scalar, n, stream_);
+  }
+  void divide(DataType t, void* dst, const void* src, uint64_t d, size_t n) override {
+    exec_.backend().divide(t, dst, src, d, n, stream_);
+  }
+
+ private:
+  device::DeviceExecutor& exec_;
+  void* stream_;
+};
+
+// Device calls up to this size run LL (one 16-byte store per 8 bytes, no fence per message); above
+// it Simple, whose full-width copies move more bytes per instruction.
+constexpr uint64_t kDeviceLLBytes = 64 << 10;
+
+}  // namespace
+
 void Dispatcher::run(const CollectiveCall& call) {
+  HostMemory mem(*res_);
+  run_on(call, mem, nullptr, nullptr);
+}
+
+void Dispatcher::run_device(const CollectiveCall& call, device::DeviceExecutor& exec, void* stream) {
+  DeviceMemory mem(exec, stream);
+  run_on(call, mem, &exec, stream);
+}
+
+void Dispatcher::run_on(const CollectiveCall& call, CallMemory& mem, device::DeviceExecutor* dev, void* stream) {
   const int n = comm_.size(), rank = comm_.rank();
   const Collective c = call.collective;
   const int64_t esize = static_cast<int64_t>(size_of(call.reduction.type));
   const int64_t in_elems = input_elems(c, call.count, n), out_elems = output_elems(c, call.count, n);
+  const size_t in_bytes = static_cast<size_t>(in_elems * esize), out_bytes = static_cast<size_t>(out_elems * esize);
   if (check_) check_consistent(call);
   const unsigned char* in = static_cast<const unsigned char*>(call.input);
   unsigned char* out = static_cast<unsigned char*>(call.output);
   bool inplace = is_inplace(c, in, out, rank, call.count * esize);
   // Reduce: non-roots keep their receive buffer untouched (NCCL does not use it there).
-  if (c == Collective::kReduce && rank != call.root) {
-    res_->temp_out.resize(static_cast<size_t>(out_elems * esize));
-    out = res_->temp_out.data();
-  }
+  if (c == Collective::kReduce && rank != call.root) out = static_cast<unsigned char*>(mem.temp(1, out_bytes));
   // premulsum: the scaled contribution replaces the input.
+  const unsigned char* scaled = nullptr;
   if (call.reduction.op == RedOp::kPreMulSum) {
-    res_->temp_in.resize(static_cast<size_t>(in_elems * esize));
-    scale(call.reduction.type, res_->temp_in.data(), in, call.reduction.scalar, static_cast<size_t>(in_elems));
-    in = res_->temp_in.data();
+    auto* t = static_cast<unsigned char*>(mem.temp(0, in_bytes));
+    mem.scale(call.reduction.type, t, in, call.reduction.scalar, static_cast<size_t>(in_elems));
+    in = scaled = t;
     inplace = false;
   }
-  const uint64_t bytes = static_cast<uint64_t>(std::max(in_elems, out_elems) * esize);
-  Choice choice = choose(c, inplace, bytes, call.root, call.count, esize);
+  const uint64_t bytes = static_cast<uint64_t>(std::max(in_bytes, out_bytes));
+  Choice choice = choose(c, inplace, bytes, call.root, call.count, esize, dev != nullptr);
   if (last_plan_ != choice.name())
-    TUTTI_INFO(log::kTuning, "rank {}: {} of {} bytes runs plan '{}'", rank, dsl::to_string(c), bytes, choice.name());
+    TUTTI_INFO(log::kTuning, "rank {}: {} of {} bytes{} runs plan '{}'", rank, dsl::to_string(c), bytes,
+               dev ? " on the device" : "", choice.name());
   last_plan_ = choice.name();
   auto finish = [&] {
     if (call.reduction.op == RedOp::kAvg && (c != Collective::kReduce || rank == call.root))
-      divide(call.reduction.type, out, out, static_cast<uint64_t>(n), static_cast<size_t>(out_elems));
+      mem.divide(call.reduction.type, out, out, static_cast<uint64_t>(n), static_cast<size_t>(out_elems));
   };
   if (choice.oneshot) {
     // `in` is the premulsum-scaled copy where there is one; in-place calls need nothing more.
@@ -347,76 +404,20 @@ void Dispatcher::run(const CollectiveCall& call) {
   if (!rooted(c) && pp->plan.inplace && !inplace) {
     // Out-of-place call, in-place plan: put the input where the plan expects it.
     unsigned char* slot = c == Collective::kAllGather ? out + rank * call.count * esize : out;
-    if (call.count) std::memmove(slot, in, static_cast<size_t>(in_elems * esize));
+    mem.copy(slot, in, in_bytes);
     args.input = slot;
-  } else if (!rooted(c) && !pp->plan.inplace && inplace) {
+  } else if (!rooted(c) && !pp->plan.inplace && inplace && in != scaled) {
     // In-place call, out-of-place plan: the plan must read an input it does not overwrite.
-    if (res_->temp_in.data() != in) {
-      res_->temp_in.resize(static_cast<size_t>(in_elems * esize));
-      if (in_elems) std::memcpy(res_->temp_in.data(), in, static_cast<size_t>(in_elems * esize));
-    }
-    args.input = res_->temp_in.data();
+    auto* t = static_cast<unsigned char*>(mem.temp(0, in_bytes));
+    mem.copy(t, in, in_bytes);
+    args.input = t;
   }
   TUTTI_TRACE(log::kColl, "rank {}: {} count {} {} via plan '{}'", rank, dsl::to_string(c), call.count,
               name(call.reduction.type), pp->plan.name);
-  res_->executor.run(*pp, args);
+  if (dev) dev->run(*pp, args, stream, !dev->options().protocol && bytes <= kDeviceLLBytes ? device::kProtoLL : -1);
+  else res_->executor.run(*pp, args);
   finish();
 }
 
 }  // namespace tutti
 
-namespace tutti {
-
-// Device calls up to this size run LL (one 16-byte store per 8 bytes, no fence per message); above
-// it Simple, whose full-width copies move more bytes per instruction.
-constexpr uint64_t kDeviceLLBytes = 64 << 10;
-
-void Dispatcher::run_device(const CollectiveCall& call, device::DeviceExecutor& exec, void* stream) {
-  const int n = comm_.size(), rank = comm_.rank();
-  const Collective c = call.collective;
-  const int64_t esize = static_cast<int64_t>(size_of(call.reduction.type));
-  const int64_t in_elems = input_elems(c, call.count, n), out_elems = output_elems(c, call.count, n);
-  if (check_) check_consistent(call);
-  device::Backend& dev = exec.backend();
-  const unsigned char* in = static_cast<const unsigned char*>(call.input);
-  unsigned char* out = static_cast<unsigned char*>(call.output);
-  bool inplace = is_inplace(c, in, out, rank, call.count * esize);
-  if (c == Collective::kReduce && rank != call.root)
-    out = static_cast<unsigned char*>(exec.temp(1, static_cast<size_t>(out_elems * esize), stream));
-  unsigned char* scaled = nullptr;
-  if (call.reduction.op == RedOp::kPreMulSum) {
-    scaled = static_cast<unsigned char*>(exec.temp(0, static_cast<size_t>(in_elems * esize), stream));
-    dev.scale(call.reduction.type, scaled, in, call.reduction.scalar, static_cast<size_t>(in_elems), stream);
-    in = scaled;
-    inplace = false;
-  }
-  const uint64_t bytes = static_cast<uint64_t>(std::max(in_elems, out_elems) * esize);
-  Choice choice = choose(c, inplace, bytes, call.root, call.count, esize, true);
-  if (last_plan_ != choice.name())
-    TUTTI_INFO(log::kTuning, "rank {}: {} of {} bytes on the device runs plan '{}'", rank, dsl::to_string(c), bytes,
-               choice.name());
-  last_plan_ = choice.name();
-  const auto& pp = choice.plan;
-  ExecArgs args;
-  args.count = call.count;
-  args.reduction = call.reduction;
-  args.input = in;
-  args.output = out;
-  if (!rooted(c) && pp->plan.inplace && !inplace) {
-    unsigned char* slot = c == Collective::kAllGather ? out + rank * call.count * esize : out;
-    dev.copy(slot, in, static_cast<size_t>(in_elems * esize), stream);
-    args.input = slot;
-  } else if (!rooted(c) && !pp->plan.inplace && inplace) {
-    if (in != scaled) {
-      unsigned char* copy = static_cast<unsigned char*>(exec.temp(0, static_cast<size_t>(in_elems * esize), stream));
-      dev.copy(copy, in, static_cast<size_t>(in_elems * esize), stream);
-      args.input = copy;
-    }
-  }
-  const int32_t protocol = !exec.options().protocol && bytes <= kDeviceLLBytes ? device::kProtoLL : -1;
-  exec.run(*pp, args, stream, protocol);
-  if (call.reduction.op == RedOp::kAvg && (c != Collective::kReduce || rank == call.root))
-    dev.divide(call.reduction.type, out, out, static_cast<uint64_t>(n), static_cast<size_t>(out_elems), stream);
-}
-
-}  // namespace tutti

@@ -82,6 +82,17 @@ class Dispatcher {
   // with the call's adaptations (in-place, premulsum, avg, a non-root's reduce output) enqueued on
   // the device too. Returns once everything is enqueued.
   void run_device(const CollectiveCall& call, device::DeviceExecutor& exec, void* stream);
+
+  // Where a call's buffers live: temporaries, copies and premulsum/avg's element steps (host or
+  // device, in the order of the device stream).
+  class CallMemory {
+   public:
+    virtual ~CallMemory() = default;
+    virtual void* temp(int slot, size_t bytes) = 0;  // slot 0: an input copy; 1: a discarded output
+    virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+    virtual void scale(DataType type, void* dst, const void* src, const void* scalar, size_t count) = 0;
+    virtual void divide(DataType type, void* dst, const void* src, uint64_t divisor, size_t count) = 0;
+  };
   // The plan the last run used (for logs and tests).
   const std::string& last_plan() const { return last_plan_; }
   const tuning::Table& table() const { return table_; }
@@ -93,6 +104,8 @@ class Dispatcher {
  private:
   Choice choose(dsl::Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,
                 bool device = false);
+  // One call on either executor (dev null: the CPU executor and the host mailbox).
+  void run_on(const CollectiveCall& call, CallMemory& mem, device::DeviceExecutor* dev, void* stream);
   std::shared_ptr<const PreparedPlan> builtin(const std::string& name, std::map<std::string, int> params);
   void check_consistent(const CollectiveCall& call);
 
