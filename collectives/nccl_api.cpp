@@ -217,6 +217,12 @@ device::DeviceExecutor& device_executor(ncclComm* c) {
   return *c->device;
 }
 
+// Communicators that can see device buffers connect their device channel 0 when they are made
+// (collectively), so point-to-point calls between two ranks never need the others.
+void connect_device(ncclComm* c) {
+  if (c->emulated || (c->cuda_dev >= 0 && have_gpu())) device_executor(c).connect();
+}
+
 int current_cuda_device() {
 #ifdef TUTTI_HAVE_CUDA
   return have_gpu() ? device::cuda_current_device() : -1;
@@ -476,6 +482,7 @@ NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* newcomm, int nranks, 
     auto init = [raw, id, nranks, rank] {
       raw->comm = Communicator::create(id, nranks, rank);
       raw->dispatcher = std::make_unique<Dispatcher>(*raw->comm);
+      connect_device(raw);
     };
     if (!raw->blocking) {
       raw->async = ncclInProgress;
@@ -518,6 +525,20 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* 
       register_comm(c);
       comms[r] = c;
     }
+    // Connecting device channels is collective: one thread per rank.
+    std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(ndev));
+    for (int r = 0; r < ndev; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          connect_device(comms[r]);
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
     return ncclSuccess;
   });
 }
@@ -539,6 +560,7 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
     c->device_options = use->device_options;
     c->comm = std::move(child);
     c->dispatcher = std::make_unique<Dispatcher>(*c->comm);
+    connect_device(c);
     register_comm(c);
     *newcomm = c;
     return ncclSuccess;
@@ -572,7 +594,14 @@ ncclResult_t release(ncclComm_t comm, bool abort, const char* fn) {
     }
     if (comm->worker.joinable()) comm->worker.join();
     comm->magic = 0;
-    comm->device.reset();  // waits for this rank's launches
+    if (!abort && comm->device) {
+      try {
+        comm->device->close();  // with every rank: then no peer uses this rank's FIFOs any more
+      } catch (const Error& e) {
+        TUTTI_WARN("{}: closing the device executor: {}", fn, e.what());
+      }
+    }
+    comm->device.reset();
     comm->dispatcher.reset();
     comm->comm.reset();  // flushes (destroy) or just frees (abort)
     delete comm;

@@ -124,6 +124,7 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
           }
         }
     }
+  test_support::on_ranks(comms, [&](int r, Communicator&) { executors[r]->close(); });
 }
 
 Prepared builtin(const std::string& name, int n, algorithms::Params prm = {}) {
@@ -309,6 +310,7 @@ TEST(DeviceExecutor, WaitsTimeOutAndAbortNamingWhereTheyStopped) {
     if (aborter.joinable()) aborter.join();
     // The failure stays recorded: the next call reports it instead of running on broken FIFOs.
     EXPECT_THROW(ex[0]->run(*p, args(0), nullptr), Error);
+    if (!abort) test_support::on_ranks(comms, [&](int r, Communicator&) { ex[r]->close(); });
   }
 }
 

@@ -4,9 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <optional>
+#include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -314,3 +318,46 @@ TEST(NcclApi, SplitMemAllocAndRegistration) {
 }
 
 }  // namespace
+
+namespace {
+// Sets environment variables for the scope of a test, and restores what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (auto& [k, v] : vars) {
+      const char* old = std::getenv(k);
+      saved_.push_back({k, old ? std::optional<std::string>(old) : std::nullopt});
+      setenv(k, v, 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (auto& [k, v] : saved_) v ? setenv(k.c_str(), v->c_str(), 1) : unsetenv(k.c_str());
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+}  // namespace
+
+// Device buffers through the NCCL API (on the emulated device, which runs the CUDA interpreter's
+// code on CPU threads): a rank whose peer stops calling fails after TUTTI_TIMEOUT with an error
+// that names the plan, the block and the peer, and ncclCommGetAsyncError reports it afterwards.
+TEST(NcclApi, DeviceCollectiveWithoutItsPeerTimesOutNamingIt) {
+  ScopedEnv env({{"TUTTI_DEVICE", "emulated"}, {"TUTTI_TIMEOUT", "0.3"}});
+  on_ranks(2, [&](int r, ncclComm_t comm) {
+    std::vector<float> buf(4096, 1.0f);
+    ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr), ncclSuccess)
+        << ncclGetLastError(comm);
+    EXPECT_EQ(buf[17], 2.0f);
+    if (r == 0) {
+      EXPECT_EQ(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr), ncclRemoteError);
+      std::string why = ncclGetLastError(comm);
+      EXPECT_NE(why.find("device plan 'allpairs_allreduce' stopped at block"), std::string::npos) << why;
+      EXPECT_NE(why.find("waiting for "), std::string::npos) << why;
+      EXPECT_NE(why.find("TUTTI_TIMEOUT"), std::string::npos) << why;
+      ncclResult_t async = ncclSuccess;
+      EXPECT_EQ(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+      EXPECT_EQ(async, ncclRemoteError);
+    }
+  });
+}

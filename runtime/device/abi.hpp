@@ -72,6 +72,7 @@ struct RankState {
 struct Status {
   int32_t failed;  // 0 ok, 1 aborted, 2 timed out
   int32_t block, step, peer;
+  int32_t waits_for_block;  // a dependency wait: the block waited for (-1: none)
   int64_t round;
 };
 

@@ -89,19 +89,28 @@ DeviceExecutor::DeviceExecutor(Communicator& comm, std::unique_ptr<Backend> back
   *abort_host_ = 0;
 }
 
+void DeviceExecutor::close() {
+  if (aborted_ || closed_) return;
+  backend_->synchronize(nullptr);  // this rank's launches
+  if (!channels_.empty() && comm_.size() > 1) comm_.bootstrap().barrier();
+  closed_ = true;
+}
+
 DeviceExecutor::~DeviceExecutor() {
-  // After an abort or a failed launch, peers' kernels may still write into this rank's FIFOs and
-  // its own may still spin: leave the device memory to the process's end rather than free it
-  // under them.
-  if (aborted_ || status_host_->failed != 0) {
-    TUTTI_WARN("rank {}: device executor closed after a failure: its device memory stays allocated", comm_.rank());
+  // Peers map this rank's FIFOs: free them only once every rank has closed (close()). After an
+  // abort, or without close(), a peer's kernel may still use them, so the memory stays allocated.
+  if (!closed_ && (aborted_ || (!channels_.empty() && comm_.size() > 1))) {
+    TUTTI_WARN("rank {}: device executor {}: its device memory stays allocated", comm_.rank(),
+               aborted_ ? "aborted" : "destroyed without close()");
     return;
   }
-  try {
-    backend_->synchronize(nullptr);  // this rank's launches; after them no peer touches its FIFOs
-  } catch (const std::exception& e) {
-    TUTTI_WARN("rank {}: device executor: {}", comm_.rank(), e.what());
-    return;
+  if (!closed_) {
+    try {
+      backend_->synchronize(nullptr);  // no peers: only this rank's own launches use the memory
+    } catch (const std::exception& e) {
+      TUTTI_WARN("rank {}: device executor: {}", comm_.rank(), e.what());
+      return;
+    }
   }
   for (auto& [id, u] : plans_) backend_->release(u->memory);
   for (auto& [key, u] : p2p_) backend_->release(u->memory);
@@ -128,9 +137,11 @@ void DeviceExecutor::check() {
   Status s;
   std::memcpy(&s, status_host_, sizeof(Status));
   if (s.failed == 0) return;
+  std::string waiting = s.peer >= 0              ? fmt::format(" (waiting for rank {})", s.peer)
+                        : s.waits_for_block >= 0 ? fmt::format(" (waiting for block {} of this rank)", s.waits_for_block)
+                                                 : std::string();
   std::string where = fmt::format("rank {}: device plan '{}' stopped at block {} step {}{} in round {}", comm_.rank(),
-                                  last_plan_, s.block, s.step,
-                                  s.peer >= 0 ? fmt::format(" (waiting for rank {})", s.peer) : std::string(), s.round);
+                                  last_plan_, s.block, s.step, waiting, s.round);
   if (s.failed == 1) throw Aborted(where + ": the communicator was aborted");
   throw Timeout(fmt::format("{}: no progress for {} s (TUTTI_TIMEOUT)", where, options_.timeout_s));
 }

@@ -42,6 +42,9 @@ struct DeviceOptions {
 class DeviceExecutor {
  public:
   DeviceExecutor(Communicator& comm, std::unique_ptr<Backend> backend, const DeviceOptions& options);
+  // Frees the device memory only after close(): until every rank has closed, a peer may still
+  // read and write this rank's FIFOs (a peer that is still in a collective this rank left, after an
+  // error). Without close() the memory stays allocated (and a warning says so).
   ~DeviceExecutor();
   DeviceExecutor(const DeviceExecutor&) = delete;
   DeviceExecutor& operator=(const DeviceExecutor&) = delete;
@@ -66,6 +69,13 @@ class DeviceExecutor {
   void check();
   // Makes every wait of running and future launches give up (communicator abort).
   void abort();
+  // Collective: connects device channel 0 (point-to-point), so later point-to-point calls between
+  // any two ranks need no other rank. NCCL layers call it when a communicator is made.
+  void connect() { ensure_channels(1); }
+  // Collective: waits for this rank's launches, then for every rank to get here, after which no
+  // peer touches this rank's FIFOs and the destructor frees them. Not after abort(): then the
+  // memory stays allocated.
+  void close();
   Backend& backend() { return *backend_; }
   const DeviceOptions& options() const { return options_; }
   // Scratch memory of the device for the caller's adaptations (in-place / out-of-place), grown on
@@ -98,6 +108,7 @@ class DeviceExecutor {
   size_t temp_bytes_[2] = {0, 0};
   std::string last_plan_;
   bool aborted_ = false;
+  bool closed_ = false;
 };
 
 }  // namespace tutti::device

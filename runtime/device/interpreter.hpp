@@ -135,6 +135,7 @@ TUTTI_HD void store_local(unsigned char* p, int64_t u, int64_t valid, Pack16 v) 
 struct WaitSite {
   int32_t block, step, peer;
   int64_t round;
+  int32_t waits_for_block = -1;
 };
 
 TUTTI_HD bool keep_waiting(const LaunchArgs& a, const WaitSite& site, uint64_t& since) {
@@ -149,6 +150,7 @@ TUTTI_HD bool keep_waiting(const LaunchArgs& a, const WaitSite& site, uint64_t& 
     a.status->block = site.block;
     a.status->step = site.step;
     a.status->peer = site.peer;
+    a.status->waits_for_block = site.waits_for_block;
     a.status->round = site.round;
   }
   return false;
@@ -350,7 +352,7 @@ struct BlockRun {
           for (int32_t d = 0; d < s.ndeps && !failed; ++d) {
             const DevDep dep = a.deps[s.first_dep + d];
             const uint64_t want = epoch | static_cast<uint64_t>(k * a.blocks[dep.block].nsteps + dep.step + 1);
-            failed = !wait_ge(a, &progress[dep.block], want, WaitSite{block, i, -1, k});
+            failed = !wait_ge(a, &progress[dep.block], want, WaitSite{block, i, -1, k, dep.block});
           }
         if (team.sync_or(failed)) return;
         if (!step(s, i, r, k)) return;
