@@ -15,6 +15,7 @@ logs=/tmp/tutti-gpu/logs
 mkdir -p "$logs"
 export LD_LIBRARY_PATH="$pack/lib:/tmp/ompi/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export TUTTI_TIMEOUT=${TUTTI_TIMEOUT:-60}  # a hang fails its check instead of the whole run
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}  # a hardware queue per rank's stream
 export PATH="$pack/bin:$PATH"
 sections=${*:-cuda bench threads nccl-tests torch algos msccl procs}
 budget=${BUDGET:-450}
