@@ -282,7 +282,9 @@ TEST(DeviceExecutor, WaitsTimeOutAndAbortNamingWhereTheyStopped) {
     SCOPED_TRACE(abort ? "abort" : "timeout");
     auto comms = Communicator::create_local(2);
     DeviceOptions d;
-    d.timeout_s = abort ? 0 : 0.3;  // 0: no timeout, only the abort can end the wait
+    // 0: no timeout, only the abort can end the wait. 2 s: long enough that the joint first run
+    // never times out on a loaded machine, short enough for a test.
+    d.timeout_s = abort ? 0 : 2;
     d.protocol = kProtoSimple;
     std::vector<std::unique_ptr<DeviceExecutor>> ex;
     std::vector<std::vector<float>> buf(2, std::vector<float>(1024, 1.0f));
