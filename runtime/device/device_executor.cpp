@@ -180,6 +180,8 @@ void DeviceExecutor::ensure_channels(int n) {
           .put<uint64_t>(static_cast<uint64_t>(fifo_stride_))
           .put_bytes(handle.data(), handle.size());
       auto all = comm_.bootstrap().allgather(w.bytes());
+      std::map<std::pair<uint64_t, int32_t>, int> per_device;  // (host, device) -> ranks
+      ++per_device[{comm_.peer_info(me).host_hash, backend_->device()}];
       for (int r = 0; r < nranks; ++r) {
         if (r == me) continue;
         wire::Reader rd(all[r], "device channel setup");
@@ -194,6 +196,7 @@ void DeviceExecutor::ensure_channels(int n) {
                     "rank {}: rank {} is on another host; device buffers between hosts are not supported yet "
                     "(collectives on host buffers are)",
                     me, r);
+        ++per_device[{host, dev}];
         if (pid == static_cast<int32_t>(getpid())) {
           if (dev != backend_->device()) backend_->reach(dev);
           ch->peer_inbox[r] = reinterpret_cast<unsigned char*>(ptr);
@@ -202,6 +205,9 @@ void DeviceExecutor::ensure_channels(int n) {
           ch->opened[r] = true;
         }
       }
+      // The most ranks any GPU holds: the same number on every rank, so every rank picks the same
+      // instance count.
+      for (auto& [where, count] : per_device) ranks_on_device_ = std::max(ranks_on_device_, count);
     }
     channels_.push_back(std::move(ch));
     TUTTI_INFO(log::kInit, "rank {}: device channel {} connected ({} peers, {} on {})", me, channels_.size() - 1,
@@ -225,12 +231,20 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
               "(TUTTI_DEVICE_FIFO_DEPTH)",
               pp.plan.name, u->fifo_depth, options_.fifo_depth);
   for (const DevBlock& b : u->plan.blocks) u->max_steps = std::max(u->max_steps, b.nsteps);
-  // The same on every rank: instance i of one rank exchanges with instance i of the others.
+  // The same on every rank: instance i of one rank exchanges with instance i of the others. Every
+  // thread block of every rank on a GPU must be resident at once (they wait for each other), so the
+  // instances share the GPU's blocks among the ranks on it.
+  ensure_channels(1);  // learns which ranks share this GPU
   const int nblocks = u->plan.max_blocks;
+  const int resident = backend_->resident_blocks(options_.threads);
+  TUTTI_CHECK(nblocks * ranks_on_device_ <= resident, InvalidArgument,
+              "plan '{}' runs {} thread blocks on each of up to {} ranks sharing a GPU, more than a GPU runs at once "
+              "({} of {} threads): use fewer ranks per GPU, or fewer threads per block (TUTTI_DEVICE_THREADS)",
+              pp.plan.name, nblocks, ranks_on_device_, resident, options_.threads);
   u->instances = options_.instances > 0
                      ? options_.instances
-                     : std::clamp(backend_->processors() / (nblocks * std::max(1, comm_.local_ranks())), 1, 64);
-  u->instances = std::min(u->instances, std::max(1, backend_->resident_blocks(options_.threads) / nblocks));
+                     : std::clamp(backend_->processors() / (nblocks * ranks_on_device_), 1, 64);
+  u->instances = std::min(u->instances, std::max(1, resident / (nblocks * ranks_on_device_)));
   // Device channel 0 is reserved for point-to-point calls; instance i's plan channel c is
   // 1 + i * channels + c.
   ensure_channels(1 + u->instances * u->plan.channels);
@@ -295,9 +309,6 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* str
   Uploaded& u = upload(pp, stream);
   if (u.plan.blocks.empty()) return;
   const int threads = options_.threads;
-  TUTTI_CHECK(u.base.nblocks * u.instances <= backend_->resident_blocks(threads), InvalidArgument,
-              "plan '{}' has {} blocks ({} instances) on rank {}, more than the device runs at once with {} threads each",
-              p.name, u.base.nblocks, u.instances, comm_.rank(), threads);
 
   LaunchArgs a = u.base;
   a.protocol = protocol >= 0         ? protocol

@@ -109,6 +109,7 @@ class DeviceExecutor {
   std::string last_plan_;
   bool aborted_ = false;
   bool closed_ = false;
+  int ranks_on_device_ = 1;  // the most ranks of this communicator on one GPU, known once connected
 };
 
 }  // namespace tutti::device
