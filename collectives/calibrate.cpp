@@ -15,6 +15,7 @@
 
 #include "collectives/algorithms/registry.hpp"
 #include "compiler/compile.hpp"
+#include "compiler/verify.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/reduce.hpp"
@@ -273,7 +274,7 @@ Calibration calibrate(Communicator& comm) {
   auto copies = [&](int k) {
     plan::Plan local;
     local.name = "calibration_copies";
-    local.collective = dsl::Collective::kAllReduce;
+    local.collective = Collective::kCustom;  // each rank copies its own input: no standard collective
     local.nranks = n;
     local.chunk_factor = k;
     local.ranks.resize(static_cast<size_t>(n));
@@ -283,11 +284,12 @@ Calibration calibrate(Communicator& comm) {
       for (int i = 0; i < k; ++i) {
         plan::Instruction in;
         in.op = plan::Opcode::kCopy;
-        in.srcs = {plan::Ref{dsl::BufferKind::kInput, i, 1}};
-        in.dst = plan::Ref{dsl::BufferKind::kOutput, i, 1};
+        in.srcs = {plan::Ref{BufferKind::kInput, i, 1}};
+        in.dst = plan::Ref{BufferKind::kOutput, i, 1};
         rp.blocks[0].steps.push_back(in);
       }
     }
+    plan::certify(local);
     auto pp = PreparedPlan::make(std::move(local));
     ExecArgs a = args;
     a.count = k;

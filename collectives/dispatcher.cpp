@@ -21,10 +21,10 @@ namespace {
 
 // NCCL's in-place calls: the input is the rank's slice of the output (all-gather), the output the
 // rank's slice of the input (reduce-scatter), or the very same buffer.
-bool is_inplace(dsl::Collective c, const unsigned char* in, const unsigned char* out, int rank, int64_t piece_bytes) {
+bool is_inplace(Collective c, const unsigned char* in, const unsigned char* out, int rank, int64_t piece_bytes) {
   switch (c) {
-    case dsl::Collective::kAllGather: return in == out + rank * piece_bytes;
-    case dsl::Collective::kReduceScatter: return out == in + rank * piece_bytes;
+    case Collective::kAllGather: return in == out + rank * piece_bytes;
+    case Collective::kReduceScatter: return out == in + rank * piece_bytes;
     default: return in == out;
   }
 }
@@ -33,7 +33,6 @@ bool is_inplace(dsl::Collective c, const unsigned char* in, const unsigned char*
 
 namespace {
 
-using dsl::Collective;
 
 bool rooted(Collective c) { return c == Collective::kBroadcast || c == Collective::kReduce; }
 
@@ -64,8 +63,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
 void load_into(std::vector<std::shared_ptr<const PreparedPlan>>& out, const std::string& path) {
   try {
     plan::Plan p = plan::load_file(path);
-    plan::verify(p);
-    TUTTI_INFO(log::kTuning, "loaded plan '{}' ({} for {} ranks, {}..{} bytes) from {}", p.name, dsl::to_string(p.collective),
+    plan::certify(p);
+    TUTTI_INFO(log::kTuning, "loaded plan '{}' ({} for {} ranks, {}..{} bytes) from {}", p.name, to_string(p.collective),
                p.nranks, p.min_bytes, p.max_bytes, path);
     out.push_back(PreparedPlan::make(std::move(p)));
   } catch (const Error& e) {
@@ -152,7 +151,7 @@ Choice Dispatcher::tuned(Collective c, uint64_t bytes, const std::function<Choic
   e.time_us = ranked.front().time_us;
   table_.put(e);
   TUTTI_INFO(log::kTuning, "rank {}: tuned {} of {}..{} bytes: {} ({:.2f} us; next {} {:.2f} us)", comm_.rank(),
-             dsl::to_string(c), e.min_bytes, e.max_bytes, e.choice.describe(), e.time_us,
+             to_string(c), e.min_bytes, e.max_bytes, e.choice.describe(), e.time_us,
              ranked.size() > 1 ? ranked[1].candidate.describe() : "-", ranked.size() > 1 ? ranked[1].time_us : 0.0);
   if (tuning_file_ && !tuning_file_->empty() && comm_.rank() == 0) {
     table_.topology = "live";
@@ -185,7 +184,7 @@ Choice Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, 
     const plan::Plan& p = pp.plan;
     if (p.collective != c || p.nranks != n) return false;
     if (rooted(c) && (p.root != root || p.inplace)) return false;
-    if (!pp.any_count && count % p.chunk_factor != 0) return false;
+    if (!p.any_count && count % p.chunk_factor != 0) return false;
     // An in-place plan serves an out-of-place reduce-scatter only with a larger output: never.
     if (c == Collective::kReduceScatter && p.inplace && !inplace) return false;
     return true;
@@ -225,7 +224,7 @@ Choice Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, 
     if (want == tuning::kOneShot && fits) return remember(Choice::one_shot());
     for (auto& pp : loaded_plans())
       if (lower(pp->plan.name) == want && applicable(*pp)) return remember(pp);
-    std::string coll = dsl::to_string(c);
+    std::string coll = to_string(c);
     for (const std::string& name : {want, want + "_" + coll})
       if (auto pp = try_builtin(name)) return remember(pp);
     static std::once_flag warned;
@@ -269,7 +268,7 @@ Choice Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, 
     case Collective::kBroadcast: name = bytes <= (64u << 10) ? "tree_broadcast" : "chain_broadcast"; break;
     case Collective::kReduce: name = "tree_reduce"; break;
     case Collective::kAllToAll: name = "pairwise_alltoall"; break;
-    default: throw InvalidArgument(fmt::format("no built-in algorithm for {}", dsl::to_string(c)));
+    default: throw InvalidArgument(fmt::format("no built-in algorithm for {}", to_string(c)));
   }
   auto pp = try_builtin(name);
   TUTTI_CHECK(pp != nullptr, InternalError, "built-in {} does not apply to {} ranks", name, n);
@@ -291,9 +290,9 @@ void Dispatcher::check_consistent(const CollectiveCall& call) {
     int root = rd.get<int32_t>();
     auto mismatch = [&](const char* what, const std::string& mine, const std::string& theirs) {
       throw InvalidArgument(fmt::format("TUTTI_CHECK: rank {} calls {} with {} {} but rank {} with {} {}", comm_.rank(),
-                                        dsl::to_string(call.collective), what, mine, r, what, theirs));
+                                        to_string(call.collective), what, mine, r, what, theirs));
     };
-    if (coll != call.collective) mismatch("collective", dsl::to_string(call.collective), dsl::to_string(coll));
+    if (coll != call.collective) mismatch("collective", to_string(call.collective), to_string(coll));
     if (count != call.count) mismatch("count", std::to_string(call.count), std::to_string(count));
     if (type != call.reduction.type) mismatch("datatype", std::string(name(call.reduction.type)), std::string(name(type)));
     bool reduces = coll == Collective::kAllReduce || coll == Collective::kReduce || coll == Collective::kReduceScatter;
@@ -382,7 +381,7 @@ void Dispatcher::run_on(const CollectiveCall& call, CallMemory& mem, device::Dev
   const uint64_t bytes = static_cast<uint64_t>(std::max(in_bytes, out_bytes));
   Choice choice = choose(c, inplace, bytes, call.root, call.count, esize, dev != nullptr);
   if (last_plan_ != choice.name())
-    TUTTI_INFO(log::kTuning, "rank {}: {} of {} bytes{} runs plan '{}'", rank, dsl::to_string(c), bytes,
+    TUTTI_INFO(log::kTuning, "rank {}: {} of {} bytes{} runs plan '{}'", rank, to_string(c), bytes,
                dev ? " on the device" : "", choice.name());
   last_plan_ = choice.name();
   auto finish = [&] {
@@ -412,7 +411,7 @@ void Dispatcher::run_on(const CollectiveCall& call, CallMemory& mem, device::Dev
     mem.copy(t, in, in_bytes);
     args.input = t;
   }
-  TUTTI_TRACE(log::kColl, "rank {}: {} count {} {} via plan '{}'", rank, dsl::to_string(c), call.count,
+  TUTTI_TRACE(log::kColl, "rank {}: {} count {} {} via plan '{}'", rank, to_string(c), call.count,
               name(call.reduction.type), pp->plan.name);
   if (dev) dev->run(*pp, args, stream, !dev->options().protocol && bytes <= kDeviceLLBytes ? device::kProtoLL : -1);
   else res_->executor.run(*pp, args);

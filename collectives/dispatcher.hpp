@@ -24,7 +24,7 @@
 namespace tutti {
 
 struct CollectiveCall {
-  dsl::Collective collective = dsl::Collective::kAllReduce;
+  Collective collective = Collective::kAllReduce;
   const void* input = nullptr;
   void* output = nullptr;
   int64_t count = 0;  // NCCL's count (allgather: sendcount, reduce-scatter: recvcount)
@@ -102,7 +102,7 @@ class Dispatcher {
   static const std::vector<std::shared_ptr<const PreparedPlan>>& loaded_plans();
 
  private:
-  Choice choose(dsl::Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,
+  Choice choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,
                 bool device = false);
   // One call on either executor (dev null: the CPU executor and the host mailbox).
   void run_on(const CollectiveCall& call, CallMemory& mem, device::DeviceExecutor* dev, void* stream);
@@ -117,7 +117,7 @@ class Dispatcher {
   bool tune_ = false;                       // TUTTI_TUNE
   tuning::Table table_;
   uint64_t oneshot_threshold_;              // TUTTI_ONESHOT_THRESHOLD
-  Choice tuned(dsl::Collective c, uint64_t bytes, const std::function<Choice(const tuning::Candidate&)>& make);
+  Choice tuned(Collective c, uint64_t bytes, const std::function<Choice(const tuning::Candidate&)>& make);
   // Choices already made: (collective, in-place, root, bytes, count, element size, device) -> choice.
   std::map<std::tuple<int, bool, int, uint64_t, int64_t, int64_t, bool>, Choice> chosen_;
   std::string last_plan_;

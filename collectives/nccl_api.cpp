@@ -776,7 +776,7 @@ NCCL_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size
          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclAllReduce", [&] {
     Use use(comm, "ncclAllReduce");
-    CollectiveCall call{dsl::Collective::kAllReduce, sendbuff, recvbuff, static_cast<int64_t>(count), {}, 0};
+    CollectiveCall call{Collective::kAllReduce, sendbuff, recvbuff, static_cast<int64_t>(count), {}, 0};
     call.reduction = to_reduction(comm, op, to_type(datatype, "ncclAllReduce"), "ncclAllReduce");
     check_buffer(sendbuff, count, "sendbuff", "ncclAllReduce");
     check_buffer(recvbuff, count, "recvbuff", "ncclAllReduce");
@@ -790,7 +790,7 @@ NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size
     Use use(comm, "ncclBroadcast");
     TUTTI_CHECK(root >= 0 && root < use->comm->size(), InvalidArgument, "ncclBroadcast: root {} is out of range (0..{})",
                 root, use->comm->size() - 1);
-    CollectiveCall call{dsl::Collective::kBroadcast, sendbuff, recvbuff, static_cast<int64_t>(count), {}, root};
+    CollectiveCall call{Collective::kBroadcast, sendbuff, recvbuff, static_cast<int64_t>(count), {}, root};
     call.reduction.type = to_type(datatype, "ncclBroadcast");
     if (use->comm->rank() == root) check_buffer(sendbuff, count, "sendbuff", "ncclBroadcast");
     check_buffer(recvbuff, count, "recvbuff", "ncclBroadcast");
@@ -809,7 +809,7 @@ NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t 
     Use use(comm, "ncclReduce");
     TUTTI_CHECK(root >= 0 && root < use->comm->size(), InvalidArgument, "ncclReduce: root {} is out of range (0..{})", root,
                 use->comm->size() - 1);
-    CollectiveCall call{dsl::Collective::kReduce, sendbuff, recvbuff, static_cast<int64_t>(count), {}, root};
+    CollectiveCall call{Collective::kReduce, sendbuff, recvbuff, static_cast<int64_t>(count), {}, root};
     call.reduction = to_reduction(comm, op, to_type(datatype, "ncclReduce"), "ncclReduce");
     check_buffer(sendbuff, count, "sendbuff", "ncclReduce");
     if (use->comm->rank() == root) check_buffer(recvbuff, count, "recvbuff", "ncclReduce");
@@ -821,7 +821,7 @@ NCCL_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size
          ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclAllGather", [&] {
     Use use(comm, "ncclAllGather");
-    CollectiveCall call{dsl::Collective::kAllGather, sendbuff, recvbuff, static_cast<int64_t>(sendcount), {}, 0};
+    CollectiveCall call{Collective::kAllGather, sendbuff, recvbuff, static_cast<int64_t>(sendcount), {}, 0};
     call.reduction.type = to_type(datatype, "ncclAllGather");
     check_buffer(sendbuff, sendcount, "sendbuff", "ncclAllGather");
     check_buffer(recvbuff, sendcount, "recvbuff", "ncclAllGather");
@@ -833,7 +833,7 @@ NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, 
          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclReduceScatter", [&] {
     Use use(comm, "ncclReduceScatter");
-    CollectiveCall call{dsl::Collective::kReduceScatter, sendbuff, recvbuff, static_cast<int64_t>(recvcount), {}, 0};
+    CollectiveCall call{Collective::kReduceScatter, sendbuff, recvbuff, static_cast<int64_t>(recvcount), {}, 0};
     call.reduction = to_reduction(comm, op, to_type(datatype, "ncclReduceScatter"), "ncclReduceScatter");
     check_buffer(sendbuff, recvcount, "sendbuff", "ncclReduceScatter");
     check_buffer(recvbuff, recvcount, "recvbuff", "ncclReduceScatter");
@@ -845,7 +845,7 @@ NCCL_API(ncclResult_t, ncclAllToAll, const void* sendbuff, void* recvbuff, size_
          ncclComm_t comm, cudaStream_t stream) {
   return guard("ncclAllToAll", [&] {
     Use use(comm, "ncclAllToAll");
-    CollectiveCall call{dsl::Collective::kAllToAll, sendbuff, recvbuff, static_cast<int64_t>(count), {}, 0};
+    CollectiveCall call{Collective::kAllToAll, sendbuff, recvbuff, static_cast<int64_t>(count), {}, 0};
     call.reduction.type = to_type(datatype, "ncclAllToAll");
     check_buffer(sendbuff, count, "sendbuff", "ncclAllToAll");
     check_buffer(recvbuff, count, "recvbuff", "ncclAllToAll");

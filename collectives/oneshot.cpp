@@ -8,7 +8,6 @@
 namespace tutti {
 namespace {
 
-using dsl::Collective;
 
 // Bytes each rank publishes (the same on every rank, so the choice agrees everywhere).
 int64_t published_bytes(Collective c, int64_t count, int64_t esize, int n) {
@@ -40,7 +39,7 @@ void run_oneshot(Mailbox& mb, Collective c, const void* input, void* output, int
   const int64_t esize = static_cast<int64_t>(size_of(red.type));
   const size_t piece = static_cast<size_t>(count * esize);
   TUTTI_CHECK(oneshot_fits(mb, c, count, esize), InvalidArgument,
-              "rank {}: {} of {} elements does not fit the one-shot mailbox ({} bytes)", rank, dsl::to_string(c), count,
+              "rank {}: {} of {} elements does not fit the one-shot mailbox ({} bytes)", rank, to_string(c), count,
               mb.capacity());
   const auto* in = static_cast<const unsigned char*>(input);
   auto* out = static_cast<unsigned char*>(output);
@@ -48,7 +47,7 @@ void run_oneshot(Mailbox& mb, Collective c, const void* input, void* output, int
   const bool publishes = c != Collective::kBroadcast || rank == root;
   const size_t bytes = publishes ? static_cast<size_t>(published_bytes(c, count, esize, n)) : 0;
   if (bytes) std::memcpy(mb.outbox(), in, bytes);
-  mb.exchange(dsl::to_string(c));
+  mb.exchange(to_string(c));
   // Own contributions are read from the user's input, which is still intact: in-place calls write
   // their output only below, and combine_n allows dst to alias a source exactly.
   auto from = [&](int r) { return r == rank ? in : mb.data(r); };
@@ -87,7 +86,7 @@ void run_oneshot(Mailbox& mb, Collective c, const void* input, void* output, int
         if (dst != src) std::memcpy(dst, src, piece);
       }
       break;
-    default: throw InternalError(fmt::format("one-shot {}", dsl::to_string(c)));
+    default: throw InternalError(fmt::format("one-shot {}", to_string(c)));
   }
 }
 

@@ -11,17 +11,17 @@
 #include <cstdint>
 
 #include "core/reduce.hpp"
-#include "dsl/collective.hpp"
+#include "core/collective.hpp"
 #include "runtime/mailbox.hpp"
 
 namespace tutti {
 
 // Whether a call of `collective` with NCCL's `count` of `esize`-byte elements fits the mailbox.
-bool oneshot_fits(const Mailbox& mailbox, dsl::Collective collective, int64_t count, int64_t esize);
+bool oneshot_fits(const Mailbox& mailbox, Collective collective, int64_t count, int64_t esize);
 
 // Runs one call. input/output follow NCCL (in-place allowed exactly as NCCL defines it); output of
 // a reduce's non-roots is not written. Collective: every rank calls it for the same call.
-void run_oneshot(Mailbox& mailbox, dsl::Collective collective, const void* input, void* output, int64_t count,
+void run_oneshot(Mailbox& mailbox, Collective collective, const void* input, void* output, int64_t count,
                  const Reduction& reduction, int root);
 
 }  // namespace tutti

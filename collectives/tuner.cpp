@@ -23,7 +23,6 @@
 namespace tutti::tuning {
 namespace {
 
-using dsl::Collective;
 using nlohmann::json;
 
 bool scaled(Collective c) {
@@ -45,9 +44,9 @@ std::vector<int> values_of(const std::string& param, const std::string& algorith
   return {};
 }
 
-std::optional<dsl::Protocol> parse_protocol(const std::string& s) {
-  for (auto p : {dsl::Protocol::kAuto, dsl::Protocol::kSimple, dsl::Protocol::kLL, dsl::Protocol::kLL128})
-    if (s == dsl::to_string(p)) return p;
+std::optional<Protocol> parse_protocol(const std::string& s) {
+  for (auto p : {Protocol::kAuto, Protocol::kSimple, Protocol::kLL, Protocol::kLL128})
+    if (s == to_string(p)) return p;
   return std::nullopt;
 }
 
@@ -62,7 +61,7 @@ bool gpu_ranks(const topo::Topology& t) {
 std::string Candidate::describe() const {
   std::string s = algorithm;
   for (auto& [k, v] : params) s += fmt::format(" {}={}", k, v);
-  if (protocol != dsl::Protocol::kAuto) s += fmt::format(" protocol={}", dsl::to_string(protocol));
+  if (protocol != Protocol::kAuto) s += fmt::format(" protocol={}", to_string(protocol));
   return s;
 }
 
@@ -106,13 +105,13 @@ std::string Table::to_json() const {
   j["entries"] = json::array();
   for (const Entry& e : entries) {
     json x;
-    x["collective"] = dsl::to_string(e.collective);
+    x["collective"] = to_string(e.collective);
     x["nranks"] = e.nranks;
     x["min_bytes"] = e.min_bytes;
     x["max_bytes"] = e.max_bytes;
     x["algorithm"] = e.choice.algorithm;
     x["params"] = e.choice.params;
-    if (e.choice.protocol != dsl::Protocol::kAuto) x["protocol"] = dsl::to_string(e.choice.protocol);
+    if (e.choice.protocol != Protocol::kAuto) x["protocol"] = to_string(e.choice.protocol);
     x["time_us"] = e.time_us;
     j["entries"].push_back(x);
   }
@@ -125,7 +124,7 @@ namespace {
 Entry entry_from_json(const json& x, int index) {
   Entry e;
   std::string coll = x.at("collective").get<std::string>();
-  auto c = dsl::parse_collective(coll);
+  auto c = parse_collective(coll);
   TUTTI_CHECK(c.has_value(), InvalidArgument, "tuning table: entry {}: unknown collective '{}'", index, coll);
   e.collective = *c;
   e.nranks = x.at("nranks").get<int>();
@@ -231,7 +230,7 @@ std::vector<Candidate> candidates(Collective c, int nranks, bool protocols) {
         out.push_back({b.name, g});
         continue;
       }
-      for (auto pr : {dsl::Protocol::kSimple, dsl::Protocol::kLL, dsl::Protocol::kLL128}) out.push_back({b.name, g, pr});
+      for (auto pr : {Protocol::kSimple, Protocol::kLL, Protocol::kLL128}) out.push_back({b.name, g, pr});
     }
   }
   return out;
@@ -263,7 +262,7 @@ plan::Plan plan_of(const Candidate& cand, Collective, int nranks) {
   for (auto& q : b.params)
     if (q.name == "inplace" || q.name == "root") p.emplace(q.name, 0);
   plan::Plan plan = plan::compile(algorithms::build(cand.algorithm, nranks, p)).plan;
-  if (cand.protocol != dsl::Protocol::kAuto) plan.protocol = cand.protocol;
+  if (cand.protocol != Protocol::kAuto) plan.protocol = cand.protocol;
   return plan;
 }
 
@@ -274,7 +273,7 @@ std::vector<Ranked> rank_by_model(Collective c, int nranks, uint64_t bytes, cons
     plan::Plan p = plan_of(cand, c, nranks);
     out.push_back({cand, plan::simulate(p, t, piece_of(c, bytes, nranks), model).time_us});
   }
-  TUTTI_CHECK(!out.empty(), InvalidArgument, "tuner: no built-in {} algorithm applies to {} ranks", dsl::to_string(c),
+  TUTTI_CHECK(!out.empty(), InvalidArgument, "tuner: no built-in {} algorithm applies to {} ranks", to_string(c),
               nranks);
   std::stable_sort(out.begin(), out.end(), [](const Ranked& a, const Ranked& b) { return a.time_us < b.time_us; });
   return out;
@@ -483,7 +482,7 @@ std::vector<std::vector<Ranked>> measure_sweep(Communicator& comm, Collective c,
         s.runs.push_back([&s, c, mb] { run_oneshot(*mb, c, s.in.data(), s.out.data(), s.count, s.args.reduction, 0); });
       } else {
         auto pp = PreparedPlan::make(plan_of(cand, c, n));
-        if (!pp->any_count && s.count % pp->plan.chunk_factor != 0) continue;
+        if (!pp->plan.any_count && s.count % pp->plan.chunk_factor != 0) continue;
         s.runs.push_back([&ex, &s, pp] { ex.run(*pp, s.args); });
       }
       s.usable.push_back(k);

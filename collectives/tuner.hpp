@@ -29,13 +29,13 @@ inline constexpr const char* kOneShot = "oneshot";
 struct Candidate {
   std::string algorithm;      // built-in name
   algorithms::Params params;  // tuned parameters only (the dispatcher adds inplace and root)
-  dsl::Protocol protocol = dsl::Protocol::kAuto;  // kAuto: the plan's own (GPU ranks only differ)
+  Protocol protocol = Protocol::kAuto;  // kAuto: the plan's own (GPU ranks only differ)
   std::string describe() const;  // "ring_allreduce channels=2 protocol=LL"
   bool operator==(const Candidate&) const = default;
 };
 
 struct Entry {
-  dsl::Collective collective = dsl::Collective::kAllReduce;
+  Collective collective = Collective::kAllReduce;
   int nranks = 1;
   uint64_t min_bytes = 0, max_bytes = UINT64_MAX;  // nccl-tests' size, inclusive
   Candidate choice;
@@ -48,7 +48,7 @@ struct Table {
   std::string source;    // "model" or "measured"
   std::vector<Entry> entries;
 
-  const Entry* find(dsl::Collective c, int nranks, uint64_t bytes) const;
+  const Entry* find(Collective c, int nranks, uint64_t bytes) const;
   // Adds or replaces the entry for [min, max] of (collective, nranks).
   void put(const Entry& e);
   std::string to_json() const;
@@ -60,25 +60,25 @@ struct Table {
 // Every candidate of a collective at a rank count: each built-in it supports, with channels in
 // {1, 2, 4}, chunks in {1, 2, 4, 8} and hierarchical levels at every divisor of nranks; with
 // `protocols`, each of those with Simple, LL and LL128 (for GPU ranks, whose cost depends on it).
-std::vector<Candidate> candidates(dsl::Collective c, int nranks, bool protocols = false);
+std::vector<Candidate> candidates(Collective c, int nranks, bool protocols = false);
 // The built-ins with their default parameters: "fixed" algorithms, as TUTTI_ALGO would pick them.
-std::vector<Candidate> defaults(dsl::Collective c, int nranks);
+std::vector<Candidate> defaults(Collective c, int nranks);
 // The compiled plan of a candidate (out-of-place, root 0).
-plan::Plan plan_of(const Candidate& c, dsl::Collective coll, int nranks);
+plan::Plan plan_of(const Candidate& c, Collective coll, int nranks);
 
 struct Ranked {
   Candidate candidate;
   double time_us;
 };
 // Candidates sorted by predicted time (fastest first) for `bytes` on `topology`.
-std::vector<Ranked> rank_by_model(dsl::Collective c, int nranks, uint64_t bytes, const topo::Topology& topology,
+std::vector<Ranked> rank_by_model(Collective c, int nranks, uint64_t bytes, const topo::Topology& topology,
                                   const plan::CostModel& model = {});
 
 // Sizes from min to max by factor (nccl-tests' -b -e -f).
 std::vector<uint64_t> sweep(uint64_t min_bytes, uint64_t max_bytes, double factor);
 // One entry per size, merged into windows where consecutive sizes agree. Windows meet halfway (in
 // log scale) between tuned sizes; the first starts at 0 and the last ends at UINT64_MAX.
-void add_windows(Table& table, dsl::Collective c, int nranks, const std::vector<uint64_t>& sizes,
+void add_windows(Table& table, Collective c, int nranks, const std::vector<uint64_t>& sizes,
                  const std::vector<Ranked>& best);
 
 // The choices of a measured sweep: rankings[i] is what was measured at the i-th size. Among the
@@ -89,7 +89,7 @@ void add_windows(Table& table, dsl::Collective c, int nranks, const std::vector<
 std::vector<Ranked> choose_smoothed(const std::vector<std::vector<Ranked>>& rankings, double tolerance = 0.05);
 
 // The model alone (presets, machines we do not have).
-Table tune_model(const topo::Topology& topology, dsl::Collective c, int nranks, const std::vector<uint64_t>& sizes,
+Table tune_model(const topo::Topology& topology, Collective c, int nranks, const std::vector<uint64_t>& sizes,
                  const plan::CostModel& model = {});
 
 // t[way][round] -> one time per way: the way's median ratio to the median way of each round, times
@@ -116,16 +116,16 @@ std::vector<std::vector<double>> interleaved_sweep(Communicator& comm,
 
 // Measures candidates on a live communicator (collective call); returns them fastest first, with the
 // slowest rank's time per call (interleaved_medians; warmup calls each first).
-std::vector<Ranked> measure(Communicator& comm, dsl::Collective c, uint64_t bytes, const std::vector<Candidate>& cands,
+std::vector<Ranked> measure(Communicator& comm, Collective c, uint64_t bytes, const std::vector<Candidate>& cands,
                             int iters, int warmup, int rounds = 5);
 // measure() at every size of a sweep (cands[i] at sizes[i], iters[i] calls per round), through
 // interleaved_sweep: the buffers of every size stay allocated for the whole sweep.
-std::vector<std::vector<Ranked>> measure_sweep(Communicator& comm, dsl::Collective c, const std::vector<uint64_t>& sizes,
+std::vector<std::vector<Ranked>> measure_sweep(Communicator& comm, Collective c, const std::vector<uint64_t>& sizes,
                                                const std::vector<std::vector<Candidate>>& cands,
                                                const std::vector<int>& iters, int warmup, int rounds);
 // What to measure at one size: the model's top `top` candidates plus every fixed algorithm, so the
 // tuned choice is never worse than the best fixed one as far as measurement can tell.
-std::vector<Candidate> shortlist(dsl::Collective c, int nranks, uint64_t bytes, const topo::Topology& topology, int top);
+std::vector<Candidate> shortlist(Collective c, int nranks, uint64_t bytes, const topo::Topology& topology, int top);
 
 // The world topology of a live communicator (collective): every rank's detected view of its host
 // goes through the bootstrap, and one view per host is merged (topo::merge) with the ranks placed

@@ -12,7 +12,6 @@
 namespace tutti::plan {
 namespace {
 
-using dsl::Content;
 
 struct LInstr {
   Instruction ins;
@@ -88,7 +87,7 @@ class Lowering {
  private:
   Ref ref(const dsl::ChunkLoc& l) const {
     Ref r{l.buffer.kind, l.index, l.count};
-    if (l.buffer.kind == dsl::BufferKind::kScratch) r.index += offsets_[l.rank].at(l.buffer.scratch_name);
+    if (l.buffer.kind == BufferKind::kScratch) r.index += offsets_[l.rank].at(l.buffer.scratch_name);
     return r;
   }
 
@@ -96,7 +95,7 @@ class Lowering {
   std::vector<std::pair<int, int64_t>> cells(int rank, const Ref& r) const {
     std::vector<std::pair<int, int64_t>> v;
     for (int64_t k = 0; k < r.count; ++k) {
-      dsl::Location l = spec_.canonical(rank, r.buffer, static_cast<int>(r.index + k));
+      Location l = spec_.canonical(rank, r.buffer, static_cast<int>(r.index + k));
       v.push_back({static_cast<int>(l.buffer), l.index});
     }
     return v;
@@ -107,7 +106,7 @@ class Lowering {
     std::vector<std::map<std::pair<int, int64_t>, Content>> state(prog_.nranks());
     for (int r = 0; r < prog_.nranks(); ++r)
       for (int i = 0; i < spec_.input_chunks(); ++i) {
-        auto c = cells(r, Ref{dsl::BufferKind::kInput, i, 1})[0];
+        auto c = cells(r, Ref{BufferKind::kInput, i, 1})[0];
         state[r][c] = spec_.precondition(r, i);
       }
     auto read = [&](int rank, const Ref& r) {
@@ -176,11 +175,11 @@ class Lowering {
   }
 
   bool checked_at_end(int rank, std::pair<int, int64_t> cell) const {
-    if (cell.first != static_cast<int>(dsl::BufferKind::kOutput)) {
+    if (cell.first != static_cast<int>(BufferKind::kOutput)) {
       // An input cell is checked only when it doubles as output (in-place).
-      if (cell.first == static_cast<int>(dsl::BufferKind::kScratch)) return false;
+      if (cell.first == static_cast<int>(BufferKind::kScratch)) return false;
       for (int i = 0; i < spec_.output_chunks(); ++i) {
-        dsl::Location l = spec_.canonical(rank, dsl::BufferKind::kOutput, i);
+        Location l = spec_.canonical(rank, BufferKind::kOutput, i);
         if (static_cast<int>(l.buffer) == cell.first && l.index == cell.second) return spec_.postcondition(rank, i).has_value();
       }
       return false;
@@ -567,7 +566,7 @@ class Lowering {
   }
 
   const dsl::Program& prog_;
-  dsl::CollectiveSpec spec_;
+  CollectiveSpec spec_;
   std::vector<std::vector<LInstr>> lists_;
   std::vector<std::map<std::string, int64_t>> offsets_;
   std::vector<int64_t> scratch_total_;
@@ -652,8 +651,8 @@ Plan replicate(const Plan& plan, int instances, InstancePolicy policy) {
       std::map<int64_t, int64_t> ids;
       for (auto& b : src.blocks) ids[b.id] = next_id++;
       auto map_ref = [&](Ref x) {
-        int64_t size = x.buffer == dsl::BufferKind::kInput ? src.input_chunks
-                       : x.buffer == dsl::BufferKind::kOutput ? src.output_chunks
+        int64_t size = x.buffer == BufferKind::kInput ? src.input_chunks
+                       : x.buffer == BufferKind::kOutput ? src.output_chunks
                                                               : src.scratch_chunks;
         x.index = policy == InstancePolicy::kInterleaved ? x.index * instances + j * x.count : j * size + x.index;
         return x;
@@ -691,9 +690,9 @@ Compiled compile(const dsl::Program& program, const CompileOptions& options) {
   c.plan = replicate(c.plan, options.instances, options.policy);
   // The program's protocol annotations decide the plan's protocol; they must agree.
   c.plan.protocol = options.protocol;
-  std::set<dsl::Protocol> asked;
+  std::set<Protocol> asked;
   for (const dsl::Op& op : program.ops())
-    if (op.annotations.protocol != dsl::Protocol::kAuto) asked.insert(op.annotations.protocol);
+    if (op.annotations.protocol != Protocol::kAuto) asked.insert(op.annotations.protocol);
   TUTTI_CHECK(asked.size() <= 1, InvalidArgument, "program '{}' annotates {} different protocols; a plan has one",
               program.name(), asked.size());
   if (!asked.empty()) c.plan.protocol = *asked.begin();
@@ -701,7 +700,7 @@ Compiled compile(const dsl::Program& program, const CompileOptions& options) {
   c.plan.max_bytes = options.max_bytes;
   VerifyOptions vo = options.verify;
   if (options.instances == 1 && !vo.spec) vo.spec = &program.spec();
-  c.report = verify(c.plan, vo);
+  c.report = certify(c.plan, vo);
   return c;
 }
 

@@ -39,7 +39,7 @@ struct CompileOptions {
   bool fuse = true;
   int instances = 1;
   InstancePolicy policy = InstancePolicy::kInterleaved;
-  dsl::Protocol protocol = dsl::Protocol::kSimple;
+  Protocol protocol = Protocol::kSimple;
   uint64_t min_bytes = 0, max_bytes = UINT64_MAX;
   VerifyOptions verify;
 };

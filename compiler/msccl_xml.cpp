@@ -53,11 +53,11 @@ uint64_t size_attr(const Source& src, const pugi::xml_node& n, const char* name,
   throw InvalidArgument(fmt::format("MSCCL XML line {}: <{}> attribute {}='{}' is not a byte count", src.line(n), n.name(), name, v));
 }
 
-dsl::BufferKind buffer_attr(const Source& src, const pugi::xml_node& n, const char* name) {
+BufferKind buffer_attr(const Source& src, const pugi::xml_node& n, const char* name) {
   std::string v = n.attribute(name).value();
-  if (v == "i") return dsl::BufferKind::kInput;
-  if (v == "o") return dsl::BufferKind::kOutput;
-  if (v == "s") return dsl::BufferKind::kScratch;
+  if (v == "i") return BufferKind::kInput;
+  if (v == "o") return BufferKind::kOutput;
+  if (v == "s") return BufferKind::kScratch;
   throw InvalidArgument(fmt::format("MSCCL XML line {}: <step> {}='{}' is not i, o or s", src.line(n), name, v));
 }
 
@@ -70,7 +70,7 @@ void report_unknown(const Source& src, const pugi::xml_node& n, std::set<std::st
                                       a.value(), n.name()));
 }
 
-char buffer_letter(dsl::BufferKind b) { return b == dsl::BufferKind::kInput ? 'i' : b == dsl::BufferKind::kOutput ? 'o' : 's'; }
+char buffer_letter(BufferKind b) { return b == BufferKind::kInput ? 'i' : b == BufferKind::kOutput ? 'o' : 's'; }
 
 }  // namespace
 
@@ -92,16 +92,16 @@ Plan import_msccl_xml(const std::string& text, std::vector<std::string>* warning
   Plan p;
   p.name = algo.attribute("name").value();
   std::string coll = algo.attribute("coll").value();
-  auto c = dsl::parse_collective(coll);
-  TUTTI_CHECK(c.has_value() && *c != dsl::Collective::kCustom, InvalidArgument,
+  auto c = parse_collective(coll);
+  TUTTI_CHECK(c.has_value() && *c != Collective::kCustom, InvalidArgument,
               "MSCCL XML line {}: unknown collective coll='{}'", src.line(algo), coll);
   p.collective = *c;
   p.nranks = static_cast<int>(int_attr(src, algo, "ngpus", true));
   TUTTI_CHECK(p.nranks >= 1, InvalidArgument, "MSCCL XML line {}: ngpus={}", src.line(algo), p.nranks);
   int64_t per_loop = int_attr(src, algo, "nchunksperloop", true);
-  bool divided = p.collective == dsl::Collective::kAllGather || p.collective == dsl::Collective::kReduceScatter ||
-                 p.collective == dsl::Collective::kAllToAll || p.collective == dsl::Collective::kGather ||
-                 p.collective == dsl::Collective::kScatter;
+  bool divided = p.collective == Collective::kAllGather || p.collective == Collective::kReduceScatter ||
+                 p.collective == Collective::kAllToAll || p.collective == Collective::kGather ||
+                 p.collective == Collective::kScatter;
   TUTTI_CHECK(!divided || per_loop % p.nranks == 0, InvalidArgument,
               "MSCCL XML line {}: nchunksperloop={} is not a multiple of ngpus={} for {}", src.line(algo), per_loop,
               p.nranks, coll);
@@ -114,7 +114,7 @@ Plan import_msccl_xml(const std::string& text, std::vector<std::string>* warning
   }
   p.inplace = inplace;
   std::string proto = algo.attribute("proto").value();
-  p.protocol = proto == "LL" ? dsl::Protocol::kLL : proto == "LL128" ? dsl::Protocol::kLL128 : dsl::Protocol::kSimple;
+  p.protocol = proto == "LL" ? Protocol::kLL : proto == "LL128" ? Protocol::kLL128 : Protocol::kSimple;
   if (!proto.empty() && proto != "LL" && proto != "LL128" && proto != "Simple" && warnings)
     warnings->push_back(fmt::format("line {}: unknown proto '{}', using Simple", src.line(algo), proto));
   p.min_bytes = size_attr(src, algo, "minBytes", 0);
@@ -212,22 +212,23 @@ Plan import_msccl_xml(const std::string& text, std::vector<std::string>* warning
   }
   for (int r = 0; r < p.nranks; ++r)
     TUTTI_CHECK(seen[r], InvalidArgument, "MSCCL XML: no <gpu id={}> although ngpus={}", r, p.nranks);
+  renumber_blocks(p);  // tb ids need not be 0..n-1; executors index blocks by id
   return p;
 }
 
 std::string export_msccl_xml(const Plan& p) {
-  TUTTI_CHECK(p.collective != dsl::Collective::kCustom && p.collective != dsl::Collective::kSendRecv, InvalidArgument,
-              "MSCCL XML has no collective for '{}'", dsl::to_string(p.collective));
-  bool divided = p.collective == dsl::Collective::kAllGather || p.collective == dsl::Collective::kReduceScatter ||
-                 p.collective == dsl::Collective::kAllToAll || p.collective == dsl::Collective::kGather ||
-                 p.collective == dsl::Collective::kScatter;
+  TUTTI_CHECK(p.collective != Collective::kCustom && p.collective != Collective::kSendRecv, InvalidArgument,
+              "MSCCL XML has no collective for '{}'", to_string(p.collective));
+  bool divided = p.collective == Collective::kAllGather || p.collective == Collective::kReduceScatter ||
+                 p.collective == Collective::kAllToAll || p.collective == Collective::kGather ||
+                 p.collective == Collective::kScatter;
   std::ostringstream o;
-  const char* proto = p.protocol == dsl::Protocol::kLL ? "LL" : p.protocol == dsl::Protocol::kLL128 ? "LL128" : "Simple";
+  const char* proto = p.protocol == Protocol::kLL ? "LL" : p.protocol == Protocol::kLL128 ? "LL128" : "Simple";
   o << fmt::format(
       "<algo name=\"{}\" proto=\"{}\" nchannels=\"{}\" nchunksperloop=\"{}\" ngpus=\"{}\" coll=\"{}\" inplace=\"{}\" "
       "outofplace=\"{}\" minBytes=\"{}\" maxBytes=\"{}\">\n",
       p.name, proto, std::max(p.channels(), 1), divided ? p.chunk_factor * p.nranks : p.chunk_factor, p.nranks,
-      dsl::to_string(p.collective), p.inplace ? 1 : 0, p.inplace ? 0 : 1, p.min_bytes,
+      to_string(p.collective), p.inplace ? 1 : 0, p.inplace ? 0 : 1, p.min_bytes,
       p.max_bytes == UINT64_MAX ? std::string("18446744073709551615") : std::to_string(p.max_bytes));
   for (int r = 0; r < p.nranks; ++r) {
     const RankPlan& rp = p.ranks[r];
@@ -278,12 +279,12 @@ std::string export_msccl_xml(const Plan& p) {
         ++s;
       };
       for (auto& in : b.steps) {
-        const Ref none{dsl::BufferKind::kInput, -1, 0};
-        for (size_t k = 0; k + 1 < in.deps.size(); ++k) step("nop", none, Ref{dsl::BufferKind::kOutput, -1, 0}, 0, &in.deps[k]);
+        const Ref none{BufferKind::kInput, -1, 0};
+        for (size_t k = 0; k + 1 < in.deps.size(); ++k) step("nop", none, Ref{BufferKind::kOutput, -1, 0}, 0, &in.deps[k]);
         const Dep* last = in.deps.empty() ? nullptr : &in.deps.back();
         int64_t cnt = in.count();
         switch (in.op) {
-          case Opcode::kNop: step("nop", none, Ref{dsl::BufferKind::kOutput, -1, 0}, 0, last); break;
+          case Opcode::kNop: step("nop", none, Ref{BufferKind::kOutput, -1, 0}, 0, last); break;
           case Opcode::kSend: step("s", in.srcs[0], in.remote.value_or(in.srcs[0]), cnt, last); break;
           case Opcode::kRecv: step("r", in.remote.value_or(*in.dst), *in.dst, cnt, last); break;
           case Opcode::kRecvCopySend: step("rcs", in.remote.value_or(*in.dst), *in.dst, cnt, last); break;

@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <tuple>
 
 #include "compiler/msccl_xml.hpp"
 #include "core/error.hpp"
@@ -43,8 +45,8 @@ bool receives(Opcode op) { return exec::shape_of(static_cast<int>(op)).recv; }
 bool stores(Opcode op) { return exec::shape_of(static_cast<int>(op)).store; }
 
 std::string Ref::describe() const {
-  if (count == 1) return fmt::format("{}[{}]", dsl::to_string(buffer), index);
-  return fmt::format("{}[{}..{})", dsl::to_string(buffer), index, index + count);
+  if (count == 1) return fmt::format("{}[{}]", to_string(buffer), index);
+  return fmt::format("{}[{}..{})", to_string(buffer), index, index + count);
 }
 
 int64_t Instruction::count() const {
@@ -53,13 +55,18 @@ int64_t Instruction::count() const {
   return 0;
 }
 
-dsl::CollectiveSpec Plan::spec() const {
-  dsl::CollectiveSpec s;
+CollectiveSpec Plan::spec() const {
+  CollectiveSpec s;
   s.kind = collective;
   s.nranks = nranks;
   s.chunk_factor = chunk_factor;
   s.inplace = inplace;
   s.root = root;
+  if (collective == Collective::kCustom)  // no pre/postcondition travels with a plan: buffer sizes only
+    for (auto& r : ranks) {
+      s.custom_input_chunks = std::max(s.custom_input_chunks, static_cast<int>(r.input_chunks));
+      s.custom_output_chunks = std::max(s.custom_output_chunks, static_cast<int>(r.output_chunks));
+    }
   return s;
 }
 
@@ -85,16 +92,16 @@ int64_t Plan::blocks() const {
 
 namespace {
 
-json ref_json(const Ref& r) { return json::array({dsl::to_string(r.buffer), r.index, r.count}); }
+json ref_json(const Ref& r) { return json::array({to_string(r.buffer), r.index, r.count}); }
 
 Ref parse_ref(const json& j, const std::string& where) {
   TUTTI_CHECK(j.is_array() && j.size() == 3 && j[0].is_string() && j[1].is_number_integer() && j[2].is_number_integer(),
               InvalidArgument, "plan JSON: {}: a chunk reference is [\"input|output|scratch\", index, count]", where);
   Ref r;
   std::string b = j[0];
-  if (b == "input") r.buffer = dsl::BufferKind::kInput;
-  else if (b == "output") r.buffer = dsl::BufferKind::kOutput;
-  else if (b == "scratch") r.buffer = dsl::BufferKind::kScratch;
+  if (b == "input") r.buffer = BufferKind::kInput;
+  else if (b == "output") r.buffer = BufferKind::kOutput;
+  else if (b == "scratch") r.buffer = BufferKind::kScratch;
   else throw InvalidArgument(fmt::format("plan JSON: {}: unknown buffer '{}'", where, b));
   r.index = j[1];
   r.count = j[2];
@@ -127,15 +134,17 @@ std::string to_json(const Plan& p) {
   j["format"] = "tutti-plan";
   j["version"] = Plan::kVersion;
   j["name"] = p.name;
-  j["collective"] = dsl::to_string(p.collective);
+  j["collective"] = to_string(p.collective);
   j["nranks"] = p.nranks;
   j["chunk_factor"] = p.chunk_factor;
   j["inplace"] = p.inplace;
   j["root"] = p.root;
-  j["protocol"] = dsl::to_string(p.protocol);
+  j["protocol"] = to_string(p.protocol);
   j["min_bytes"] = p.min_bytes;
   j["max_bytes"] = p.max_bytes;
   j["topology"] = p.topology;
+  j["fifo_depth"] = p.fifo_depth;
+  j["any_count"] = p.any_count;
   json ranks = json::array();
   for (auto& r : p.ranks) {
     json jr;
@@ -189,7 +198,7 @@ Plan parse_json(const std::string& text) {
     throw InvalidArgument(fmt::format("plan JSON: not valid JSON: {}", e.what()));
   }
   check_keys(j, {"format", "version", "name", "collective", "nranks", "chunk_factor", "inplace", "root", "protocol",
-                 "min_bytes", "max_bytes", "topology", "ranks"},
+                 "min_bytes", "max_bytes", "topology", "fifo_depth", "any_count", "ranks"},
              "top level");
   TUTTI_CHECK(field<std::string>(j, "format", "top level") == "tutti-plan", InvalidArgument,
               "plan JSON: format is not 'tutti-plan'");
@@ -199,7 +208,7 @@ Plan parse_json(const std::string& text) {
   Plan p;
   p.name = field<std::string>(j, "name", "top level");
   std::string coll = field<std::string>(j, "collective", "top level");
-  auto c = dsl::parse_collective(coll);
+  auto c = parse_collective(coll);
   TUTTI_CHECK(c.has_value(), InvalidArgument, "plan JSON: unknown collective '{}'", coll);
   p.collective = *c;
   p.nranks = field<int>(j, "nranks", "top level");
@@ -207,14 +216,17 @@ Plan parse_json(const std::string& text) {
   p.inplace = field<bool>(j, "inplace", "top level");
   p.root = field<int>(j, "root", "top level");
   std::string proto = field<std::string>(j, "protocol", "top level");
-  if (proto == "Simple") p.protocol = dsl::Protocol::kSimple;
-  else if (proto == "LL") p.protocol = dsl::Protocol::kLL;
-  else if (proto == "LL128") p.protocol = dsl::Protocol::kLL128;
-  else if (proto == "auto") p.protocol = dsl::Protocol::kAuto;
+  if (proto == "Simple") p.protocol = Protocol::kSimple;
+  else if (proto == "LL") p.protocol = Protocol::kLL;
+  else if (proto == "LL128") p.protocol = Protocol::kLL128;
+  else if (proto == "auto") p.protocol = Protocol::kAuto;
   else throw InvalidArgument(fmt::format("plan JSON: unknown protocol '{}'", proto));
   p.min_bytes = field<uint64_t>(j, "min_bytes", "top level");
   p.max_bytes = field<uint64_t>(j, "max_bytes", "top level");
   p.topology = field<std::string>(j, "topology", "top level");
+  // Stated by the verifier; files written before these fields existed read as "not verified".
+  if (j.contains("fifo_depth")) p.fifo_depth = field<int64_t>(j, "fifo_depth", "top level");
+  if (j.contains("any_count")) p.any_count = field<bool>(j, "any_count", "top level");
   const json& ranks = j.at("ranks");
   TUTTI_CHECK(ranks.is_array() && static_cast<int>(ranks.size()) == p.nranks, InvalidArgument,
               "plan JSON: 'ranks' must list {} ranks", p.nranks);
@@ -258,7 +270,48 @@ Plan parse_json(const std::string& text) {
     }
     p.ranks.push_back(std::move(rp));
   }
+  renumber_blocks(p);
   return p;
+}
+
+void renumber_blocks(Plan& p) {
+  for (size_t r = 0; r < p.ranks.size(); ++r) {
+    auto& blocks = p.ranks[r].blocks;
+    std::map<int64_t, int64_t> index;
+    for (size_t b = 0; b < blocks.size(); ++b)
+      TUTTI_CHECK(index.emplace(blocks[b].id, static_cast<int64_t>(b)).second, InvalidArgument,
+                  "plan '{}': rank {} has two blocks with id {}", p.name, r, blocks[b].id);
+    for (auto& b : blocks)
+      for (size_t s = 0; s < b.steps.size(); ++s)
+        for (auto& d : b.steps[s].deps) {
+          auto it = index.find(d.block);
+          TUTTI_CHECK(it != index.end(), InvalidArgument,
+                      "plan '{}': rank {} block {} step {} depends on block {}, which rank {} does not have", p.name, r,
+                      b.id, s, d.block, r);
+          d.block = it->second;
+        }
+    for (size_t b = 0; b < blocks.size(); ++b) blocks[b].id = static_cast<int64_t>(b);
+  }
+}
+
+bool splits_any_count(const Plan& p) {
+  const int64_t C = p.chunk_factor;
+  auto sub = [&](const Ref& r) { return ((r.index % C) + C) % C; };
+  // Sub-index of each message per connection, in order, from both ends: they must agree too.
+  std::map<std::tuple<int, int, int>, std::vector<int64_t>> sent, received;
+  for (int r = 0; r < p.nranks; ++r)
+    for (auto& b : p.ranks[r].blocks)
+      for (auto& in : b.steps) {
+        std::vector<const Ref*> refs;
+        for (auto& s : in.srcs) refs.push_back(&s);
+        if (in.dst) refs.push_back(&*in.dst);
+        for (auto* ref : refs)
+          if (sub(*ref) != sub(*refs[0])) return false;
+        if (refs.empty()) continue;
+        if (sends(in.op)) sent[{r, in.send_peer, b.channel}].push_back(sub(*refs.back()));
+        if (receives(in.op)) received[{in.recv_peer, r, b.channel}].push_back(sub(*refs.back()));
+      }
+  return sent == received;
 }
 
 Plan load_file(const std::string& path) {

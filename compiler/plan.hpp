@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "dsl/collective.hpp"
-#include "dsl/program.hpp"
+#include "core/collective.hpp"
+#include "core/collective.hpp"
 
 namespace tutti::plan {
 
@@ -48,7 +48,7 @@ bool receives(Opcode op);
 bool stores(Opcode op);  // writes dst
 
 struct Ref {
-  dsl::BufferKind buffer = dsl::BufferKind::kInput;
+  BufferKind buffer = BufferKind::kInput;
   int64_t index = 0;
   int64_t count = 1;
   bool operator==(const Ref&) const = default;
@@ -77,7 +77,7 @@ struct Instruction {
 };
 
 struct Block {
-  int64_t id = 0;
+  int64_t id = 0;  // its index in RankPlan::blocks (importers renumber; see renumber_blocks)
   int channel = 0;
   std::vector<Instruction> steps;
   bool operator==(const Block&) const = default;
@@ -92,23 +92,38 @@ struct RankPlan {
 struct Plan {
   static constexpr int kVersion = 1;
   std::string name;
-  dsl::Collective collective = dsl::Collective::kAllReduce;
+  Collective collective = Collective::kAllReduce;
   int nranks = 1;
   int chunk_factor = 1;
   bool inplace = false;
   int root = 0;
-  dsl::Protocol protocol = dsl::Protocol::kSimple;
+  Protocol protocol = Protocol::kSimple;
   uint64_t min_bytes = 0;
   uint64_t max_bytes = UINT64_MAX;
   std::string topology;  // what it was made or tuned for ("" = generic)
+  // Stated by the compiler when it verifies the plan (plan::certify), so executors read them instead
+  // of deriving them:
+  // - the smallest FIFO depth, in messages per connection, the verifier proved deadlock-free; an
+  //   executor with shallower FIFOs must refuse the plan. 0: not verified, no executor runs it.
+  int64_t fifo_depth = 0;
+  // - true when every transfer and local operation moves chunks between equal sub-indices, so the
+  //   plan works for any element count; otherwise a call needs count % chunk_factor == 0.
+  bool any_count = false;
   std::vector<RankPlan> ranks;
   bool operator==(const Plan&) const = default;
 
-  dsl::CollectiveSpec spec() const;
+  CollectiveSpec spec() const;
   int channels() const;       // 1 + highest channel used
   int64_t steps() const;      // instructions over all ranks
   int64_t blocks() const;     // blocks over all ranks
 };
+
+// Makes block ids equal to their position in RankPlan::blocks and rewrites dependencies to match, so
+// executors index blocks directly. Importers call it. Throws InvalidArgument naming rank, block and
+// step for a duplicate block id or a dependency on a block that does not exist.
+void renumber_blocks(Plan& plan);
+// Whether the plan works for any element count (see Plan::any_count).
+bool splits_any_count(const Plan& plan);
 
 // Versioned JSON. parse_json throws InvalidArgument naming the field (and unknown fields).
 std::string to_json(const Plan& plan);

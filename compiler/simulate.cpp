@@ -75,6 +75,39 @@ double measured_us(const Curve& c, double msg, double touched) {
 }  // namespace
 
 namespace {
+
+// GPU ranks. Measured on the lent H200 (2026-12, `tools/gpu/check.sh bench`), several ranks sharing
+// the one GPU as threads of one process (copy rate and all-reduce times: docs/PERFORMANCE.md;
+// reduction: tutti-device-reduce-bench's "/ copy" column):
+// - device-to-device cudaMemcpy of 1 GiB: 4271 GB/s counting bytes read and written, so 2135 GB/s
+//   of bytes copied (what a copy instruction's time is charged at);
+// - the device interpreter's float32 reduction (out = a + b, 3 bytes moved per byte of output) at
+//   85 % of that rate: 1210 GB/s of output, 1.76 copies' time rather than the CPU's reduce_factor;
+// - all_reduce of 8 B (allpairs, LL): 8.8 us with 2 ranks, 24.5 us with 4.
+constexpr double kH200CopyReadWriteGbps = 4271;
+constexpr double kH200CopyGbps = kH200CopyReadWriteGbps / 2;
+constexpr double kH200ReduceGbps = 0.85 * kH200CopyReadWriteGbps / 3;
+// Other generations were not measured: the H200's rates scaled by datasheet HBM bandwidth (A100
+// SXM 80 GB 2039 GB/s, V100 900 GB/s, H200 4800 GB/s), i.e. the same fraction of the peak. sm 90
+// also covers the H100, whose HBM3 (3350 GB/s) is 30 % slower; the model does not tell them apart.
+constexpr double kH200HbmGbps = 4800, kA100HbmGbps = 2039, kV100HbmGbps = 900;
+// Cost of each instruction of a GPU rank that shares its GPU with other ranks, in place of the CPU
+// executor's instruction_us: the interpreter's barriers and flag polling around every step, a share
+// of the launch, and the other ranks' kernels competing for the same SMs. One figure fitted to the
+// 8 B all-reduces above (their critical paths have 2 and 5 instructions, plus 0.3 us of latency):
+// the model gives 9.3 us (+6 %) and 22.8 us (-7 %). Ranks on GPUs of their own were not measured
+// (one GPU was lent), so they keep instruction_us rather than a figure that includes the sharing.
+constexpr double kSharedGpuInstructionUs = 4.5;
+
+struct GpuRates {
+  double copy_gbps, reduce_gbps;  // bytes copied, bytes of reduction output
+};
+
+GpuRates gpu_rates(int sm) {
+  const double hbm = sm >= 90 ? kH200HbmGbps : sm >= 80 ? kA100HbmGbps : kV100HbmGbps;
+  return {kH200CopyGbps * hbm / kH200HbmGbps, kH200ReduceGbps * hbm / kH200HbmGbps};
+}
+
 // Log-linear in the working set between measured points, flat beyond them; `fallback` without any.
 double rate_at(const std::vector<std::pair<uint64_t, double>>& curve, double working_set, double fallback) {
   if (curve.empty()) return fallback;
@@ -102,7 +135,7 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
   const double chunk_bytes = static_cast<double>(bytes) / p.chunk_factor;
   std::vector<double> mem(p.nranks), red(p.nranks);  // copy and reduction rates, bytes per us, per rank
   std::vector<double> touched(p.nranks);  // bytes of buffers a rank's plan touches
-  std::vector<bool> gpu(p.nranks, false);
+  std::vector<bool> gpu(p.nranks, false), shares_gpu(p.nranks, false);
   const ProtocolCost& proto = m.protocol(p.protocol);
   for (int r = 0; r < p.nranks; ++r) {
     const topo::Device& d = t.devices[t.rank_device[r]];
@@ -111,14 +144,17 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
         static_cast<double>((p.inplace ? std::max(rp.input_chunks, rp.output_chunks) : rp.input_chunks + rp.output_chunks) +
                             rp.scratch_chunks) * chunk_bytes;
     double gbps = m.memory_rate_gbps(touched[r]);
+    double reduce_gbps = m.reduce_rate_gbps(touched[r]);
     if (d.type == topo::DeviceType::kGpu) {
       gpu[r] = true;
+      for (int q = 0; q < p.nranks; ++q) shares_gpu[r] = shares_gpu[r] || (q != r && t.rank_device[q] == t.rank_device[r]);
       auto it = d.attrs.find("sm");
-      int sm = it == d.attrs.end() ? 80 : std::atoi(it->second.c_str());
-      gbps = sm >= 90 ? 3000 : sm >= 80 ? 1500 : 900;
+      const GpuRates g = gpu_rates(it == d.attrs.end() ? 80 : std::atoi(it->second.c_str()));
+      gbps = g.copy_gbps;
+      reduce_gbps = g.reduce_gbps;
     }
     mem[r] = gbps * 1e3;
-    red[r] = gpu[r] ? mem[r] / m.reduce_factor : m.reduce_rate_gbps(touched[r]) * 1e3;
+    red[r] = reduce_gbps * 1e3;
   }
   std::map<int, Curve> curves, reduce_curves;  // virtual shm link id -> measured curves (plain, reducing receive)
   // Links of a rank-to-rank path; shared memory inside one device is a virtual link of that device.
@@ -219,6 +255,7 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
                                         measured_us(curves.at(ls[0].first), msg, touched[r]));
           }
           const double overhead = in.op == Opcode::kNop ? 0
+                                  : shares_gpu[r]       ? kSharedGpuInstructionUs
                                   : receives(in.op)     ? m.instruction_us
                                                         : m.local_instruction_us.value_or(m.instruction_us);
           double begin = now + overhead + local;

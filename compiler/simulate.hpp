@@ -34,23 +34,24 @@ struct ProtocolCost {
 
 struct CostModel {
   ProtocolCost simple{1.0, 2.0}, ll{0.5, 0.0}, ll128{120.0 / 128.0, 0.6};
-  const ProtocolCost& protocol(dsl::Protocol p) const {
-    return p == dsl::Protocol::kLL ? ll : p == dsl::Protocol::kLL128 ? ll128 : simple;
+  const ProtocolCost& protocol(Protocol p) const {
+    return p == Protocol::kLL ? ll : p == Protocol::kLL128 ? ll128 : simple;
   }
   double instruction_us = 1.0;  // executor overhead per instruction that receives
   // Per instruction that waits on no peer (local work, sends). With more ranks than cores a
   // receive's overhead includes being woken for its message, which these do not pay. Unset: the
   // same as instruction_us.
   std::optional<double> local_instruction_us;
-  double memory_gbps = 10.0;    // local copies and reductions on CPU ranks; GPU ranks use their HBM
-                                // (900 / 1500 / 3000 GB/s for sm70 / sm80 / sm90 and later)
+  double memory_gbps = 10.0;    // local copies and reductions on CPU ranks; GPU ranks use copy and
+                                // reduce rates measured on an H200 (simulate.cpp), scaled by HBM
+                                // bandwidth for older generations
   // A CPU rank's copy rate depends on whether its buffers stay in cache: measured points (bytes a
   // rank touches -> GB/s, collectives/calibrate.hpp), log-linear between them and flat beyond.
   // Empty: memory_gbps at every size.
   std::vector<std::pair<uint64_t, double>> memory_curve;
   // The same for a reduction of two operands (GB/s of output). Empty: reduce_factor copies.
   std::vector<std::pair<uint64_t, double>> reduce_curve;
-  double reduce_factor = 1.5;   // without a reduce curve, a reduction costs this many copies of its output
+  double reduce_factor = 1.5;   // CPU ranks without a reduce curve: a reduction costs this many copies
 
   // The copy rate of a CPU rank whose plan touches `working_set` bytes.
   double memory_rate_gbps(double working_set) const;

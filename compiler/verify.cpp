@@ -12,7 +12,6 @@
 namespace tutti::plan {
 namespace {
 
-using dsl::Content;
 
 [[noreturn]] void fail(const char* property, const std::string& message) {
   throw InvalidArgument(fmt::format("verification failed: {}: {}", property, message));
@@ -36,7 +35,7 @@ struct Connection {
 
 class Checker {
  public:
-  Checker(const Plan& p, const dsl::CollectiveSpec* spec) : p_(p), spec_(spec ? *spec : p.spec()) {}
+  Checker(const Plan& p, const CollectiveSpec* spec) : p_(p), spec_(spec ? *spec : p.spec()) {}
 
   VerifyReport run(const VerifyOptions& opt) {
     index();
@@ -106,16 +105,16 @@ class Checker {
     }
   }
 
-  int64_t buffer_size(int rank, dsl::BufferKind b) const {
+  int64_t buffer_size(int rank, BufferKind b) const {
     const RankPlan& r = p_.ranks[rank];
-    return b == dsl::BufferKind::kInput ? r.input_chunks : b == dsl::BufferKind::kOutput ? r.output_chunks : r.scratch_chunks;
+    return b == BufferKind::kInput ? r.input_chunks : b == BufferKind::kOutput ? r.output_chunks : r.scratch_chunks;
   }
 
   void check_ref(int node, const Ref& ref, int64_t count, const char* role) {
     int rank = nodes_[node].rank;
     if (ref.index < 0 || ref.count < 1 || ref.index + ref.count > buffer_size(rank, ref.buffer))
       fail("structure", fmt::format("{}: {} {} is out of range ({} has {} chunks on rank {})", at(node), role,
-                                    ref.describe(), dsl::to_string(ref.buffer), buffer_size(rank, ref.buffer), rank));
+                                    ref.describe(), to_string(ref.buffer), buffer_size(rank, ref.buffer), rank));
     if (ref.count != count)
       fail("structure", fmt::format("{}: {} {} has {} chunks, the instruction moves {}", at(node), role, ref.describe(),
                                     ref.count, count));
@@ -143,9 +142,9 @@ class Checker {
       for (auto& s : in.srcs) check_ref(node, s, count, "source");
       if (in.dst) check_ref(node, *in.dst, count, "destination");
       // NCCL's sendbuff is const: out-of-place collectives must leave the input as it was.
-      if (in.dst && in.dst->buffer == dsl::BufferKind::kInput && !p_.inplace && p_.collective != dsl::Collective::kCustom)
+      if (in.dst && in.dst->buffer == BufferKind::kInput && !p_.inplace && p_.collective != Collective::kCustom)
         fail("structure", fmt::format("{}: writes {} although the input of an out-of-place {} is read-only", at(node),
-                                      in.dst->describe(), dsl::to_string(p_.collective)));
+                                      in.dst->describe(), to_string(p_.collective)));
       auto check_peer = [&](int peer, bool wanted, const char* what) {
         if (!wanted && peer >= 0) fail("structure", fmt::format("{}: {} has a {} peer", at(node), to_string(op), what));
         if (wanted && (peer < 0 || peer >= p_.nranks || peer == rank))
@@ -216,12 +215,12 @@ class Checker {
   struct State {
     std::vector<std::vector<Content>> in, out, scratch;
   };
-  Content& cell(int rank, dsl::BufferKind b, int64_t index) {
-    dsl::Location l = spec_.canonical(rank, b, static_cast<int>(index));
-    auto& v = l.buffer == dsl::BufferKind::kInput ? st_.in[rank] : l.buffer == dsl::BufferKind::kOutput ? st_.out[rank] : st_.scratch[rank];
+  Content& cell(int rank, BufferKind b, int64_t index) {
+    Location l = spec_.canonical(rank, b, static_cast<int>(index));
+    auto& v = l.buffer == BufferKind::kInput ? st_.in[rank] : l.buffer == BufferKind::kOutput ? st_.out[rank] : st_.scratch[rank];
     if (l.index < 0 || l.index >= static_cast<int>(v.size()))
-      fail("structure", fmt::format("rank {}: {}[{}] aliases {}[{}], outside that buffer", rank, dsl::to_string(b), index,
-                                    dsl::to_string(l.buffer), l.index));
+      fail("structure", fmt::format("rank {}: {}[{}] aliases {}[{}], outside that buffer", rank, to_string(b), index,
+                                    to_string(l.buffer), l.index));
     return v[l.index];
   }
 
@@ -231,7 +230,7 @@ class Checker {
       const Content& c = cell(nodes_[node].rank, ref.buffer, ref.index + k);
       if (c.empty())
         fail("data", fmt::format("{}: reads {}[{}], which holds nothing at that point", at(node),
-                                 dsl::to_string(ref.buffer), ref.index + k));
+                                 to_string(ref.buffer), ref.index + k));
       v.push_back(c);
     }
     return v;
@@ -248,8 +247,8 @@ class Checker {
       st_.out[r].assign(rp.output_chunks, {});
       st_.scratch[r].assign(rp.scratch_chunks, {});
       for (int i = 0; i < spec_.input_chunks(); ++i) {
-        dsl::Location l = spec_.canonical(r, dsl::BufferKind::kInput, i);
-        auto& v = l.buffer == dsl::BufferKind::kInput ? st_.in[r] : st_.out[r];
+        Location l = spec_.canonical(r, BufferKind::kInput, i);
+        auto& v = l.buffer == BufferKind::kInput ? st_.in[r] : st_.out[r];
         if (l.index < static_cast<int>(v.size())) v[l.index] = spec_.precondition(r, i);
       }
     }
@@ -379,10 +378,10 @@ class Checker {
       for (int i = 0; i < spec_.output_chunks(); ++i) {
         auto want = spec_.postcondition(r, i);
         if (!want) continue;
-        const Content& got = cell(r, dsl::BufferKind::kOutput, i);
+        const Content& got = cell(r, BufferKind::kOutput, i);
         if (got != *want)
           fail("postcondition", fmt::format("rank {} output[{}] ends up holding {} but {} needs {}", r, i, got.describe(),
-                                            dsl::to_string(p_.collective), want->describe()));
+                                            to_string(p_.collective), want->describe()));
       }
   }
 
@@ -418,7 +417,7 @@ class Checker {
       const int rank = nodes_[node].rank;
       auto touch = [&](const Ref& ref, bool write) {
         for (int64_t k = 0; k < ref.count; ++k) {
-          dsl::Location l = spec_.canonical(rank, ref.buffer, static_cast<int>(ref.index + k));
+          Location l = spec_.canonical(rank, ref.buffer, static_cast<int>(ref.index + k));
           access[{rank, static_cast<int>(l.buffer), l.index}].push_back({node, write});
         }
       };
@@ -436,14 +435,14 @@ class Checker {
           if (ordered(a, b)) continue;
           const char* kind = wa && wb ? "write-after-write" : wa ? "read-after-write" : "write-after-read";
           fail("hazard", fmt::format("rank {} {}[{}]: {} {} and {} {} are not ordered by any dependency ({} race)",
-                                     std::get<0>(loc), dsl::to_string(static_cast<dsl::BufferKind>(std::get<1>(loc))),
+                                     std::get<0>(loc), to_string(static_cast<BufferKind>(std::get<1>(loc))),
                                      std::get<2>(loc), at(a), wa ? "writes" : "reads", at(b), wb ? "writes" : "reads", kind));
         }
     }
   }
 
   const Plan& p_;
-  dsl::CollectiveSpec spec_;
+  CollectiveSpec spec_;
   std::vector<Node> nodes_;
   std::vector<int> block_base_;
   std::vector<std::vector<int>> node_base_;
@@ -464,8 +463,15 @@ std::string VerifyReport::summary(const Plan& plan) const {
   return fmt::format(
       "verified {} '{}': {} ranks, chunk factor {}, {}; {} chunks max per buffer, {} steps in {} blocks on {} channel(s); "
       "deadlock-free with FIFOs of {} message(s) or more; postcondition holds; no hazards",
-      dsl::to_string(plan.collective), plan.name, plan.nranks, plan.chunk_factor,
+      to_string(plan.collective), plan.name, plan.nranks, plan.chunk_factor,
       plan.inplace ? "in-place" : "out-of-place", max_chunks, steps, blocks, channels, fifo_depth_needed);
+}
+
+VerifyReport certify(Plan& plan, const VerifyOptions& options) {
+  VerifyReport report = verify(plan, options);
+  plan.fifo_depth = std::max<int64_t>(1, report.fifo_depth_needed);
+  plan.any_count = splits_any_count(plan);
+  return report;
 }
 
 }  // namespace tutti::plan

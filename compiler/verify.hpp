@@ -26,7 +26,7 @@ struct VerifyOptions {
   bool check_hazards = true;
   // The collective to check against; default: plan.spec(). Custom collectives pass theirs (the
   // plan cannot carry C++ pre/postconditions).
-  const dsl::CollectiveSpec* spec = nullptr;
+  const CollectiveSpec* spec = nullptr;
 };
 
 struct VerifyReport {
@@ -39,5 +39,10 @@ struct VerifyReport {
 };
 
 VerifyReport verify(const Plan& plan, const VerifyOptions& options = {});
+
+// Verifies the plan and states in it what executors rely on: the FIFO depth it was proved for
+// (plan.fifo_depth, at least 1) and whether it splits any element count (plan.any_count). Executors
+// refuse plans that were not certified. Throws as verify() does.
+VerifyReport certify(Plan& plan, const VerifyOptions& options = {});
 
 }  // namespace tutti::plan

@@ -94,6 +94,9 @@ constexpr Variable kVariables[] = {
      "1: the first call of a collective at a size the table does not cover measures the model's best candidates and "
      "every fixed algorithm on the live communicator (a few milliseconds), and uses the fastest from then on."},
     {"TUTTI_PIPELINE_DEPTH", "", "4", "Tiles in flight per reducing receive (staging slots per block)."},
+    {"TUTTI_NVML_LIBRARY", "", "libnvidia-ml.so.1",
+     "NVIDIA's management library, loaded at run time to detect GPUs and their NVLinks (a name for dlopen or a path); "
+     "empty: topology detection does not use NVML. Without it (no driver), detection goes on with hwloc alone."},
     {"TUTTI_WORKERS", "", "0",
      "Threads per rank that run a plan's blocks (spread by channel; the calling thread is one of them). 0: the "
      "host's cores divided by the ranks on the host, at least 1."},

@@ -12,24 +12,6 @@ std::string Buffer::describe() const {
   return kind == BufferKind::kScratch ? fmt::format("scratch '{}'", scratch_name) : to_string(kind);
 }
 
-const char* to_string(Protocol p) {
-  switch (p) {
-    case Protocol::kAuto: return "auto";
-    case Protocol::kSimple: return "Simple";
-    case Protocol::kLL: return "LL";
-    case Protocol::kLL128: return "LL128";
-  }
-  return "?";
-}
-
-const char* to_string(Kernel k) {
-  switch (k) {
-    case Kernel::kIdentity: return "identity";
-    case Kernel::kScale: return "scale";
-  }
-  return "?";
-}
-
 ChunkRef ChunkRef::copy(int dst_rank, const Buffer& buffer, int index, Annotations a) const {
   return program_->record(Op{OpKind::kCopy, loc_, ChunkLoc{dst_rank, buffer, index, loc_.count}, a});
 }

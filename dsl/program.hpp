@@ -3,7 +3,7 @@
 // as it goes, so a mistake is reported at the operation that makes it (which op, which rank and
 // chunk, why), and the final state can be checked against the collective's postcondition.
 //
-//   dsl::Program p("ring_allreduce", {dsl::Collective::kAllReduce, n, n});
+//   dsl::Program p("ring_allreduce", {Collective::kAllReduce, n, n});
 //   auto c = p.chunk(r, dsl::Buffer::input(), i);   // a reference to a chunk
 //   c = c.copy(next, dsl::Buffer::input(), i);      // returns the new location: dataflow style
 //   c = p.chunk(next, dsl::Buffer::input(), i).reduce(c);  // dst = dst (+) src, returns dst
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "dsl/collective.hpp"
+#include "core/collective.hpp"
 
 namespace tutti::dsl {
 
@@ -30,9 +30,6 @@ struct Buffer {
   std::string describe() const;
 };
 
-enum class Protocol { kAuto, kSimple, kLL, kLL128 };
-const char* to_string(Protocol p);
-
 // Optional scheduling hints; -1 / kAuto leave the choice to the compiler.
 struct Annotations {
   int channel = -1;
@@ -41,9 +38,6 @@ struct Annotations {
   int priority = 0;
 };
 
-// Registered compute kernels (for the compute path; more come with fused kernels).
-enum class Kernel : int { kIdentity = 0, kScale = 1 };
-const char* to_string(Kernel k);
 
 enum class OpKind { kCopy, kReduce, kCompute };
 

@@ -28,29 +28,18 @@ static_assert(static_cast<int>(plan::Opcode::kSend) == 1 && static_cast<int>(pla
               "instruction_semantics.hpp numbers opcodes like plan::Opcode");
 
 std::shared_ptr<const PreparedPlan> PreparedPlan::make(plan::Plan p) {
+  TUTTI_CHECK(p.fifo_depth >= 1, InvalidArgument,
+              "plan '{}' was not verified (it states no FIFO depth): certify it (plan::certify) before running it",
+              p.name);
+  for (int r = 0; r < p.nranks; ++r)
+    for (size_t b = 0; b < p.ranks[r].blocks.size(); ++b)
+      TUTTI_CHECK(p.ranks[r].blocks[b].id == static_cast<int64_t>(b), InvalidArgument,
+                  "plan '{}': rank {} block at position {} has id {}; block ids must be dense (plan::renumber_blocks)",
+                  p.name, r, b, p.ranks[r].blocks[b].id);
   auto out = std::make_shared<PreparedPlan>();
   static std::atomic<uint64_t> next_id{1};
   out->id = next_id.fetch_add(1, std::memory_order_relaxed);
   out->spec = p.spec();
-  const int64_t C = p.chunk_factor;
-  auto sub = [&](const plan::Ref& r) { return ((r.index % C) + C) % C; };
-  std::map<std::tuple<int, int, int>, std::vector<int64_t>> sent, received;  // sub-index of each message
-  for (int r = 0; r < p.nranks; ++r)
-    for (auto& b : p.ranks[r].blocks)
-      for (auto& in : b.steps) {
-        std::vector<const plan::Ref*> refs;
-        for (auto& s : in.srcs) refs.push_back(&s);
-        if (in.dst) refs.push_back(&*in.dst);
-        for (auto* ref : refs)
-          if (sub(*ref) != sub(*refs[0])) out->any_count = false;
-        if (plan::sends(in.op)) sent[{r, in.send_peer, b.channel}].push_back(in.dst ? sub(*in.dst) : sub(in.srcs[0]));
-        if (plan::receives(in.op))
-          received[{in.recv_peer, r, b.channel}].push_back(in.dst ? sub(*in.dst) : sub(in.srcs[0]));
-      }
-  if (sent != received) out->any_count = false;
-  out->block_index.resize(p.nranks);
-  for (int r = 0; r < p.nranks; ++r)
-    for (size_t b = 0; b < p.ranks[r].blocks.size(); ++b) out->block_index[r][p.ranks[r].blocks[b].id] = b;
   out->plan = std::move(p);
   return out;
 }
@@ -146,7 +135,7 @@ void check_call(const PreparedPlan& pp, int nranks, int64_t count) {
   TUTTI_CHECK(p.nranks == nranks, InvalidArgument, "plan '{}' is for {} ranks, the communicator has {}", p.name,
               p.nranks, nranks);
   TUTTI_CHECK(count >= 0, InvalidArgument, "negative count {}", count);
-  TUTTI_CHECK(pp.any_count || count % p.chunk_factor == 0, InvalidArgument,
+  TUTTI_CHECK(pp.plan.any_count || count % p.chunk_factor == 0, InvalidArgument,
               "plan '{}' moves chunks between different positions and needs the count ({}) to be a multiple of {}",
               p.name, count, p.chunk_factor);
 }
@@ -165,9 +154,9 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
   comm_.ensure_channels(std::max(p.channels(), 1) + kPlanChannelBase);
 
   auto pointer = [&](const plan::Ref& ref) -> unsigned char* {
-    dsl::Location l = pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index));
-    unsigned char* base = l.buffer == dsl::BufferKind::kInput    ? static_cast<unsigned char*>(const_cast<void*>(args.input))
-                          : l.buffer == dsl::BufferKind::kOutput ? static_cast<unsigned char*>(args.output)
+    Location l = pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index));
+    unsigned char* base = l.buffer == BufferKind::kInput    ? static_cast<unsigned char*>(const_cast<void*>(args.input))
+                          : l.buffer == BufferKind::kOutput ? static_cast<unsigned char*>(args.output)
                                                                   : scratch_.data();
     return base + g.offset(l.index);
   };
@@ -177,7 +166,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
   const int64_t output_bytes = g.bytes(0, pp.spec.output_chunks());
   const bool stream_output = stream_threshold_ > 0 && static_cast<uint64_t>(output_bytes) >= stream_threshold_;
   auto streams = [&](const plan::Ref& ref) {
-    return stream_output && pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index)).buffer != dsl::BufferKind::kScratch;
+    return stream_output && pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index)).buffer != BufferKind::kScratch;
   };
 
   std::unique_ptr<Layout>& slot = layouts_[pp.id];
@@ -216,7 +205,6 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
   const size_t nruns = layout->nruns;
   const int nworkers = layout->nworkers;
   const auto& conns = layout->conns;
-  const std::map<int64_t, size_t>& index = pp.block_index[rank];
   // Staging slots of blocks that forward reduced data (recv_reduce_send), allocated before anything
   // runs: sends read them asynchronously, so they must not move during the run.
   if (staging_.size() < nruns) staging_.resize(nruns);
@@ -268,7 +256,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
       }
       case plan::Opcode::kCompute: {
         const void* src = pointer(in.srcs[0]);
-        if (in.kernel == static_cast<int>(dsl::Kernel::kScale)) {
+        if (in.kernel == static_cast<int>(Kernel::kScale)) {
           unsigned char scalar[8] = {};
           store_value(type, scalar, in.kernel_arg);
           scale(type, r.dst, src, scalar, static_cast<size_t>(r.bytes / esize));
@@ -378,7 +366,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
           if (!r.started) {
             bool ready = true;
             for (auto& d : in.deps) {
-              Run& o = runs[index.at(d.block)];
+              Run& o = runs[static_cast<size_t>(d.block)];
               if (o.retired.load(std::memory_order_acquire) <= static_cast<size_t>(d.step)) {
                 ready = false;
                 size_t want = static_cast<size_t>(d.step) + 1, had = o.wanted.load(std::memory_order_relaxed);
@@ -458,7 +446,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
           const plan::Instruction& in = r.block->steps[r.pc];
           bool deps_met = true;
           for (auto& d : in.deps)
-            if (runs[index.at(d.block)].retired.load(std::memory_order_acquire) <= static_cast<size_t>(d.step))
+            if (runs[static_cast<size_t>(d.block)].retired.load(std::memory_order_acquire) <= static_cast<size_t>(d.step))
               deps_met = false;
           state = !r.started ? (deps_met ? fmt::format("waiting for {} earlier send(s) of the block to release what it "
                                                        "overwrites",
@@ -474,7 +462,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
         where += fmt::format("{}block {} (channel {}) {}", where.empty() ? "" : "; ", r.block->id, r.block->channel,
                              state);
       }
-      return fmt::format("running plan '{}' for {} [{}]", p.name, dsl::to_string(p.collective), where);
+      return fmt::format("running plan '{}' for {} [{}]", p.name, to_string(p.collective), where);
     };
     engine.run(step, what, relieve);
   };

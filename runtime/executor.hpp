@@ -30,16 +30,14 @@
 
 namespace tutti {
 
-// A plan prepared for execution (computed once, reused by every call).
+// A certified plan (plan::certify) prepared for execution: computed once, reused by every call.
+// Everything an executor needs is stated by the Plan itself (dense block ids, fifo_depth,
+// any_count); make() only checks that it was.
 struct PreparedPlan {
   uint64_t id = 0;  // unique per prepared plan in this process (executors cache per id)
   plan::Plan plan;
-  dsl::CollectiveSpec spec;
-  // True when every transfer and local operation moves chunks between equal sub-indices, so the plan
-  // works for any element count; otherwise it needs count % chunk_factor == 0.
-  bool any_count = true;
-  // Per rank: block id -> index in RankPlan::blocks (ids need not be dense in imported plans).
-  std::vector<std::map<int64_t, size_t>> block_index;
+  CollectiveSpec spec;
+  // Throws InvalidArgument naming the plan if it was not certified or its block ids are not dense.
   static std::shared_ptr<const PreparedPlan> make(plan::Plan plan);
 };
 

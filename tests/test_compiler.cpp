@@ -98,7 +98,7 @@ TEST(Passes, InputCopiesForwardIntoUsesSpanningSeveralChunks) {
       int64_t from_input = 0;
       for (auto& b : p.ranks[r].blocks)
         for (auto& s : b.steps)
-          for (auto& src : s.srcs) from_input += src.buffer == dsl::BufferKind::kInput ? src.count : 0;
+          for (auto& src : s.srcs) from_input += src.buffer == BufferKind::kInput ? src.count : 0;
       // The first halving step sends one half of the input and reduces the other half into place.
       EXPECT_EQ(from_input, p.chunk_factor) << "rank " << r;
     }
@@ -112,8 +112,8 @@ TEST(Passes, InputCopiesForwardIntoUsesSpanningSeveralChunks) {
 }
 
 TEST(Passes, FusionAcrossBufferIndicesWhenTheContentsSayItIsLegal) {
-  dsl::CollectiveSpec s;
-  s.kind = dsl::Collective::kBroadcast;
+  CollectiveSpec s;
+  s.kind = Collective::kBroadcast;
   s.nranks = 3;
   dsl::Program p("relay via scratch", s);
   p.chunk(0, Buffer::input(), 0).copy(0, Buffer::output(), 0);
@@ -124,7 +124,7 @@ TEST(Passes, FusionAcrossBufferIndicesWhenTheContentsSayItIsLegal) {
   bool found = false;
   for (auto& b : c.plan.ranks[1].blocks)
     for (auto& st : b.steps)
-      if (st.op == Opcode::kRecvCopySend && st.dst->buffer == dsl::BufferKind::kScratch && st.send_peer == 2) found = true;
+      if (st.op == Opcode::kRecvCopySend && st.dst->buffer == BufferKind::kScratch && st.send_peer == 2) found = true;
   EXPECT_TRUE(found) << to_json(c.plan);
   EXPECT_EQ(count_ops(c.plan, Opcode::kSend), 1);  // only rank 0's
 }
@@ -132,7 +132,7 @@ TEST(Passes, FusionAcrossBufferIndicesWhenTheContentsSayItIsLegal) {
 TEST(Passes, MinimiseDependenciesDropsImpliedOnes) {
   Plan p;
   p.name = "deps";
-  p.collective = dsl::Collective::kAllReduce;
+  p.collective = Collective::kAllReduce;
   p.nranks = 1;
   p.ranks.resize(1);
   RankPlan& r = p.ranks[0];
@@ -141,13 +141,13 @@ TEST(Passes, MinimiseDependenciesDropsImpliedOnes) {
   r.scratch_chunks = 2;
   Instruction a, b, c;
   a.op = b.op = c.op = Opcode::kCopy;
-  a.srcs = {Ref{dsl::BufferKind::kInput, 0, 1}};
-  a.dst = Ref{dsl::BufferKind::kScratch, 0, 1};
-  b.srcs = {Ref{dsl::BufferKind::kScratch, 0, 1}};
-  b.dst = Ref{dsl::BufferKind::kScratch, 1, 1};
+  a.srcs = {Ref{BufferKind::kInput, 0, 1}};
+  a.dst = Ref{BufferKind::kScratch, 0, 1};
+  b.srcs = {Ref{BufferKind::kScratch, 0, 1}};
+  b.dst = Ref{BufferKind::kScratch, 1, 1};
   b.deps = {{0, 0}};
-  c.srcs = {Ref{dsl::BufferKind::kScratch, 1, 1}};
-  c.dst = Ref{dsl::BufferKind::kOutput, 0, 1};
+  c.srcs = {Ref{BufferKind::kScratch, 1, 1}};
+  c.dst = Ref{BufferKind::kOutput, 0, 1};
   c.deps = {{0, 0}, {1, 0}};  // the first is implied by the second
   r.blocks = {Block{0, 0, {a}}, Block{1, 0, {b}}, Block{2, 0, {c}}};
   EXPECT_EQ(minimise_dependencies(p), 1);
@@ -170,8 +170,8 @@ TEST(Passes, InstancesReplicateAndStillVerify) {
 }
 
 TEST(Passes, ProtocolAndPriorityAnnotationsShapeThePlan) {
-  dsl::CollectiveSpec s;
-  s.kind = dsl::Collective::kAllGather;
+  CollectiveSpec s;
+  s.kind = Collective::kAllGather;
   s.nranks = 2;
   s.inplace = true;
   dsl::Program p("annotated", s);
@@ -179,16 +179,16 @@ TEST(Passes, ProtocolAndPriorityAnnotationsShapeThePlan) {
   low.channel = 0;
   high.channel = 1;
   high.priority = 5;
-  high.protocol = low.protocol = dsl::Protocol::kLL;
+  high.protocol = low.protocol = Protocol::kLL;
   p.chunk(0, Buffer::output(), 0).copy(1, Buffer::output(), 0, low);
   p.chunk(1, Buffer::output(), 1).copy(0, Buffer::output(), 1, high);
   Compiled c = compile(p);
-  EXPECT_EQ(c.plan.protocol, dsl::Protocol::kLL);
+  EXPECT_EQ(c.plan.protocol, Protocol::kLL);
   EXPECT_EQ(c.plan.ranks[0].blocks[0].channel, 1);  // the priority-5 block comes first
   dsl::Program q("conflict", s);
   dsl::Annotations ll, simple;
-  ll.protocol = dsl::Protocol::kLL;
-  simple.protocol = dsl::Protocol::kSimple;
+  ll.protocol = Protocol::kLL;
+  simple.protocol = Protocol::kSimple;
   q.chunk(0, Buffer::output(), 0).copy(1, Buffer::output(), 0, ll);
   q.chunk(1, Buffer::output(), 1).copy(0, Buffer::output(), 1, simple);
   EXPECT_THROW(compile(q), InvalidArgument);
@@ -263,8 +263,8 @@ TEST(Mutations, RacesAreReportedAsHazards) {
   // A local copy over the chunk rank 1 forwards, in a block of its own without dependencies.
   Instruction clobber;
   clobber.op = Opcode::kCopy;
-  clobber.srcs = {Ref{dsl::BufferKind::kOutput, 0, 1}};
-  clobber.dst = Ref{dsl::BufferKind::kOutput, 0, 1};
+  clobber.srcs = {Ref{BufferKind::kOutput, 0, 1}};
+  clobber.dst = Ref{BufferKind::kOutput, 0, 1};
   p.ranks[1].blocks.push_back(Block{42, 0, {clobber}});
   std::string e = verify_error(p);
   EXPECT_NE(e.find("verification failed: "), std::string::npos) << e;
@@ -276,7 +276,7 @@ TEST(Mutations, SmallFifosDeadlockWhereLargerOnesDoNot) {
   // Everyone first sends to everyone, then receives: needs FIFOs as deep as the messages in flight.
   Plan p;
   p.name = "eager";
-  p.collective = dsl::Collective::kAllGather;
+  p.collective = Collective::kAllGather;
   p.nranks = 2;
   p.chunk_factor = 2;
   for (int r = 0; r < 2; ++r) {
@@ -287,21 +287,21 @@ TEST(Mutations, SmallFifosDeadlockWhereLargerOnesDoNot) {
     for (int k = 0; k < 2; ++k) {
       Instruction c;
       c.op = Opcode::kCopy;
-      c.srcs = {Ref{dsl::BufferKind::kInput, k, 1}};
-      c.dst = Ref{dsl::BufferKind::kOutput, r * 2 + k, 1};
+      c.srcs = {Ref{BufferKind::kInput, k, 1}};
+      c.dst = Ref{BufferKind::kOutput, r * 2 + k, 1};
       b.steps.push_back(c);
     }
     for (int k = 0; k < 2; ++k) {
       Instruction s;
       s.op = Opcode::kSend;
-      s.srcs = {Ref{dsl::BufferKind::kInput, k, 1}};
+      s.srcs = {Ref{BufferKind::kInput, k, 1}};
       s.send_peer = 1 - r;
       b.steps.push_back(s);
     }
     for (int k = 0; k < 2; ++k) {
       Instruction v;
       v.op = Opcode::kRecv;
-      v.dst = Ref{dsl::BufferKind::kOutput, (1 - r) * 2 + k, 1};
+      v.dst = Ref{BufferKind::kOutput, (1 - r) * 2 + k, 1};
       v.recv_peer = 1 - r;
       b.steps.push_back(v);
     }
@@ -325,7 +325,7 @@ TEST(Mutations, SmallFifosDeadlockWhereLargerOnesDoNot) {
 
 // The naive reference: apply the operations in order to a map of contents.
 struct Reference {
-  std::map<std::tuple<int, int, std::string, int>, dsl::Content> cells;  // (rank, kind, scratch name, index)
+  std::map<std::tuple<int, int, std::string, int>, Content> cells;  // (rank, kind, scratch name, index)
   static std::tuple<int, int, std::string, int> key(const dsl::ChunkLoc& l, int k) {
     return {l.rank, static_cast<int>(l.buffer.kind), l.buffer.scratch_name, l.index + k};
   }
@@ -338,16 +338,16 @@ TEST(Properties, RandomProgramsFailWithAMessageOrMatchTheReference) {
     const int n = 2 + static_cast<int>(rng() % 3), chunks = 4;
     Reference ref;
     for (int r = 0; r < n; ++r)
-      for (int i = 0; i < chunks; ++i) ref.cells[{r, 0, "", i}] = dsl::Content::of(r, i);
+      for (int i = 0; i < chunks; ++i) ref.cells[{r, 0, "", i}] = Content::of(r, i);
     auto ops = std::make_shared<std::vector<dsl::Op>>();
-    dsl::CollectiveSpec s;
-    s.kind = dsl::Collective::kCustom;
+    CollectiveSpec s;
+    s.kind = Collective::kCustom;
     s.nranks = n;
     s.custom_input_chunks = chunks;
     s.custom_output_chunks = chunks;
     // The postcondition is whatever the reference computes for the output.
-    auto expected = std::make_shared<std::map<std::pair<int, int>, dsl::Content>>();
-    s.custom_post = [expected](int rank, int index) -> std::optional<dsl::Content> {
+    auto expected = std::make_shared<std::map<std::pair<int, int>, Content>>();
+    s.custom_post = [expected](int rank, int index) -> std::optional<Content> {
       auto it = expected->find({rank, index});
       if (it == expected->end() || it->second.empty()) return std::nullopt;
       return it->second;
@@ -369,13 +369,13 @@ TEST(Properties, RandomProgramsFailWithAMessageOrMatchTheReference) {
         int count = 1 + static_cast<int>(rng() % 2);
         dsl::ChunkLoc src{static_cast<int>(rng() % n), pick_buffer(), static_cast<int>(rng() % (chunks - 1)), count};
         dsl::ChunkLoc dst{static_cast<int>(rng() % n), pick_buffer(), static_cast<int>(rng() % (chunks - 1)), count};
-        if (dst.buffer.kind == dsl::BufferKind::kInput) dst.buffer = Buffer::output();
+        if (dst.buffer.kind == BufferKind::kInput) dst.buffer = Buffer::output();
         bool reduce = rng() % 2;
         auto sref = p.chunk(src.rank, src.buffer, src.index, count);
         if (reduce) p.chunk(dst.rank, dst.buffer, dst.index, count).reduce(sref);
         else sref.copy(dst.rank, dst.buffer, dst.index);
         // Reference semantics, applied only if the DSL accepted the op.
-        std::vector<dsl::Content> in;
+        std::vector<Content> in;
         for (int c = 0; c < count; ++c) in.push_back(ref.cells[Reference::key(src, c)]);
         for (int c = 0; c < count; ++c) {
           auto& cell = ref.cells[Reference::key(dst, c)];

@@ -73,7 +73,7 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
       const plan::Plan& pl = prepared->plan;
       SCOPED_TRACE(fmt::format("{} ranks={} {} {} {} count={}", pl.name, n, pl.inplace ? "in-place" : "out-of-place",
                                name(o.type), name(o.op), o.protocol == kProtoLL ? "LL" : "Simple", count));
-      dsl::CollectiveSpec spec = pl.spec();
+      CollectiveSpec spec = pl.spec();
       const int64_t C = pl.chunk_factor;
       const int64_t in_elems = spec.input_chunks() / C * count, out_elems = spec.output_chunks() / C * count;
       auto elem = [&](std::vector<unsigned char>& v, int64_t i) { return v.data() + i * es; };
@@ -82,9 +82,9 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
         in[r].resize(static_cast<size_t>(in_elems * es));
         for (int64_t i = 0; i < in_elems; ++i) store_value(o.type, elem(in[r], i), value(o.type, o.op, r, i));
         out[r].assign(static_cast<size_t>(out_elems * es), 0xa5);
-        if (pl.inplace && pl.collective == dsl::Collective::kAllGather)
+        if (pl.inplace && pl.collective == Collective::kAllGather)
           std::memcpy(out[r].data() + r * count * es, in[r].data(), static_cast<size_t>(count * es));
-        else if (pl.inplace && pl.collective != dsl::Collective::kReduceScatter)
+        else if (pl.inplace && pl.collective != Collective::kReduceScatter)
           out[r] = in[r];
       }
       test_support::on_ranks(comms, [&](int r, Communicator&) {
@@ -92,7 +92,7 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
         a.count = count;
         a.reduction.type = o.type;
         a.reduction.op = o.op;
-        if (pl.inplace && pl.collective == dsl::Collective::kReduceScatter) {
+        if (pl.inplace && pl.collective == Collective::kReduceScatter) {
           a.input = in[r].data();
           a.output = in[r].data() + r * count * es;
         } else {
@@ -100,7 +100,7 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
           a.output = out[r].data();
         }
         executors[r]->run(*prepared, a, nullptr);
-        if (pl.inplace && pl.collective == dsl::Collective::kReduceScatter)
+        if (pl.inplace && pl.collective == Collective::kReduceScatter)
           std::memcpy(out[r].data(), in[r].data() + r * count * es, static_cast<size_t>(count * es));
       });
       // Reference: each output element folds its contributions with the CPU kernels.
@@ -191,7 +191,9 @@ TEST(DeviceExecutor, SharedMscclPlansRunAtTheirRankCounts) {
   int seen = 0;
   for (const auto& entry : std::filesystem::directory_iterator(TUTTI_TESTDATA "/msccl")) {
     SCOPED_TRACE(entry.path().string());
-    Prepared p = PreparedPlan::make(plan::load_file(entry.path().string()));
+    plan::Plan loaded = plan::load_file(entry.path().string());
+    plan::certify(loaded);
+    Prepared p = PreparedPlan::make(std::move(loaded));
     for (int32_t proto : {kProtoSimple, kProtoLL}) {
       Options o;
       o.protocol = proto;
@@ -220,7 +222,7 @@ TEST(DeviceExecutor, FifosOfTheVerifiedDepthStillFinish) {
   // Plans that the verifier proves deadlock-free with one-slot FIFOs run with exactly one slot.
   for (auto [name, n] : {std::pair{"allpairs_allreduce", 4}, std::pair{"tree_allreduce", 5}}) {
     Prepared p = builtin(name, n);
-    if (verified_fifo_depth(*p) != 1) continue;
+    if (p->plan.fifo_depth != 1) continue;
     Options o;
     o.fifo_depth = 1;
     o.slot_bytes = o.ll_slot_bytes = 256;
@@ -256,7 +258,7 @@ TEST(DeviceExecutor, InstancesShareTheRounds) {
 
 TEST(DeviceExecutor, RefusesPlansThatNeedDeeperFifosThanConfigured) {
   Prepared p = builtin("ring_allreduce", 4);
-  int64_t need = verified_fifo_depth(*p);
+  int64_t need = p->plan.fifo_depth;
   ASSERT_GE(need, 2);  // a ring's first send and its receive overlap
   auto comms = Communicator::create_local(4);
   DeviceOptions d;

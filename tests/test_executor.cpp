@@ -32,7 +32,7 @@ void run_and_check(const std::vector<Prepared>& seq, int64_t count, TransportKin
   for (const Prepared& prepared : seq) {
     const plan::Plan& pl = prepared->plan;
     ASSERT_EQ(pl.nranks, n) << pl.name;
-    dsl::CollectiveSpec spec = pl.spec();
+    CollectiveSpec spec = pl.spec();
     const int64_t C = pl.chunk_factor;
     int64_t in_pieces = spec.input_chunks() / C, out_pieces = spec.output_chunks() / C;
     std::vector<std::vector<float>> in(n), out(n);
@@ -42,9 +42,9 @@ void run_and_check(const std::vector<Prepared>& seq, int64_t count, TransportKin
       out[r].assign(static_cast<size_t>(out_pieces * count), -99.0f);
       if (pl.inplace) {
         // Put the input where the in-place collective expects it.
-        if (pl.collective == dsl::Collective::kAllGather) {
+        if (pl.collective == Collective::kAllGather) {
           std::memcpy(out[r].data() + r * count, in[r].data(), static_cast<size_t>(count) * 4);
-        } else if (pl.collective == dsl::Collective::kReduceScatter) {
+        } else if (pl.collective == Collective::kReduceScatter) {
           // the input buffer is the buffer; output is its slice
         } else {
           out[r] = in[r];
@@ -59,7 +59,7 @@ void run_and_check(const std::vector<Prepared>& seq, int64_t count, TransportKin
           ExecArgs a;
           a.count = count;
           a.reduction.type = DataType::kFloat32;
-          if (pl.inplace && pl.collective == dsl::Collective::kReduceScatter) {
+          if (pl.inplace && pl.collective == Collective::kReduceScatter) {
             a.input = in[r].data();
             a.output = in[r].data() + r * count;
           } else {
@@ -67,7 +67,7 @@ void run_and_check(const std::vector<Prepared>& seq, int64_t count, TransportKin
             a.output = out[r].data();
           }
           executors[r]->run(*prepared, a);
-          if (pl.inplace && pl.collective == dsl::Collective::kReduceScatter)
+          if (pl.inplace && pl.collective == Collective::kReduceScatter)
             std::memcpy(out[r].data(), in[r].data() + r * count, static_cast<size_t>(count) * 4);
         } catch (...) {
           errors[r] = std::current_exception();
@@ -93,8 +93,9 @@ void run_and_check(const std::vector<Prepared>& seq, int64_t count, TransportKin
   }
 }
 
-void run_and_check(const plan::Plan& pl, int64_t count, TransportKind transport = TransportKind::kShm) {
-  run_and_check(std::vector<Prepared>{PreparedPlan::make(pl)}, count, transport);
+void run_and_check(plan::Plan pl, int64_t count, TransportKind transport = TransportKind::kShm) {
+  if (pl.fifo_depth == 0) plan::certify(pl);  // hand-built plans here are correct; compiled ones are certified
+  run_and_check(std::vector<Prepared>{PreparedPlan::make(std::move(pl))}, count, transport);
 }
 
 TEST(Executor, EveryBuiltinProducesTheReferenceResult) {
@@ -134,7 +135,7 @@ TEST(Executor, TcpTransportAndSmallTilesPipeline) {
 plan::Plan send_first_exchange() {
   plan::Plan pl;
   pl.name = "send_first_exchange";
-  pl.collective = dsl::Collective::kAllGather;
+  pl.collective = Collective::kAllGather;
   pl.nranks = 2;
   pl.chunk_factor = 1;
   pl.inplace = true;
@@ -145,18 +146,18 @@ plan::Plan send_first_exchange() {
     plan::Block b;
     plan::Instruction send;
     send.op = plan::Opcode::kSend;
-    send.srcs = {plan::Ref{dsl::BufferKind::kOutput, r, 1}};
+    send.srcs = {plan::Ref{BufferKind::kOutput, r, 1}};
     send.send_peer = 1 - r;
     plan::Instruction recv;
     recv.op = plan::Opcode::kRecv;
-    recv.dst = plan::Ref{dsl::BufferKind::kOutput, 1 - r, 1};
+    recv.dst = plan::Ref{BufferKind::kOutput, 1 - r, 1};
     recv.recv_peer = 1 - r;
     // Between them, a step that rewrites the piece being sent (with the same bytes: the input of an
     // in-place all-gather is that piece): it may run only once the send no longer reads the piece.
     plan::Instruction rewrite;
     rewrite.op = plan::Opcode::kCopy;
-    rewrite.srcs = {plan::Ref{dsl::BufferKind::kInput, 0, 1}};
-    rewrite.dst = plan::Ref{dsl::BufferKind::kOutput, r, 1};
+    rewrite.srcs = {plan::Ref{BufferKind::kInput, 0, 1}};
+    rewrite.dst = plan::Ref{BufferKind::kOutput, r, 1};
     b.steps = {send, rewrite, recv};
     rp.blocks.push_back(b);
     pl.ranks.push_back(rp);

@@ -68,7 +68,7 @@ TEST(MscclXml, BothReduceScatterSpellings) {
   EXPECT_NE(xml.find("coll=\"reducescatter\""), std::string::npos);
   std::string other = std::regex_replace(xml, std::regex("coll=\"reducescatter\""), "coll=\"reduce_scatter\"");
   Plan q = import_msccl_xml(other);
-  EXPECT_EQ(q.collective, dsl::Collective::kReduceScatter);
+  EXPECT_EQ(q.collective, Collective::kReduceScatter);
   EXPECT_NO_THROW(verify(q));
 }
 
@@ -102,7 +102,7 @@ TEST(MscclXml, NopChainsReChainsCountsAndHasdep) {
   EXPECT_EQ(p.ranks[0].blocks[1].steps[0].op, Opcode::kNop);
   EXPECT_EQ(p.ranks[0].blocks[1].steps[1].op, Opcode::kReduce);
   EXPECT_EQ(p.ranks[1].blocks[1].steps[1].count(), 2);  // cnt > 1
-  EXPECT_EQ(p.ranks[0].blocks[0].steps[1].remote->buffer, dsl::BufferKind::kInput);  // the sender's offsets
+  EXPECT_EQ(p.ranks[0].blocks[0].steps[1].remote->buffer, BufferKind::kInput);  // the sender's offsets
   EXPECT_NO_THROW(verify(p));
   // Export: hasdep marks exactly the steps others depend on.
   std::string xml = export_msccl_xml(p);
@@ -112,7 +112,7 @@ TEST(MscclXml, NopChainsReChainsCountsAndHasdep) {
   Plan multi = p;
   auto& re = multi.ranks[0].blocks[1].steps[1];
   re.deps.push_back({0, 0});
-  re.srcs.push_back(Ref{dsl::BufferKind::kScratch, 0, 1});
+  re.srcs.push_back(Ref{BufferKind::kScratch, 0, 1});
   std::string chained = export_msccl_xml(multi);
   Plan back = import_msccl_xml(chained);
   EXPECT_EQ(back.ranks[0].blocks[1].steps.size(), 5u) << chained;  // nop, nop, re, re, re

@@ -17,7 +17,6 @@
 
 using namespace tutti;
 using test_support::on_ranks;
-using dsl::Collective;
 
 namespace {
 
@@ -105,7 +104,7 @@ void call_and_check(int rank, Communicator& comm, Collective c, int64_t count, i
   auto want = expected(c, n, rank, count, root, seed);
   const float* got = static_cast<const float*>(dst);
   for (size_t i = 0; i < want.size(); ++i)
-    ASSERT_EQ(got[i], want[i]) << dsl::to_string(c) << " rank " << rank << " count " << count << " element " << i
+    ASSERT_EQ(got[i], want[i]) << to_string(c) << " rank " << rank << " count " << count << " element " << i
                                << (inplace ? " in place" : "");
 }
 

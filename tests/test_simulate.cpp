@@ -25,8 +25,8 @@ topo::Topology uniform(int n, double gbps, double latency_us) {
 // A ring all-reduce written step by step (every rank does step s for its chunk before step s+1), so
 // each block's program order is the ring's schedule.
 dsl::Program stepwise_ring(int n) {
-  dsl::CollectiveSpec spec;
-  spec.kind = dsl::Collective::kAllReduce;
+  CollectiveSpec spec;
+  spec.kind = Collective::kAllReduce;
   spec.nranks = n;
   spec.chunk_factor = n;
   spec.inplace = true;
@@ -75,7 +75,7 @@ TEST(Simulator, TwoFlowsOnOneLinkShareIt) {
   auto flows = [&](int count) {
     Plan p;
     p.name = "flows";
-    p.collective = dsl::Collective::kSendRecv;
+    p.collective = Collective::kSendRecv;
     p.nranks = 4;
     p.ranks.resize(4);
     for (int r = 0; r < 4; ++r) {
@@ -85,10 +85,10 @@ TEST(Simulator, TwoFlowsOnOneLinkShareIt) {
     for (int f = 0; f < count; ++f) {
       Instruction s, v;
       s.op = Opcode::kSend;
-      s.srcs = {Ref{dsl::BufferKind::kInput, 0, 1}};
+      s.srcs = {Ref{BufferKind::kInput, 0, 1}};
       s.send_peer = 2 + f;
       v.op = Opcode::kRecv;
-      v.dst = Ref{dsl::BufferKind::kOutput, 0, 1};
+      v.dst = Ref{BufferKind::kOutput, 0, 1};
       v.recv_peer = f;
       p.ranks[f].blocks[0].steps.push_back(s);
       p.ranks[2 + f].blocks[0].steps.push_back(v);

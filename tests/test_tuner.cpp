@@ -19,7 +19,6 @@
 
 using namespace tutti;
 using test_support::on_ranks;
-using dsl::Collective;
 using tuning::Candidate;
 using tuning::Entry;
 using tuning::Table;
@@ -64,14 +63,14 @@ TEST(Tuner, TablesRoundTripThroughJsonAndNameWhatIsWrong) {
   Table t;
   t.topology = "dgx-h100";
   t.source = "model";
-  t.put({Collective::kAllReduce, 8, 0, 4096, {"allpairs_allreduce", {{"chunks", 2}}, dsl::Protocol::kLL}, 3.5});
+  t.put({Collective::kAllReduce, 8, 0, 4096, {"allpairs_allreduce", {{"chunks", 2}}, Protocol::kLL}, 3.5});
   t.put({Collective::kAllReduce, 8, 4097, UINT64_MAX, {"ring_allreduce", {{"channels", 4}}}, 99});
   t.put({Collective::kAllReduce, 2, 0, 1024, {tuning::kOneShot, {}}, 0.2});
   Table back = Table::from_json(t.to_json());
   ASSERT_EQ(back.entries.size(), 3u);
   EXPECT_EQ(back.to_json(), t.to_json());
   EXPECT_EQ(back.find(Collective::kAllReduce, 8, 5000)->choice.algorithm, "ring_allreduce");
-  EXPECT_EQ(back.find(Collective::kAllReduce, 8, 100)->choice.protocol, dsl::Protocol::kLL);
+  EXPECT_EQ(back.find(Collective::kAllReduce, 8, 100)->choice.protocol, Protocol::kLL);
   EXPECT_EQ(back.find(Collective::kAllGather, 8, 100), nullptr);
 
   auto error_of = [](const std::string& text) {
@@ -115,7 +114,7 @@ TEST(Tuner, CandidatesCoverTheParameterGrid) {
   EXPECT_FALSE(has({"hier_allreduce", {{"local", 3}}}));  // not a divisor of 8
   auto with_protocols = tuning::candidates(Collective::kAllReduce, 8, true);
   EXPECT_EQ(with_protocols.size(), 3 * cands.size());
-  for (Collective c : kTuned) EXPECT_FALSE(tuning::candidates(c, 5).empty()) << dsl::to_string(c);
+  for (Collective c : kTuned) EXPECT_FALSE(tuning::candidates(c, 5).empty()) << to_string(c);
 }
 
 class PresetTable : public ::testing::TestWithParam<std::string> {};
@@ -129,10 +128,10 @@ TEST_P(PresetTable, IsCurrentCoversEverySizeAndChoosesSensibly) {
     // Current: the model today makes the same choices (regenerate with tools/tune/preset_tables.sh).
     const Table now = tuning::tune_model(topo, c, topo.nranks(), preset_sizes());
     auto mine = of(file, c), theirs = of(now, c);
-    ASSERT_EQ(mine.size(), theirs.size()) << preset << " " << dsl::to_string(c)
+    ASSERT_EQ(mine.size(), theirs.size()) << preset << " " << to_string(c)
                                           << ": checked-in table is stale; run tools/tune/preset_tables.sh";
     for (size_t k = 0; k < mine.size(); ++k) {
-      EXPECT_EQ(mine[k].choice, theirs[k].choice) << preset << " " << dsl::to_string(c) << " window " << k;
+      EXPECT_EQ(mine[k].choice, theirs[k].choice) << preset << " " << to_string(c) << " window " << k;
       EXPECT_EQ(mine[k].min_bytes, theirs[k].min_bytes);
       EXPECT_EQ(mine[k].max_bytes, theirs[k].max_bytes);
       EXPECT_NEAR(mine[k].time_us, theirs[k].time_us, 1e-6 * std::max(1.0, theirs[k].time_us));
@@ -145,7 +144,7 @@ TEST_P(PresetTable, IsCurrentCoversEverySizeAndChoosesSensibly) {
     // Neighbouring windows differ (else they would be one), and larger sizes never predict less time.
     for (size_t k = 1; k < mine.size(); ++k) {
       EXPECT_FALSE(mine[k].choice == mine[k - 1].choice);
-      EXPECT_GE(mine[k].time_us, mine[k - 1].time_us) << preset << " " << dsl::to_string(c) << " window " << k;
+      EXPECT_GE(mine[k].time_us, mine[k - 1].time_us) << preset << " " << to_string(c) << " window " << k;
     }
   }
   // All-reduce: few steps for small messages, every byte over each link once for large ones.
@@ -162,8 +161,8 @@ TEST_P(PresetTable, IsCurrentCoversEverySizeAndChoosesSensibly) {
   if (topo.count(topo::DeviceType::kGpu) > 0)
     for (Collective c : kTuned) {
       auto v = of(file, c);
-      EXPECT_EQ(v.front().choice.protocol, dsl::Protocol::kLL) << preset << " " << dsl::to_string(c);
-      EXPECT_EQ(v.back().choice.protocol, dsl::Protocol::kSimple) << preset << " " << dsl::to_string(c);
+      EXPECT_EQ(v.front().choice.protocol, Protocol::kLL) << preset << " " << to_string(c);
+      EXPECT_EQ(v.back().choice.protocol, Protocol::kSimple) << preset << " " << to_string(c);
     }
 }
 

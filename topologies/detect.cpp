@@ -1,5 +1,6 @@
-// The machine we run on. hwloc gives NUMA nodes, cores and PCI devices; network interfaces come from
-// getifaddrs and sysfs. What cannot be read (containers, VMs) is logged and skipped.
+// The machine we run on. hwloc gives NUMA nodes, cores and PCI devices; NVML (topologies/nvml.hpp)
+// gives GPUs' compute capability and NVLinks; network interfaces come from getifaddrs and sysfs.
+// What cannot be read (containers, VMs, machines without a driver) is logged and skipped.
 #include <hwloc.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -8,12 +9,18 @@
 #include <fstream>
 #include <set>
 
+#include "core/env.hpp"
 #include "core/log.hpp"
+#include "topologies/nvml.hpp"
 #include "topologies/topology.hpp"
 
 namespace tutti::topo {
 
-Topology detect() {
+DetectOptions DetectOptions::from_env() { return {env::get_string("TUTTI_NVML_LIBRARY")}; }
+
+Topology detect() { return detect(DetectOptions::from_env()); }
+
+Topology detect(const DetectOptions& options) {
   Topology t;
   char hostname[256] = {};
   gethostname(hostname, sizeof(hostname) - 1);
@@ -63,6 +70,20 @@ Topology detect() {
   }
   for (size_t i = 0; i < numas.size(); ++i)
     for (size_t j = i + 1; j < numas.size(); ++j) t.add_link(numas[i], numas[j], LinkType::kSmp, 10, 0.6);
+  // GPUs through NVML: hwloc sees PCI devices, not NVLinks or compute capabilities.
+  if (!options.nvml_library.empty()) {
+    std::string why;
+    try {
+      if (auto report = nvml::read(options.nvml_library, &why)) {
+        nvml::add_to(t, *report, host, numas.front());
+        TUTTI_INFO(log::kGraph, "topology: NVML ({}) reports {} GPU(s) and {} NVLink group(s)", options.nvml_library,
+                   report->gpus.size(), report->links.size());
+      }
+    } catch (const std::exception& e) {  // detection goes on without NVML whatever happens there
+      why = e.what();
+    }
+    if (!why.empty()) TUTTI_INFO(log::kGraph, "topology: no GPUs from NVML: {}", why);
+  }
   // Network interfaces (not loopback), with their link speed where sysfs tells it.
   ifaddrs* list = nullptr;
   std::set<std::string> seen;

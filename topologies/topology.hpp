@@ -93,8 +93,17 @@ void join_hosts(Topology& t, const std::vector<std::vector<int>>& nics_per_host,
 // without a NIC gets a 10 Gb/s one, with a logged note. InvalidArgument for an index out of range.
 Topology merge(const std::vector<Topology>& hosts, const std::vector<int>& host_of_rank);
 
-// The machine we run on: NUMA nodes and cores (hwloc), GPUs (sysfs), NICs (sysfs, ibverbs names),
-// network interfaces. Anything unreadable is logged and skipped, never an error.
-Topology detect();
+// What detection takes from the environment, read once at the edge (tests pass their own).
+struct DetectOptions {
+  std::string nvml_library;  // TUTTI_NVML_LIBRARY: where to load NVML from; empty: do not use NVML
+  static DetectOptions from_env();
+};
+
+// The machine we run on: NUMA nodes and cores (hwloc), PCI GPUs and NICs (hwloc), GPUs with their
+// compute capability and NVLinks, to each other and to NVSwitches (NVML, loaded at run time),
+// network interfaces (getifaddrs, sysfs). Ranks stay on the NUMA nodes (the CPU executor's view).
+// Anything unreadable, NVML included, is logged (GRAPH) and skipped, never an error.
+Topology detect(const DetectOptions& options);
+Topology detect();  // detect(DetectOptions::from_env())
 
 }  // namespace tutti::topo

@@ -5,7 +5,6 @@ namespace tutti::algorithms {
 namespace {
 
 using dsl::Buffer;
-using dsl::Collective;
 using dsl::Program;
 
 // Out-of-place: each rank first copies its input into its own slot of the output.

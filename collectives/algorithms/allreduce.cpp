@@ -8,7 +8,6 @@ namespace tutti::algorithms {
 namespace {
 
 using dsl::Buffer;
-using dsl::Collective;
 using dsl::Program;
 
 // Ring: chunk k of channel ch is reduced along the ring starting at rank k, ending at rank k-1,

@@ -5,7 +5,6 @@ namespace tutti::algorithms {
 namespace {
 
 using dsl::Buffer;
-using dsl::Collective;
 using dsl::Program;
 
 // Step k: send the block for rank r+k, receive the block from rank r-k. Every pair talks once.

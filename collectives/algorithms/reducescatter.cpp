@@ -6,7 +6,6 @@ namespace tutti::algorithms {
 namespace {
 
 using dsl::Buffer;
-using dsl::Collective;
 using dsl::Program;
 
 Program ring_reducescatter(int n, const Params& prm) {

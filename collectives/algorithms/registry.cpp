@@ -66,8 +66,8 @@ Params parse_params(const std::vector<std::string>& kvs) {
   return out;
 }
 
-dsl::CollectiveSpec spec_of(dsl::Collective c, int nranks, int chunk_factor, bool inplace, int root) {
-  dsl::CollectiveSpec s;
+CollectiveSpec spec_of(Collective c, int nranks, int chunk_factor, bool inplace, int root) {
+  CollectiveSpec s;
   s.kind = c;
   s.nranks = nranks;
   s.chunk_factor = chunk_factor;

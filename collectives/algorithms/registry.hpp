@@ -22,7 +22,7 @@ using Params = std::map<std::string, int>;
 
 struct Builtin {
   std::string name;
-  dsl::Collective collective;
+  Collective collective;
   std::string description;
   std::vector<Param> params;
   // Empty when nranks/params are supported, else the reason.
@@ -47,7 +47,7 @@ void register_rooted(std::vector<Builtin>& out);  // broadcast, reduce
 void register_alltoall(std::vector<Builtin>& out);
 
 // Helpers shared by the algorithms.
-dsl::CollectiveSpec spec_of(dsl::Collective c, int nranks, int chunk_factor, bool inplace, int root = 0);
+CollectiveSpec spec_of(Collective c, int nranks, int chunk_factor, bool inplace, int root = 0);
 // The buffer an algorithm works in: the input when in-place, else the output.
 dsl::Buffer work_buffer(const dsl::Program& p);
 // Out-of-place: copies every rank's input into its output at the same index (0 when in-place).

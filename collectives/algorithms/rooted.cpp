@@ -5,7 +5,6 @@ namespace tutti::algorithms {
 namespace {
 
 using dsl::Buffer;
-using dsl::Collective;
 using dsl::Program;
 
 // The root's data flows root -> root+1 -> ... in `chunks` pieces, so every link is busy at once.

@@ -40,7 +40,7 @@ struct DevStep {
   int32_t first_src = 0;   // srcs[first_src, first_src + nsrcs)
   int32_t first_dep = 0;   // deps[first_dep, first_dep + ndeps)
   int32_t ndeps = 0;
-  int32_t kernel = 0;      // compute: dsl::Kernel
+  int32_t kernel = 0;      // compute: tutti::Kernel
   double kernel_arg = 1;   // compute: the scale factor
   int64_t count = 0;       // chunks
   DevRef dst;

@@ -224,7 +224,7 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
   auto u = std::make_unique<Uploaded>();
   const int me = comm_.rank(), n = comm_.size();
   u->plan = flatten(pp, me);
-  u->fifo_depth = verified_fifo_depth(pp);
+  u->fifo_depth = pp.plan.fifo_depth;
   // Before anything collective: a refused plan must fail on every rank alone, not hang.
   TUTTI_CHECK(u->fifo_depth <= options_.fifo_depth, InvalidArgument,
               "plan '{}' is deadlock-free only with FIFOs of {} messages; device FIFOs hold {} "
@@ -313,7 +313,7 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* str
   LaunchArgs a = u.base;
   a.protocol = protocol >= 0         ? protocol
                : options_.protocol ? *options_.protocol
-                                   : (p.protocol == dsl::Protocol::kLL ? kProtoLL : kProtoSimple);
+                                   : (p.protocol == tutti::Protocol::kLL ? kProtoLL : kProtoSimple);
   a.op = static_cast<int32_t>(args.reduction.op);
   a.type = static_cast<int32_t>(args.reduction.type);
   a.esize = static_cast<int64_t>(size_of(args.reduction.type));

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "compiler/verify.hpp"
 #include "core/error.hpp"
 
 namespace tutti::device {
@@ -20,7 +19,6 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
   out.channels = std::max(1, p.channels());
   const plan::RankPlan& rp = p.ranks[rank];
   out.scratch_chunks = rp.scratch_chunks;
-  const std::map<int64_t, size_t>& index = pp.block_index[rank];
   auto conn = [](std::vector<ConnectionKey>& table, ConnectionKey key) {
     auto it = std::find(table.begin(), table.end(), key);
     if (it != table.end()) return static_cast<int32_t>(it - table.begin());
@@ -28,7 +26,7 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
     return static_cast<int32_t>(table.size() - 1);
   };
   auto ref = [&](const plan::Ref& r) {
-    dsl::Location l = pp.spec.canonical(rank, r.buffer, static_cast<int>(r.index));
+    Location l = pp.spec.canonical(rank, r.buffer, static_cast<int>(r.index));
     return DevRef{l.index, static_cast<uint8_t>(l.buffer)};
   };
   for (const plan::Block& b : rp.blocks) {
@@ -47,10 +45,9 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
       s.first_dep = static_cast<int32_t>(out.deps.size());
       s.ndeps = static_cast<int32_t>(in.deps.size());
       for (const plan::Dep& d : in.deps) {
-        auto it = index.find(d.block);
-        TUTTI_CHECK(it != index.end(), InvalidArgument, "plan '{}': rank {} depends on block {}, which it does not have",
-                    p.name, rank, d.block);
-        out.deps.push_back(DevDep{static_cast<int32_t>(it->second), static_cast<int32_t>(d.step)});
+        TUTTI_CHECK(d.block >= 0 && d.block < static_cast<int64_t>(rp.blocks.size()), InvalidArgument,
+                    "plan '{}': rank {} depends on block {}, which it does not have", p.name, rank, d.block);
+        out.deps.push_back(DevDep{static_cast<int32_t>(d.block), static_cast<int32_t>(d.step)});
       }
       s.kernel = in.kernel;
       s.kernel_arg = in.kernel_arg;
@@ -65,13 +62,6 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
     out.steps[out.blocks[d.block].first_step + d.step].signal = 1;
   }
   return out;
-}
-
-int64_t verified_fifo_depth(const PreparedPlan& pp) {
-  plan::VerifyOptions o;
-  o.check_hazards = false;
-  o.spec = &pp.spec;
-  return std::max<int64_t>(1, plan::verify(pp.plan, o).fifo_depth_needed);
 }
 
 }  // namespace tutti::device

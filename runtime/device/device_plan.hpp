@@ -34,7 +34,4 @@ struct DevicePlan {
 // block that does not exist, more steps than a 32-bit index).
 DevicePlan flatten(const PreparedPlan& plan, int rank);
 
-// The smallest FIFO depth (messages) at which the plan is deadlock-free, from the verifier.
-int64_t verified_fifo_depth(const PreparedPlan& plan);
-
 }  // namespace tutti::device

@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   try {
     if (list) {
       for (const auto& b : algorithms::builtins()) {
-        std::printf("%-20s %-14s %s\n", b.name.c_str(), dsl::to_string(b.collective), b.description.c_str());
+        std::printf("%-20s %-14s %s\n", b.name.c_str(), to_string(b.collective), b.description.c_str());
         for (const auto& p : b.params)
           std::printf("%-20s   --param %s=%d  %s\n", "", p.name.c_str(), p.fallback, p.meaning.c_str());
       }
@@ -84,11 +84,11 @@ int main(int argc, char** argv) {
       }
       for (const auto& w : warnings) std::fprintf(stderr, "%s: warning: %s\n", import.c_str(), w.c_str());
       if (verify_flag) {
-        plan::VerifyReport rep = plan::verify(result, vopt);
+        plan::VerifyReport rep = plan::certify(result, vopt);  // a saved plan states what was proved
         std::printf("%s\n", rep.summary(result).c_str());
       } else {
         std::printf("imported %s '%s': %d ranks, %lld steps in %lld blocks (not verified; add --verify)\n",
-                    dsl::to_string(result.collective), result.name.c_str(), result.nranks,
+                    to_string(result.collective), result.name.c_str(), result.nranks,
                     static_cast<long long>(result.steps()), static_cast<long long>(result.blocks()));
       }
     } else {

@@ -21,18 +21,18 @@
 using namespace tutti;
 
 namespace {
-double bus_factor(dsl::Collective c, int n) {
+double bus_factor(Collective c, int n) {
   switch (c) {
-    case dsl::Collective::kAllReduce: return 2.0 * (n - 1) / n;
-    case dsl::Collective::kAllGather:
-    case dsl::Collective::kReduceScatter:
-    case dsl::Collective::kAllToAll: return static_cast<double>(n - 1) / n;
+    case Collective::kAllReduce: return 2.0 * (n - 1) / n;
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+    case Collective::kAllToAll: return static_cast<double>(n - 1) / n;
     default: return 1;
   }
 }
 // nccl-tests' size (the larger buffer) for a per-rank piece of `piece` bytes.
-uint64_t total_bytes(dsl::Collective c, uint64_t piece, int n) {
-  bool scaled = c == dsl::Collective::kAllGather || c == dsl::Collective::kReduceScatter || c == dsl::Collective::kAllToAll;
+uint64_t total_bytes(Collective c, uint64_t piece, int n) {
+  bool scaled = c == Collective::kAllGather || c == Collective::kReduceScatter || c == Collective::kAllToAll;
   return scaled ? piece * n : piece;
 }
 }  // namespace
@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
     list = tuning::sweep(lo, hi, factor);
     std::vector<std::pair<std::string, plan::Plan>> candidates;
     if (!compare.empty()) {
-      auto c = dsl::parse_collective(compare);
+      auto c = parse_collective(compare);
       TUTTI_CHECK(c.has_value(), InvalidArgument, "--compare: unknown collective '{}'", compare);
       for (const auto& b : algorithms::builtins()) {
         if (b.collective != *c) continue;

@@ -39,13 +39,13 @@ using namespace tutti;
 
 namespace {
 
-std::vector<dsl::Collective> collectives_of(const std::string& name) {
+std::vector<Collective> collectives_of(const std::string& name) {
   if (name == "all")
-    return {dsl::Collective::kAllReduce, dsl::Collective::kAllGather, dsl::Collective::kReduceScatter,
-            dsl::Collective::kBroadcast, dsl::Collective::kReduce, dsl::Collective::kAllToAll};
+    return {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter,
+            Collective::kBroadcast, Collective::kReduce, Collective::kAllToAll};
   std::string n = name;
   std::erase(n, '_');
-  auto c = dsl::parse_collective(n);
+  auto c = parse_collective(n);
   TUTTI_CHECK(c.has_value(), InvalidArgument, "unknown collective '{}' (all_reduce, all_gather, reduce_scatter, "
               "broadcast, reduce, alltoall, all)", name);
   return {*c};
@@ -55,7 +55,7 @@ void print(const tuning::Table& t) {
   std::printf("# decision table (%s, %s)\n", t.source.c_str(), t.topology.c_str());
   std::printf("# %-14s %6s %12s %12s  %-34s %12s\n", "collective", "ranks", "min_bytes", "max_bytes", "choice", "time_us");
   for (auto& e : t.entries)
-    std::printf("  %-14s %6d %12llu %12s  %-34s %12.2f\n", dsl::to_string(e.collective), e.nranks,
+    std::printf("  %-14s %6d %12llu %12s  %-34s %12.2f\n", to_string(e.collective), e.nranks,
                 static_cast<unsigned long long>(e.min_bytes),
                 e.max_bytes == UINT64_MAX ? "inf" : std::to_string(e.max_bytes).c_str(), e.choice.describe().c_str(),
                 e.time_us);
@@ -262,7 +262,7 @@ int main(int argc, char** argv) {
         auto best = tuning::choose_smoothed(rankings);
         if (comm.rank() == 0)
           for (size_t i = 0; i < sizes.size(); ++i)
-            TUTTI_INFO(log::kTuning, "{} {} B: {} {:.2f} us (fastest {} {:.2f} us)", dsl::to_string(c), sizes[i],
+            TUTTI_INFO(log::kTuning, "{} {} B: {} {:.2f} us (fastest {} {:.2f} us)", to_string(c), sizes[i],
                        best[i].candidate.describe(), best[i].time_us, rankings[i].front().candidate.describe(),
                        rankings[i].front().time_us);
         tuning::add_windows(table, c, comm.size(), sizes, best);

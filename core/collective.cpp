@@ -1,4 +1,4 @@
-#include "dsl/collective.hpp"
+#include "core/collective.hpp"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 
 #include "core/error.hpp"
 
-namespace tutti::dsl {
+namespace tutti {
 
 const char* to_string(Collective c) {
   switch (c) {
@@ -40,6 +40,24 @@ const char* to_string(BufferKind b) {
     case BufferKind::kInput: return "input";
     case BufferKind::kOutput: return "output";
     case BufferKind::kScratch: return "scratch";
+  }
+  return "?";
+}
+
+const char* to_string(Protocol p) {
+  switch (p) {
+    case Protocol::kAuto: return "auto";
+    case Protocol::kSimple: return "Simple";
+    case Protocol::kLL: return "LL";
+    case Protocol::kLL128: return "LL128";
+  }
+  return "?";
+}
+
+const char* to_string(Kernel k) {
+  switch (k) {
+    case Kernel::kIdentity: return "identity";
+    case Kernel::kScale: return "scale";
   }
   return "?";
 }
@@ -155,4 +173,4 @@ std::string CollectiveSpec::describe() const {
   return s;
 }
 
-}  // namespace tutti::dsl
+}  // namespace tutti

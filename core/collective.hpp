@@ -1,4 +1,8 @@
 #pragma once
+// The vocabulary every layer shares (DESIGN.md 2): which collective, which buffer, which protocol,
+// and what a collective means. It sits below the DSL so that the Plan and both executors depend on it
+// and never on the DSL.
+//
 // What a collective means, symbolically: which chunks each rank starts with (precondition) and which
 // multiset of contributions each output chunk must hold at the end (postcondition). Both the DSL's
 // own symbolic execution and the compiler's plan verifier check against this one definition.
@@ -14,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace tutti::dsl {
+namespace tutti {
 
 enum class Collective { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kReduce, kAllToAll, kGather, kScatter, kSendRecv, kCustom };
 const char* to_string(Collective c);
@@ -23,6 +27,15 @@ std::optional<Collective> parse_collective(const std::string& text);
 
 enum class BufferKind : uint8_t { kInput = 0, kOutput = 1, kScratch = 2 };
 const char* to_string(BufferKind b);
+
+// How a connection moves data (MSCCL's `proto`): Simple (data, fence, flag per slot), LL (8-byte
+// lines of 4 data bytes and a 4-byte flag, no fence), LL128. kAuto leaves the choice to the compiler.
+enum class Protocol { kAuto, kSimple, kLL, kLL128 };
+const char* to_string(Protocol p);
+
+// Built-in compute kernels a plan's compute instruction names (issue 20 opens this to a registry).
+enum class Kernel : int { kIdentity = 0, kScale = 1 };
+const char* to_string(Kernel k);
 
 struct Contribution {
   int rank;
@@ -69,4 +82,4 @@ struct CollectiveSpec {
   std::string describe() const;  // "allreduce, 8 ranks, 8 chunks, in-place"
 };
 
-}  // namespace tutti::dsl
+}  // namespace tutti
