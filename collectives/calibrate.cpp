@@ -254,7 +254,7 @@ Calibration calibrate(Communicator& comm) {
   // The executor: 2(n-1) dependent messages of a ring all-reduce of 8 bytes.
   auto ring = PreparedPlan::make(plan::compile(algorithms::build("ring_allreduce", n, {{"inplace", 0}})).plan);
   float in[64] = {}, out[64] = {};
-  Executor ex(comm);
+  CpuExecutor ex(comm, CpuExecutorOptions::from_env());
   ExecArgs args;
   args.input = in;
   args.output = out;

@@ -109,13 +109,15 @@ DispatcherOptions DispatcherOptions::from_env() {
   o.tuning_file = env::raw("TUTTI_TUNING_FILE");
   o.tune = env::get_bool("TUTTI_TUNE");
   o.oneshot_threshold = env::get_size("TUTTI_ONESHOT_THRESHOLD");
+  o.check = env::get_bool("TUTTI_CHECK");
+  o.executor = CpuExecutorOptions::from_env();
   return o;
 }
 
 Dispatcher::Dispatcher(Communicator& comm, const DispatcherOptions& options, std::shared_ptr<DispatchResources> shared)
     : comm_(comm),
-      res_(shared ? std::move(shared) : std::make_shared<DispatchResources>(comm)),
-      check_(env::get_bool("TUTTI_CHECK")),
+      res_(shared ? std::move(shared) : std::make_shared<DispatchResources>(comm, options.executor)),
+      check_(options.check),
       algo_(options.algo),
       tuning_file_(options.tuning_file),
       tune_(options.tune),
@@ -303,62 +305,17 @@ void Dispatcher::check_consistent(const CollectiveCall& call) {
 
 namespace {
 
-// Host buffers: the dispatcher's own temporaries and the CPU kernels.
-class HostMemory final : public Dispatcher::CallMemory {
- public:
-  explicit HostMemory(DispatchResources& res) : res_(res) {}
-  void* temp(int slot, size_t bytes) override {
-    auto& v = slot == 0 ? res_.temp_in : res_.temp_out;
-    v.resize(bytes);
-    return v.data();
-  }
-  void copy(void* dst, const void* src, size_t bytes) override {
-    if (bytes && dst != src) std::memmove(dst, src, bytes);
-  }
-  void scale(DataType t, void* dst, const void* src, const void* scalar, size_t n) override {
-    tutti::scale(t, dst, src, scalar, n);
-  }
-  void divide(DataType t, void* dst, const void* src, uint64_t d, size_t n) override { tutti::divide(t, dst, src, d, n); }
-
- private:
-  DispatchResources& res_;
-};
-
-// Device buffers: the device executor's temporaries and the backend's stream operations.
-class DeviceMemory final : public Dispatcher::CallMemory {
- public:
-  DeviceMemory(device::DeviceExecutor& exec, void* stream) : exec_(exec), stream_(stream) {}
-  void* temp(int slot, size_t bytes) override { return exec_.temp(slot, bytes, stream_); }
-  void copy(void* dst, const void* src, size_t bytes) override { exec_.backend().copy(dst, src, bytes, stream_); }
-  void scale(DataType t, void* dst, const void* src, const void* scalar, size_t n) override {
-    exec_.backend().scale(t, dst, src, scalar, n, stream_);
-  }
-  void divide(DataType t, void* dst, const void* src, uint64_t d, size_t n) override {
-    exec_.backend().divide(t, dst, src, d, n, stream_);
-  }
-
- private:
-  device::DeviceExecutor& exec_;
-  void* stream_;
-};
-
 // Device calls up to this size run LL (one 16-byte store per 8 bytes, no fence per message); above
 // it Simple, whose full-width copies move more bytes per instruction.
 constexpr uint64_t kDeviceLLBytes = 64 << 10;
 
 }  // namespace
 
-void Dispatcher::run(const CollectiveCall& call) {
-  HostMemory mem(*res_);
-  run_on(call, mem, nullptr, nullptr);
-}
+void Dispatcher::run(const CollectiveCall& call) { run(call, res_->executor); }
 
-void Dispatcher::run_device(const CollectiveCall& call, device::DeviceExecutor& exec, void* stream) {
-  DeviceMemory mem(exec, stream);
-  run_on(call, mem, &exec, stream);
-}
-
-void Dispatcher::run_on(const CollectiveCall& call, CallMemory& mem, device::DeviceExecutor* dev, void* stream) {
+void Dispatcher::run(const CollectiveCall& call, Executor& ex) {
+  const bool dev = ex.device();
+  void* const stream = call.stream;
   const int n = comm_.size(), rank = comm_.rank();
   const Collective c = call.collective;
   const int64_t esize = static_cast<int64_t>(size_of(call.reduction.type));
@@ -369,24 +326,24 @@ void Dispatcher::run_on(const CollectiveCall& call, CallMemory& mem, device::Dev
   unsigned char* out = static_cast<unsigned char*>(call.output);
   bool inplace = is_inplace(c, in, out, rank, call.count * esize);
   // Reduce: non-roots keep their receive buffer untouched (NCCL does not use it there).
-  if (c == Collective::kReduce && rank != call.root) out = static_cast<unsigned char*>(mem.temp(1, out_bytes));
+  if (c == Collective::kReduce && rank != call.root) out = static_cast<unsigned char*>(ex.temp(1, out_bytes, stream));
   // premulsum: the scaled contribution replaces the input.
   const unsigned char* scaled = nullptr;
   if (call.reduction.op == RedOp::kPreMulSum) {
-    auto* t = static_cast<unsigned char*>(mem.temp(0, in_bytes));
-    mem.scale(call.reduction.type, t, in, call.reduction.scalar, static_cast<size_t>(in_elems));
+    auto* t = static_cast<unsigned char*>(ex.temp(0, in_bytes, stream));
+    ex.scale(call.reduction.type, t, in, call.reduction.scalar, static_cast<size_t>(in_elems), stream);
     in = scaled = t;
     inplace = false;
   }
   const uint64_t bytes = static_cast<uint64_t>(std::max(in_bytes, out_bytes));
-  Choice choice = choose(c, inplace, bytes, call.root, call.count, esize, dev != nullptr);
+  Choice choice = choose(c, inplace, bytes, call.root, call.count, esize, dev);
   if (last_plan_ != choice.name())
     TUTTI_INFO(log::kTuning, "rank {}: {} of {} bytes{} runs plan '{}'", rank, to_string(c), bytes,
                dev ? " on the device" : "", choice.name());
   last_plan_ = choice.name();
   auto finish = [&] {
     if (call.reduction.op == RedOp::kAvg && (c != Collective::kReduce || rank == call.root))
-      mem.divide(call.reduction.type, out, out, static_cast<uint64_t>(n), static_cast<size_t>(out_elems));
+      ex.divide(call.reduction.type, out, out, static_cast<uint64_t>(n), static_cast<size_t>(out_elems), stream);
   };
   if (choice.oneshot) {
     // `in` is the premulsum-scaled copy where there is one; in-place calls need nothing more.
@@ -400,21 +357,22 @@ void Dispatcher::run_on(const CollectiveCall& call, CallMemory& mem, device::Dev
   args.reduction = call.reduction;
   args.input = in;
   args.output = out;
+  args.stream = stream;
+  if (dev && bytes <= kDeviceLLBytes) args.protocol = Protocol::kLL;
   if (!rooted(c) && pp->plan.inplace && !inplace) {
     // Out-of-place call, in-place plan: put the input where the plan expects it.
     unsigned char* slot = c == Collective::kAllGather ? out + rank * call.count * esize : out;
-    mem.copy(slot, in, in_bytes);
+    ex.copy(slot, in, in_bytes, stream);
     args.input = slot;
   } else if (!rooted(c) && !pp->plan.inplace && inplace && in != scaled) {
     // In-place call, out-of-place plan: the plan must read an input it does not overwrite.
-    auto* t = static_cast<unsigned char*>(mem.temp(0, in_bytes));
-    mem.copy(t, in, in_bytes);
+    auto* t = static_cast<unsigned char*>(ex.temp(0, in_bytes, stream));
+    ex.copy(t, in, in_bytes, stream);
     args.input = t;
   }
   TUTTI_TRACE(log::kColl, "rank {}: {} count {} {} via plan '{}'", rank, to_string(c), call.count,
               name(call.reduction.type), pp->plan.name);
-  if (dev) dev->run(*pp, args, stream, !dev->options().protocol && bytes <= kDeviceLLBytes ? device::kProtoLL : -1);
-  else res_->executor.run(*pp, args);
+  ex.run(*pp, args);
   finish();
 }
 

@@ -30,8 +30,8 @@ struct CollectiveCall {
   int64_t count = 0;  // NCCL's count (allgather: sendcount, reduce-scatter: recvcount)
   Reduction reduction;
   int root = 0;
-  bool device = false;     // buffers in device memory: run_device on `stream`
-  void* stream = nullptr;  // cudaStream_t
+  bool device = false;     // buffers in device memory: run by a device executor
+  void* stream = nullptr;  // cudaStream_t the call is ordered on (device executors)
 };
 
 // What runs a call: a prepared plan, or the one-shot mailbox path (collectives/oneshot.hpp).
@@ -49,13 +49,16 @@ struct Choice {
   std::string name() const { return oneshot ? std::string(tuning::kOneShot) : plan->plan.name; }
 };
 
-// What a dispatcher is told to prefer; from_env() reads TUTTI_ALGO/NCCL_ALGO, TUTTI_TUNING_FILE,
-// TUTTI_TUNE and TUTTI_ONESHOT_THRESHOLD.
+// What a dispatcher is told to prefer, and the settings of the CPU executor it makes; from_env()
+// reads TUTTI_ALGO/NCCL_ALGO, TUTTI_TUNING_FILE, TUTTI_TUNE, TUTTI_ONESHOT_THRESHOLD, TUTTI_CHECK
+// and the CPU executor's variables (CpuExecutorOptions::from_env).
 struct DispatcherOptions {
   std::optional<std::string> algo;         // a forced algorithm
   std::optional<std::string> tuning_file;  // decision table to load (and save, when tuning)
   bool tune = false;
   uint64_t oneshot_threshold = 8 << 10;
+  bool check = false;  // compare every call's arguments across ranks first
+  CpuExecutorOptions executor;
   static DispatcherOptions from_env();
 };
 
@@ -65,11 +68,10 @@ struct DispatcherOptions {
 // choices measured up to 11 % apart in one run (page placement), which `tutti-tune --compare`
 // would report as a tuning error.
 struct DispatchResources {
-  explicit DispatchResources(Communicator& c) : comm(c), executor(c) {}
+  DispatchResources(Communicator& c, const CpuExecutorOptions& options) : comm(c), executor(c, options) {}
   Communicator& comm;
-  Executor executor;
+  CpuExecutor executor;
   std::map<std::string, std::shared_ptr<const PreparedPlan>> plans;  // built-ins, by name and parameters
-  std::vector<unsigned char> temp_in, temp_out;
 };
 
 class Dispatcher {
@@ -77,22 +79,12 @@ class Dispatcher {
   // `shared`: resources of another dispatcher of the same communicator (none: its own).
   explicit Dispatcher(Communicator& comm, const DispatcherOptions& options = DispatcherOptions::from_env(),
                       std::shared_ptr<DispatchResources> shared = nullptr);
+  // Host buffers: the CPU executor, or the host mailbox for small calls.
   void run(const CollectiveCall& call);
-  // Device buffers: the same choice among plans (never the host mailbox), run by `exec` on `stream`,
-  // with the call's adaptations (in-place, premulsum, avg, a non-root's reduce output) enqueued on
-  // the device too. Returns once everything is enqueued.
-  void run_device(const CollectiveCall& call, device::DeviceExecutor& exec, void* stream);
-
-  // Where a call's buffers live: temporaries, copies and premulsum/avg's element steps (host or
-  // device, in the order of the device stream).
-  class CallMemory {
-   public:
-    virtual ~CallMemory() = default;
-    virtual void* temp(int slot, size_t bytes) = 0;  // slot 0: an input copy; 1: a discarded output
-    virtual void copy(void* dst, const void* src, size_t bytes) = 0;
-    virtual void scale(DataType type, void* dst, const void* src, const void* scalar, size_t count) = 0;
-    virtual void divide(DataType type, void* dst, const void* src, uint64_t divisor, size_t count) = 0;
-  };
+  // Any executor: the same choice among plans (never the host mailbox on a device), with the call's
+  // adaptations (in-place, premulsum, avg, a non-root's reduce output) done by the executor too, in
+  // the order of call.stream. A device executor returns once everything is enqueued.
+  void run(const CollectiveCall& call, Executor& executor);
   // The plan the last run used (for logs and tests).
   const std::string& last_plan() const { return last_plan_; }
   const tuning::Table& table() const { return table_; }
@@ -104,8 +96,6 @@ class Dispatcher {
  private:
   Choice choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,
                 bool device = false);
-  // One call on either executor (dev null: the CPU executor and the host mailbox).
-  void run_on(const CollectiveCall& call, CallMemory& mem, device::DeviceExecutor* dev, void* stream);
   std::shared_ptr<const PreparedPlan> builtin(const std::string& name, std::map<std::string, int> params);
   void check_consistent(const CollectiveCall& call);
 

@@ -291,7 +291,7 @@ void run_p2p(Communicator& comm, const std::vector<PendingOp>& ops) {
 }
 
 void run_collective(ncclComm* c, const CollectiveCall& call) {
-  if (call.device) c->dispatcher->run_device(call, device_executor(c), call.stream);
+  if (call.device) c->dispatcher->run(call, device_executor(c));
   else c->dispatcher->run(call);
 }
 

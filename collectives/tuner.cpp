@@ -449,7 +449,7 @@ std::vector<std::vector<Ranked>> measure_sweep(Communicator& comm, Collective c,
   const int n = comm.size();
   TUTTI_CHECK(cands.size() == sizes.size(), InvalidArgument, "measure: {} sizes but {} candidate lists", sizes.size(),
               cands.size());
-  Executor ex(comm);
+  CpuExecutor ex(comm, CpuExecutorOptions::from_env());
   Mailbox* mb = comm.mailbox();
   // What each size runs: its buffers, arguments and candidates, alive for the whole sweep.
   struct AtSize {

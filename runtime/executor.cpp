@@ -44,20 +44,6 @@ std::shared_ptr<const PreparedPlan> PreparedPlan::make(plan::Plan p) {
   return out;
 }
 
-Executor::Executor(Communicator& comm) : comm_(comm), pool_(comm.rank()) {
-  tile_ = static_cast<int64_t>(env::get_size("TUTTI_TILE_SIZE"));
-  staging_slots_ = static_cast<int>(env::get_int("TUTTI_PIPELINE_DEPTH"));
-  workers_ = static_cast<int>(env::get_int("TUTTI_WORKERS"));
-  stream_threshold_ = env::get_size("TUTTI_STREAM_THRESHOLD");
-  TUTTI_CHECK(tile_ >= 64, InvalidArgument, "TUTTI_TILE_SIZE must be at least 64 bytes");
-  tile_ = tile_ / 64 * 64;  // a multiple of every element size
-  TUTTI_CHECK(staging_slots_ >= 1, InvalidArgument, "TUTTI_PIPELINE_DEPTH must be at least 1");
-  TUTTI_CHECK(workers_ >= 0, InvalidArgument, "TUTTI_WORKERS must be 0 (automatic) or a thread count, not {}",
-              workers_);
-  if (workers_ == 0)
-    workers_ = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, comm.local_ranks()));
-}
-
 namespace executor_detail {
 
 // A send whose buffer the transport may still read.
@@ -112,14 +98,358 @@ struct Run {
   }
 };
 
+
+
+
+// One call of a plan on this rank: the state machines of its blocks and what they share. A worker
+// drives its blocks with step() until they are done, copies sends something waits for into
+// connection-owned memory with relieve() when nothing else moves, and stall() says what its
+// blocks wait for when a timeout or abort ends the call.
+class BlockMachine {
+ public:
+  struct Call {
+    Communicator& comm;
+    const PreparedPlan& pp;
+    const ExecArgs& args;
+    unsigned char* scratch;
+    bool stream_output;  // large outputs are written around the caches
+    Run* runs;
+    size_t nruns;
+    int nworkers;
+    const std::vector<std::vector<Connection*>>& conns;  // per worker
+    std::vector<std::vector<unsigned char>>& staging;    // per block
+    int64_t tile;
+    int staging_slots;
+    Doorbell* bell;
+    std::atomic<bool>& failed;  // another worker of this rank threw
+  };
+  explicit BlockMachine(const Call& c)
+      : comm(c.comm),
+        pp(c.pp),
+        p(c.pp.plan),
+        rank(c.comm.rank()),
+        op(c.args.reduction.op),
+        type(c.args.reduction.type),
+        esize(static_cast<int64_t>(size_of(type))),
+        g{c.args.count, p.chunk_factor, esize},
+        args(c.args),
+        scratch(c.scratch),
+        stream_output(c.stream_output),
+        runs(c.runs),
+        nruns(c.nruns),
+        nworkers(c.nworkers),
+        conns(c.conns),
+        staging(c.staging),
+        tile(c.tile),
+        staging_slots(c.staging_slots),
+        bell(c.bell),
+        failed(c.failed),
+        tracing(trace::enabled()) {}
+
+  // One pass over the worker's blocks: starts what is ready, advances transfers, retires steps.
+  // Returns whether anything moved; `done` when every block of the worker is retired.
+  bool step(int worker, bool& done);
+  bool relieve(int worker);
+  std::string stall(int worker) const;
+
+ private:
+  static constexpr int kPlanChannelBase = CpuExecutor::kPlanChannelBase;
+  // Starts the current instruction of block b. Local instructions complete here (true); transfers
+  // post what they can and complete in advance().
+  bool start(size_t b);
+  // Advances the current transfer of block b; true when it is issued (every tile received and
+  // every outgoing tile posted).
+  bool advance(size_t b, bool& moved);
+  // Drops finished sends and publishes how far block b is retired; true if that moved.
+  bool retire(Run& r);
+  void traced(const Run& r) const {
+    const plan::Instruction& in = r.block->steps[r.pc];
+    trace::record(rank, r.block->id, plan::to_string(in.op), r.started_us, trace::now_us(), r.bytes,
+                  in.send_peer >= 0 ? in.send_peer : in.recv_peer, p.name);
+  }
+  unsigned char* pointer(const plan::Ref& ref) const {
+    Location l = pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index));
+    unsigned char* base = l.buffer == BufferKind::kInput    ? static_cast<unsigned char*>(const_cast<void*>(args.input))
+                          : l.buffer == BufferKind::kOutput ? static_cast<unsigned char*>(args.output)
+                                                            : scratch;
+    return base + g.offset(l.index);
+  }
+  // Large outputs are written with non-temporal stores where nothing reads them back during the
+  // call: plain receives and local copies into the user's buffers (never scratch, never the landing
+  // place of a tile that is forwarded from there).
+  bool streams(const plan::Ref& ref) const {
+    return stream_output && pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index)).buffer != BufferKind::kScratch;
+  }
+
+  Communicator& comm;
+  const PreparedPlan& pp;
+  const plan::Plan& p;
+  const int rank;
+  const RedOp op;
+  const DataType type;
+  const int64_t esize;
+  const exec::Geometry g;
+  const ExecArgs& args;
+  unsigned char* const scratch;
+  const bool stream_output;
+  Run* const runs;
+  const size_t nruns;
+  const int nworkers;
+  const std::vector<std::vector<Connection*>>& conns;
+  std::vector<std::vector<unsigned char>>& staging;
+  const int64_t tile;
+  const int staging_slots;
+  Doorbell* const bell;
+  std::atomic<bool>& failed;
+  const bool tracing;
+};
+
+bool BlockMachine::start(size_t b) {
+  Run& r = runs[b];
+  const plan::Instruction& in = r.block->steps[r.pc];
+  r.shape = exec::shape_of(static_cast<int>(in.op));
+  r.recv_posted = r.processed = 0;
+  r.recv_tickets.clear();
+  int64_t n = in.count();
+  const plan::Ref& any = in.dst ? *in.dst : in.srcs.empty() ? plan::Ref{} : in.srcs[0];
+  r.bytes = n > 0 ? g.bytes(any.index, n) : 0;
+  r.dst = in.dst ? pointer(*in.dst) : nullptr;
+  switch (in.op) {
+    case plan::Opcode::kNop: return true;
+    case plan::Opcode::kCopy: {
+      const unsigned char* src = pointer(in.srcs[0]);
+      const size_t len = static_cast<size_t>(r.bytes);
+      if (len == 0 || src == r.dst) return true;
+      if (src + len > r.dst && r.dst + len > src) {  // overlapping: one memmove
+        std::memmove(r.dst, src, len);
+        return true;
+      }
+      // A large copy moves a tile per turn (advance), between the other blocks' transfers, so a
+      // peer waiting for this rank's sends is served while it runs.
+      r.stream = streams(*in.dst);
+      r.local = src;
+      r.tiles = exec::tile_count(r.bytes, tile);
+      r.processed = 0;
+      if (r.tiles > 1) return false;
+      copy_bytes(r.dst, src, len, r.stream);
+      return true;
+    }
+    case plan::Opcode::kReduce: {
+      std::vector<const void*> srcs;
+      for (auto& s : in.srcs) srcs.push_back(pointer(s));
+      combine_n(op, type, r.dst, srcs, static_cast<size_t>(r.bytes / esize));
+      return true;
+    }
+    case plan::Opcode::kCompute: {
+      const void* src = pointer(in.srcs[0]);
+      if (in.kernel == static_cast<int>(Kernel::kScale)) {
+        unsigned char scalar[8] = {};
+        store_value(type, scalar, in.kernel_arg);
+        scale(type, r.dst, src, scalar, static_cast<size_t>(r.bytes / esize));
+      } else if (r.bytes) {
+        std::memmove(r.dst, src, static_cast<size_t>(r.bytes));
+      }
+      return true;
+    }
+    default: break;
+  }
+  r.tiles = exec::tile_count(r.bytes, tile);
+  r.stream = in.op == plan::Opcode::kRecv && in.dst && streams(*in.dst);
+  if (r.shape.recv) r.rconn = &comm.connection(in.recv_peer, r.block->channel + kPlanChannelBase);
+  if (r.shape.send) r.sconn = &comm.connection(in.send_peer, r.block->channel + kPlanChannelBase);
+  r.local = in.srcs.empty() ? nullptr : pointer(in.srcs[0]);
+  if (in.op == plan::Opcode::kRecvReduceSend) {
+    // Full-tile slots, allocated once: earlier forwards may still read them, so the buffer must
+    // never move while the block runs.
+    r.slot_bytes = tile;
+    r.slots = staging[b].data();
+  }
+  if (in.op == plan::Opcode::kSend) {
+    for (int64_t t = 0; t < r.tiles; ++t) {
+      const unsigned char* from = r.local + exec::tile_begin(t, tile);
+      int64_t len = exec::tile_bytes(t, r.bytes, tile);
+      r.pending.push_back({r.sconn, r.sconn->send(from, static_cast<size_t>(len)), from, from + len, r.pc});
+    }
+    return true;
+  }
+  return false;
+}
+
+bool BlockMachine::advance(size_t b, bool& moved) {
+  Run& r = runs[b];
+  const plan::Instruction& in = r.block->steps[r.pc];
+  if (in.op == plan::Opcode::kCopy) {  // a tiled local copy: one tile per turn
+    int64_t t = r.processed++;
+    int64_t at = exec::tile_begin(t, tile);
+    copy_bytes(r.dst + at, r.local + at, static_cast<size_t>(exec::tile_bytes(t, r.bytes, tile)), r.stream);
+    moved = true;
+    return r.processed == r.tiles;
+  }
+  // Reducing receives combine straight out of the transport (recv_reduce): into dst when they
+  // store, into a staging slot (free again once its forward is done or owned) when they only forward.
+  const bool staged = in.op == plan::Opcode::kRecvReduceSend;
+  auto landing = [&](int64_t t) {
+    return staged ? r.slots + (t % staging_slots) * r.slot_bytes : r.dst + exec::tile_begin(t, tile);
+  };
+  while (r.recv_posted < r.tiles) {
+    int64_t t = r.recv_posted;
+    size_t len = static_cast<size_t>(exec::tile_bytes(t, r.bytes, tile));
+    unsigned char* to = landing(t);
+    if (staged && t - r.processed >= staging_slots) break;
+    if (staged && r.busy(to, to + r.slot_bytes)) {
+      r.need_begin = to;
+      r.need_end = to + r.slot_bytes;
+      break;
+    }
+    r.recv_tickets.push_back(r.shape.reduce_local ? r.rconn->recv_reduce(to, r.local + exec::tile_begin(t, tile), len,
+                                                                         op, type)
+                                                  : r.rconn->recv(to, len, r.stream));
+    ++r.recv_posted;
+    moved = true;
+  }
+  while (!r.recv_tickets.empty() && r.rconn->recv_done(r.recv_tickets.front())) {
+    r.recv_tickets.pop_front();
+    int64_t t = r.processed;
+    int64_t len = exec::tile_bytes(t, r.bytes, tile);
+    const unsigned char* out = landing(t);
+    if (r.shape.send) r.pending.push_back({r.sconn, r.sconn->send(out, static_cast<size_t>(len)), out, out + len, r.pc});
+    ++r.processed;
+    moved = true;
+  }
+  return r.processed == r.tiles;
+}
+
+bool BlockMachine::retire(Run& r) {
+  while (!r.pending.empty() && r.pending.front().conn->send_done(r.pending.front().ticket)) r.pending.pop_front();
+  std::erase_if(r.pending, [](const PendingSend& s) { return s.conn->send_done(s.ticket); });
+  size_t upto = r.pc;
+  if (!r.pending.empty()) upto = std::min(upto, r.pending.front().step);
+  if (upto == r.retired.load(std::memory_order_relaxed)) return false;
+  r.retired.store(upto, std::memory_order_release);
+  if (nworkers > 1 && bell) ring(*bell);
+  return true;
+}
+
+bool BlockMachine::step(int worker, bool& done) {
+  if (failed.load(std::memory_order_relaxed)) throw InternalError("another worker of this rank failed");
+  bool moved = false;
+  done = true;
+  for (size_t b = 0; b < nruns; ++b) {
+    Run& r = runs[b];
+    if (r.worker != worker) continue;
+    r.need_begin = r.need_end = nullptr;
+    while (!r.finished()) {
+      const plan::Instruction& in = r.block->steps[r.pc];
+      if (!r.started) {
+        bool ready = true;
+        for (auto& d : in.deps) {
+          Run& o = runs[static_cast<size_t>(d.block)];
+          if (o.retired.load(std::memory_order_acquire) <= static_cast<size_t>(d.step)) {
+            ready = false;
+            size_t want = static_cast<size_t>(d.step) + 1, had = o.wanted.load(std::memory_order_relaxed);
+            while (had < want && !o.wanted.compare_exchange_weak(had, want, std::memory_order_relaxed)) {
+            }
+          }
+        }
+        // Write-after-read within the block: an earlier send may still read what this step writes.
+        if (ready && in.dst) {
+          int64_t n = in.count();
+          unsigned char* d = pointer(*in.dst);
+          int64_t bytes = n > 0 ? g.bytes(in.dst->index, n) : 0;
+          if (r.busy(d, d + bytes)) {
+            ready = false;
+            r.need_begin = d;
+            r.need_end = d + bytes;
+          }
+        }
+        if (!ready) break;
+        moved = true;
+        r.started = true;
+        if (tracing) r.started_us = trace::now_us();
+        if (start(b)) {
+          if (tracing) traced(r);
+          r.started = false;
+          ++r.pc;
+          continue;
+        }
+      }
+      if (!advance(b, moved)) break;
+      if (tracing) traced(r);
+      r.started = false;
+      ++r.pc;
+      moved = true;
+    }
+    moved |= retire(r);
+    if (r.retired.load(std::memory_order_relaxed) != r.block->steps.size()) done = false;
+  }
+  // Sends made eager by own() must still reach the peer before the call returns: nothing else
+  // drives this rank's connections between calls.
+  if (done)
+    for (Connection* c : conns[worker])
+      if (c->sends_pending()) done = false;
+  return moved;
+}
+
+bool BlockMachine::relieve(int worker) {
+  bool freed = false;
+  for (Run& r : std::span(runs, nruns)) {
+    if (r.worker != worker || r.pending.empty()) continue;
+    size_t wanted = r.wanted.load(std::memory_order_relaxed);
+    size_t before = r.pending.size();
+    std::erase_if(r.pending, [&](const PendingSend& s) {
+      bool needed = s.step < wanted || (s.begin < r.need_end && r.need_begin < s.end);
+      return needed && s.conn->own(s.ticket);
+    });
+    freed |= r.pending.size() != before;
+  }
+  return freed;
+}
+
+std::string BlockMachine::stall(int worker) const {
+  // Every unfinished block of this worker and what it waits for: the message a timeout or abort reports.
+  std::string where;
+  int shown = 0;
+  for (Run& r : std::span(runs, nruns)) {
+    if (r.worker != worker || r.retired.load(std::memory_order_relaxed) == r.block->steps.size()) continue;
+    if (shown++ == 8) {
+      where += "; ...";
+      break;
+    }
+    std::string state;
+    if (r.finished()) {
+      state = fmt::format("{} send(s) not taken by the peer yet", r.pending.size());
+    } else {
+      const plan::Instruction& in = r.block->steps[r.pc];
+      bool deps_met = true;
+      for (auto& d : in.deps)
+        if (runs[static_cast<size_t>(d.block)].retired.load(std::memory_order_acquire) <= static_cast<size_t>(d.step))
+          deps_met = false;
+      state = !r.started ? (deps_met ? fmt::format("waiting for {} earlier send(s) of the block to release what it "
+                                                   "overwrites",
+                                                   r.pending.size())
+                                     : std::string("waiting for its dependencies"))
+                         : fmt::format("{} of {} tile(s) received, {} send(s) pending", r.processed, r.tiles,
+                                       r.pending.size());
+      std::string peers;
+      if (in.recv_peer >= 0) peers += fmt::format(" from rank {}", in.recv_peer);
+      if (in.send_peer >= 0) peers += fmt::format(" to rank {}", in.send_peer);
+      state = fmt::format("step {} ({}{}): {}", r.pc, plan::to_string(in.op), peers, state);
+    }
+    where += fmt::format("{}block {} (channel {}) {}", where.empty() ? "" : "; ", r.block->id, r.block->channel,
+                         state);
+  }
+  return fmt::format("running plan '{}' for {} [{}]", p.name, to_string(p.collective), where);
+}
+
 }  // namespace executor_detail
 
+using executor_detail::BlockMachine;
 using executor_detail::PendingSend;
 using executor_detail::Run;
 
 // What run() derives from a plan once and reuses while the same plan repeats: the blocks' state
 // machines, the worker of each block, each worker's connections and engine.
-struct Executor::Layout {
+struct CpuExecutor::Layout {
   uint64_t plan_id = 0;
   std::unique_ptr<Run[]> runs;
   size_t nruns = 0;
@@ -128,7 +458,48 @@ struct Executor::Layout {
   std::vector<std::unique_ptr<ProgressEngine>> engines;
 };
 
-Executor::~Executor() = default;
+CpuExecutorOptions CpuExecutorOptions::from_env() {
+  CpuExecutorOptions o;
+  o.tile_bytes = static_cast<int64_t>(env::get_size("TUTTI_TILE_SIZE"));
+  o.staging_slots = static_cast<int>(env::get_int("TUTTI_PIPELINE_DEPTH"));
+  o.workers = static_cast<int>(env::get_int("TUTTI_WORKERS"));
+  o.stream_threshold = env::get_size("TUTTI_STREAM_THRESHOLD");
+  return o;
+}
+
+CpuExecutor::CpuExecutor(Communicator& comm, const CpuExecutorOptions& options)
+    : comm_(comm), options_(options), pool_(comm.rank()) {
+  TUTTI_CHECK(options_.tile_bytes >= 64, InvalidArgument, "TUTTI_TILE_SIZE must be at least 64 bytes, not {}",
+              options_.tile_bytes);
+  options_.tile_bytes = options_.tile_bytes / 64 * 64;  // a multiple of every element size
+  TUTTI_CHECK(options_.staging_slots >= 1, InvalidArgument, "TUTTI_PIPELINE_DEPTH must be at least 1, not {}",
+              options_.staging_slots);
+  TUTTI_CHECK(options_.workers >= 0, InvalidArgument,
+              "TUTTI_WORKERS must be 0 (automatic) or a thread count, not {}", options_.workers);
+  if (options_.workers == 0)
+    options_.workers =
+        std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, comm.local_ranks()));
+}
+
+CpuExecutor::~CpuExecutor() = default;
+
+void* CpuExecutor::temp(int slot, size_t bytes, void*) {
+  auto& v = temp_[slot == 0 ? 0 : 1];
+  if (v.size() < bytes) v.resize(bytes);
+  return v.data();
+}
+
+void CpuExecutor::copy(void* dst, const void* src, size_t bytes, void*) {
+  if (bytes && dst != src) std::memmove(dst, src, bytes);
+}
+
+void CpuExecutor::scale(DataType t, void* dst, const void* src, const void* scalar, size_t n, void*) {
+  tutti::scale(t, dst, src, scalar, n);
+}
+
+void CpuExecutor::divide(DataType t, void* dst, const void* src, uint64_t d, size_t n, void*) {
+  tutti::divide(t, dst, src, d, n);
+}
 
 void check_call(const PreparedPlan& pp, int nranks, int64_t count) {
   const plan::Plan& p = pp.plan;
@@ -140,34 +511,20 @@ void check_call(const PreparedPlan& pp, int nranks, int64_t count) {
               p.name, count, p.chunk_factor);
 }
 
-void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
+void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   const plan::Plan& p = pp.plan;
   const int rank = comm_.rank();
   check_call(pp, comm_.size(), args.count);
-  const RedOp op = args.reduction.op;
-  const DataType type = args.reduction.type;
-  const int64_t esize = static_cast<int64_t>(size_of(type));
-  exec::Geometry g{args.count, p.chunk_factor, esize};
+  const int64_t esize = static_cast<int64_t>(size_of(args.reduction.type));
+  const exec::Geometry g{args.count, p.chunk_factor, esize};
   const plan::RankPlan& rp = p.ranks[rank];
   size_t scratch_bytes = rp.scratch_chunks > 0 ? static_cast<size_t>(g.chunk_end(rp.scratch_chunks - 1) * esize) : 0;
   if (scratch_.size() < scratch_bytes) scratch_.resize(scratch_bytes);
   comm_.ensure_channels(std::max(p.channels(), 1) + kPlanChannelBase);
 
-  auto pointer = [&](const plan::Ref& ref) -> unsigned char* {
-    Location l = pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index));
-    unsigned char* base = l.buffer == BufferKind::kInput    ? static_cast<unsigned char*>(const_cast<void*>(args.input))
-                          : l.buffer == BufferKind::kOutput ? static_cast<unsigned char*>(args.output)
-                                                                  : scratch_.data();
-    return base + g.offset(l.index);
-  };
-  // Large outputs are written with non-temporal stores where nothing reads them back during the
-  // call: plain receives and local copies into the user's buffers (never scratch, never the landing
-  // place of a tile that is forwarded from there).
   const int64_t output_bytes = g.bytes(0, pp.spec.output_chunks());
-  const bool stream_output = stream_threshold_ > 0 && static_cast<uint64_t>(output_bytes) >= stream_threshold_;
-  auto streams = [&](const plan::Ref& ref) {
-    return stream_output && pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index)).buffer != BufferKind::kScratch;
-  };
+  const bool stream_output =
+      options_.stream_threshold > 0 && static_cast<uint64_t>(output_bytes) >= options_.stream_threshold;
 
   std::unique_ptr<Layout>& slot = layouts_[pp.id];
   if (!slot) {
@@ -179,7 +536,7 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
     std::map<int, int> worker_of_channel;
     for (auto& b : rp.blocks)
       if (!b.steps.empty()) worker_of_channel.emplace(b.channel, 0);
-    l->nworkers = std::max(1, std::min<int>(workers_, static_cast<int>(worker_of_channel.size())));
+    l->nworkers = std::max(1, std::min<int>(options_.workers, static_cast<int>(worker_of_channel.size())));
     int k = 0;
     for (auto& [channel, w] : worker_of_channel) w = k++ % l->nworkers;
     for (size_t b = 0; b < rp.blocks.size(); ++b) {
@@ -210,261 +567,17 @@ void Executor::run(const PreparedPlan& pp, const ExecArgs& args) {
   if (staging_.size() < nruns) staging_.resize(nruns);
   for (size_t b = 0; b < rp.blocks.size(); ++b)
     for (auto& in : rp.blocks[b].steps)
-      if (in.op == plan::Opcode::kRecvReduceSend && staging_[b].size() < static_cast<size_t>(tile_ * staging_slots_))
-        staging_[b].resize(static_cast<size_t>(tile_ * staging_slots_));
+      if (in.op == plan::Opcode::kRecvReduceSend && staging_[b].size() < static_cast<size_t>(options_.tile_bytes * options_.staging_slots))
+        staging_[b].resize(static_cast<size_t>(options_.tile_bytes * options_.staging_slots));
   Doorbell* bell = comm_.state().doorbell();
   std::atomic<bool> failed{false};
-  const bool tracing = trace::enabled();
-
-  // Starts the current instruction of block b. Local instructions complete here (true); transfers
-  // post what they can and complete in advance().
-  auto start = [&](size_t b) {
-    Run& r = runs[b];
-    const plan::Instruction& in = r.block->steps[r.pc];
-    r.shape = exec::shape_of(static_cast<int>(in.op));
-    r.recv_posted = r.processed = 0;
-    r.recv_tickets.clear();
-    int64_t n = in.count();
-    const plan::Ref& any = in.dst ? *in.dst : in.srcs.empty() ? plan::Ref{} : in.srcs[0];
-    r.bytes = n > 0 ? g.bytes(any.index, n) : 0;
-    r.dst = in.dst ? pointer(*in.dst) : nullptr;
-    switch (in.op) {
-      case plan::Opcode::kNop: return true;
-      case plan::Opcode::kCopy: {
-        const unsigned char* src = pointer(in.srcs[0]);
-        const size_t len = static_cast<size_t>(r.bytes);
-        if (len == 0 || src == r.dst) return true;
-        if (src + len > r.dst && r.dst + len > src) {  // overlapping: one memmove
-          std::memmove(r.dst, src, len);
-          return true;
-        }
-        // A large copy moves a tile per turn (advance), between the other blocks' transfers, so a
-        // peer waiting for this rank's sends is served while it runs.
-        r.stream = streams(*in.dst);
-        r.local = src;
-        r.tiles = exec::tile_count(r.bytes, tile_);
-        r.processed = 0;
-        if (r.tiles > 1) return false;
-        copy_bytes(r.dst, src, len, r.stream);
-        return true;
-      }
-      case plan::Opcode::kReduce: {
-        std::vector<const void*> srcs;
-        for (auto& s : in.srcs) srcs.push_back(pointer(s));
-        combine_n(op, type, r.dst, srcs, static_cast<size_t>(r.bytes / esize));
-        return true;
-      }
-      case plan::Opcode::kCompute: {
-        const void* src = pointer(in.srcs[0]);
-        if (in.kernel == static_cast<int>(Kernel::kScale)) {
-          unsigned char scalar[8] = {};
-          store_value(type, scalar, in.kernel_arg);
-          scale(type, r.dst, src, scalar, static_cast<size_t>(r.bytes / esize));
-        } else if (r.bytes) {
-          std::memmove(r.dst, src, static_cast<size_t>(r.bytes));
-        }
-        return true;
-      }
-      default: break;
-    }
-    r.tiles = exec::tile_count(r.bytes, tile_);
-    r.stream = in.op == plan::Opcode::kRecv && in.dst && streams(*in.dst);
-    if (r.shape.recv) r.rconn = &comm_.connection(in.recv_peer, r.block->channel + kPlanChannelBase);
-    if (r.shape.send) r.sconn = &comm_.connection(in.send_peer, r.block->channel + kPlanChannelBase);
-    r.local = in.srcs.empty() ? nullptr : pointer(in.srcs[0]);
-    if (in.op == plan::Opcode::kRecvReduceSend) {
-      // Full-tile slots, allocated once: earlier forwards may still read them, so the buffer must
-      // never move while the block runs.
-      r.slot_bytes = tile_;
-      r.slots = staging_[b].data();
-    }
-    if (in.op == plan::Opcode::kSend) {
-      for (int64_t t = 0; t < r.tiles; ++t) {
-        const unsigned char* from = r.local + exec::tile_begin(t, tile_);
-        int64_t len = exec::tile_bytes(t, r.bytes, tile_);
-        r.pending.push_back({r.sconn, r.sconn->send(from, static_cast<size_t>(len)), from, from + len, r.pc});
-      }
-      return true;
-    }
-    return false;
-  };
-
-  // Advances the current transfer of block b; true when it is issued (every tile received and
-  // every outgoing tile posted).
-  auto advance = [&](size_t b, bool& moved) {
-    Run& r = runs[b];
-    const plan::Instruction& in = r.block->steps[r.pc];
-    if (in.op == plan::Opcode::kCopy) {  // a tiled local copy: one tile per turn
-      int64_t t = r.processed++;
-      int64_t at = exec::tile_begin(t, tile_);
-      copy_bytes(r.dst + at, r.local + at, static_cast<size_t>(exec::tile_bytes(t, r.bytes, tile_)), r.stream);
-      moved = true;
-      return r.processed == r.tiles;
-    }
-    // Reducing receives combine straight out of the transport (recv_reduce): into dst when they
-    // store, into a staging slot (free again once its forward is done or owned) when they only forward.
-    const bool staged = in.op == plan::Opcode::kRecvReduceSend;
-    auto landing = [&](int64_t t) {
-      return staged ? r.slots + (t % staging_slots_) * r.slot_bytes : r.dst + exec::tile_begin(t, tile_);
-    };
-    while (r.recv_posted < r.tiles) {
-      int64_t t = r.recv_posted;
-      size_t len = static_cast<size_t>(exec::tile_bytes(t, r.bytes, tile_));
-      unsigned char* to = landing(t);
-      if (staged && t - r.processed >= staging_slots_) break;
-      if (staged && r.busy(to, to + r.slot_bytes)) {
-        r.need_begin = to;
-        r.need_end = to + r.slot_bytes;
-        break;
-      }
-      r.recv_tickets.push_back(r.shape.reduce_local ? r.rconn->recv_reduce(to, r.local + exec::tile_begin(t, tile_), len,
-                                                                           op, type)
-                                                    : r.rconn->recv(to, len, r.stream));
-      ++r.recv_posted;
-      moved = true;
-    }
-    while (!r.recv_tickets.empty() && r.rconn->recv_done(r.recv_tickets.front())) {
-      r.recv_tickets.pop_front();
-      int64_t t = r.processed;
-      int64_t len = exec::tile_bytes(t, r.bytes, tile_);
-      const unsigned char* out = landing(t);
-      if (r.shape.send) r.pending.push_back({r.sconn, r.sconn->send(out, static_cast<size_t>(len)), out, out + len, r.pc});
-      ++r.processed;
-      moved = true;
-    }
-    return r.processed == r.tiles;
-  };
-
-  auto traced = [&](const Run& r) {
-    const plan::Instruction& in = r.block->steps[r.pc];
-    trace::record(rank, r.block->id, plan::to_string(in.op), r.started_us, trace::now_us(), r.bytes,
-                  in.send_peer >= 0 ? in.send_peer : in.recv_peer, p.name);
-  };
-  // Drops finished sends and publishes how far block b is retired; true if that moved.
-  auto retire = [&](Run& r) {
-    while (!r.pending.empty() && r.pending.front().conn->send_done(r.pending.front().ticket)) r.pending.pop_front();
-    std::erase_if(r.pending, [](const PendingSend& s) { return s.conn->send_done(s.ticket); });
-    size_t upto = r.pc;
-    if (!r.pending.empty()) upto = std::min(upto, r.pending.front().step);
-    if (upto == r.retired.load(std::memory_order_relaxed)) return false;
-    r.retired.store(upto, std::memory_order_release);
-    if (nworkers > 1 && bell) ring(*bell);
-    return true;
-  };
-
+  BlockMachine machine({comm_, pp, args, scratch_.data(), stream_output, runs, nruns, nworkers, conns, staging_,
+                        options_.tile_bytes, options_.staging_slots, bell, failed});
+  // The worker loop: each worker drives its blocks on its progress engine, which sleeps while
+  // nothing moves and reports a stall with the machine's description.
   auto work = [&](int worker, ProgressEngine& engine) {
-    auto step = [&](bool& done) {
-      if (failed.load(std::memory_order_relaxed)) throw InternalError("another worker of this rank failed");
-      bool moved = false;
-      done = true;
-      for (size_t b = 0; b < nruns; ++b) {
-        Run& r = runs[b];
-        if (r.worker != worker) continue;
-        r.need_begin = r.need_end = nullptr;
-        while (!r.finished()) {
-          const plan::Instruction& in = r.block->steps[r.pc];
-          if (!r.started) {
-            bool ready = true;
-            for (auto& d : in.deps) {
-              Run& o = runs[static_cast<size_t>(d.block)];
-              if (o.retired.load(std::memory_order_acquire) <= static_cast<size_t>(d.step)) {
-                ready = false;
-                size_t want = static_cast<size_t>(d.step) + 1, had = o.wanted.load(std::memory_order_relaxed);
-                while (had < want && !o.wanted.compare_exchange_weak(had, want, std::memory_order_relaxed)) {
-                }
-              }
-            }
-            // Write-after-read within the block: an earlier send may still read what this step writes.
-            if (ready && in.dst) {
-              int64_t n = in.count();
-              unsigned char* d = pointer(*in.dst);
-              int64_t bytes = n > 0 ? g.bytes(in.dst->index, n) : 0;
-              if (r.busy(d, d + bytes)) {
-                ready = false;
-                r.need_begin = d;
-                r.need_end = d + bytes;
-              }
-            }
-            if (!ready) break;
-            moved = true;
-            r.started = true;
-            if (tracing) r.started_us = trace::now_us();
-            if (start(b)) {
-              if (tracing) traced(r);
-              r.started = false;
-              ++r.pc;
-              continue;
-            }
-          }
-          if (!advance(b, moved)) break;
-          if (tracing) traced(r);
-          r.started = false;
-          ++r.pc;
-          moved = true;
-        }
-        moved |= retire(r);
-        if (r.retired.load(std::memory_order_relaxed) != r.block->steps.size()) done = false;
-      }
-      // Sends made eager by own() must still reach the peer before the call returns: nothing else
-      // drives this rank's connections between calls.
-      if (done)
-        for (Connection* c : conns[worker])
-          if (c->sends_pending()) done = false;
-      return moved;
-    };
-    // Nothing else to do, and a step waits for a send the peer has not taken: copy that send into
-    // connection-owned memory, which frees its buffer now. Only sends something waits for: copying
-    // costs a pass over the data, and a rank is often idle only because its peer is busy.
-    auto relieve = [&] {
-      bool freed = false;
-      for (Run& r : std::span(runs, nruns)) {
-        if (r.worker != worker || r.pending.empty()) continue;
-        size_t wanted = r.wanted.load(std::memory_order_relaxed);
-        size_t before = r.pending.size();
-        std::erase_if(r.pending, [&](const PendingSend& s) {
-          bool needed = s.step < wanted || (s.begin < r.need_end && r.need_begin < s.end);
-          return needed && s.conn->own(s.ticket);
-        });
-        freed |= r.pending.size() != before;
-      }
-      return freed;
-    };
-    auto what = [&] {
-      // Every unfinished block of this worker and what it waits for: the message a timeout or abort reports.
-      std::string where;
-      int shown = 0;
-      for (Run& r : std::span(runs, nruns)) {
-        if (r.worker != worker || r.retired.load(std::memory_order_relaxed) == r.block->steps.size()) continue;
-        if (shown++ == 8) {
-          where += "; ...";
-          break;
-        }
-        std::string state;
-        if (r.finished()) {
-          state = fmt::format("{} send(s) not taken by the peer yet", r.pending.size());
-        } else {
-          const plan::Instruction& in = r.block->steps[r.pc];
-          bool deps_met = true;
-          for (auto& d : in.deps)
-            if (runs[static_cast<size_t>(d.block)].retired.load(std::memory_order_acquire) <= static_cast<size_t>(d.step))
-              deps_met = false;
-          state = !r.started ? (deps_met ? fmt::format("waiting for {} earlier send(s) of the block to release what it "
-                                                       "overwrites",
-                                                       r.pending.size())
-                                         : std::string("waiting for its dependencies"))
-                             : fmt::format("{} of {} tile(s) received, {} send(s) pending", r.processed, r.tiles,
-                                           r.pending.size());
-          std::string peers;
-          if (in.recv_peer >= 0) peers += fmt::format(" from rank {}", in.recv_peer);
-          if (in.send_peer >= 0) peers += fmt::format(" to rank {}", in.send_peer);
-          state = fmt::format("step {} ({}{}): {}", r.pc, plan::to_string(in.op), peers, state);
-        }
-        where += fmt::format("{}block {} (channel {}) {}", where.empty() ? "" : "; ", r.block->id, r.block->channel,
-                             state);
-      }
-      return fmt::format("running plan '{}' for {} [{}]", p.name, to_string(p.collective), where);
-    };
-    engine.run(step, what, relieve);
+    engine.run([&](bool& done) { return machine.step(worker, done); }, [&] { return machine.stall(worker); },
+               [&] { return machine.relieve(worker); });
   };
 
   if (nworkers == 1) {

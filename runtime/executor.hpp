@@ -50,32 +50,67 @@ struct ExecArgs {
   void* output = nullptr;       // recvbuff
   int64_t count = 0;            // elements per rank piece (NCCL's count)
   Reduction reduction;          // op and type (type also for pure data movement)
+  void* stream = nullptr;       // device executors: the cudaStream_t the call is ordered on
+  // Device executors: run this call with this protocol (kSimple or kLL) rather than the plan's.
+  Protocol protocol = Protocol::kAuto;
 };
 
+// What runs plans: the CPU executor (host buffers, here) and the device executor (device buffers,
+// runtime/device/device_executor.hpp) implement it, and the dispatcher drives either the same way.
 class Executor {
+ public:
+  virtual ~Executor() = default;
+  // Runs the plan for this rank: the CPU executor returns when this rank's part is done, a device
+  // executor once it is enqueued on args.stream. Collective: every rank runs the same plan with the
+  // same count. Throws InvalidArgument for a call the plan cannot take (check_call) and the
+  // communicator's error if a peer fails or a wait times out.
+  virtual void run(const PreparedPlan& plan, const ExecArgs& args) = 0;
+  // Whether the buffers of the calls it runs are device memory.
+  virtual bool device() const = 0;
+  // What the dispatcher does around a plan (an input copy, a discarded output, premulsum's scaling,
+  // avg's division), in the executor's memory and in the order of its runs on `stream`.
+  // temp: slot 0 holds an input copy, slot 1 a discarded output; valid until the next temp(slot).
+  virtual void* temp(int slot, size_t bytes, void* stream) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes, void* stream) = 0;
+  virtual void scale(DataType type, void* dst, const void* src, const void* scalar, size_t count, void* stream) = 0;
+  virtual void divide(DataType type, void* dst, const void* src, uint64_t divisor, size_t count, void* stream) = 0;
+};
+
+// The CPU executor's settings, read when a communicator is made.
+struct CpuExecutorOptions {
+  int64_t tile_bytes = 1 << 20;      // TUTTI_TILE_SIZE: transfers move in tiles this large (a multiple of 64)
+  int staging_slots = 4;             // TUTTI_PIPELINE_DEPTH: tiles a forwarding reduction keeps in flight
+  int workers = 0;                   // TUTTI_WORKERS: 0 picks cores / ranks on this host
+  uint64_t stream_threshold = 8 << 20;  // TUTTI_STREAM_THRESHOLD: outputs this large are written around the caches
+  // Throws InvalidArgument naming a bad value.
+  static CpuExecutorOptions from_env();
+};
+
+class CpuExecutor final : public Executor {
  public:
   // Plan channel c runs on communicator channel c + 1: channel 0 carries point-to-point traffic
   // (ncclSend/ncclRecv), which must never interleave with a plan's messages on one connection.
   static constexpr int kPlanChannelBase = 1;
 
-  explicit Executor(Communicator& comm);
-  ~Executor();
-  // Runs the plan for this rank. Collective: every rank runs the same plan with the same count.
-  // Throws InvalidArgument for a count the plan cannot split, and the communicator's error if a
-  // peer fails or the wait times out.
-  void run(const PreparedPlan& plan, const ExecArgs& args);
-  int64_t tile_bytes() const { return tile_; }
-  // Worker threads a run uses at most (TUTTI_WORKERS; 0 picks cores / ranks on this host).
-  int workers() const { return workers_; }
+  CpuExecutor(Communicator& comm, const CpuExecutorOptions& options);
+  ~CpuExecutor() override;
+  void run(const PreparedPlan& plan, const ExecArgs& args) override;
+  bool device() const override { return false; }
+  void* temp(int slot, size_t bytes, void* stream) override;
+  void copy(void* dst, const void* src, size_t bytes, void* stream) override;
+  void scale(DataType type, void* dst, const void* src, const void* scalar, size_t count, void* stream) override;
+  void divide(DataType type, void* dst, const void* src, uint64_t divisor, size_t count, void* stream) override;
+
+  int64_t tile_bytes() const { return options_.tile_bytes; }
+  // Worker threads a run uses at most.
+  int workers() const { return options_.workers; }
 
  private:
   Communicator& comm_;
-  int64_t tile_;
-  int staging_slots_;
-  int workers_;
-  uint64_t stream_threshold_;  // TUTTI_STREAM_THRESHOLD: outputs this large are written around the caches
+  CpuExecutorOptions options_;  // workers resolved
   std::vector<unsigned char> scratch_;
   std::vector<std::vector<unsigned char>> staging_;  // per block, grown on demand
+  std::vector<unsigned char> temp_[2];
   WorkerPool pool_;
   struct Layout;
   // Per prepared plan run here (by PreparedPlan::id): a program that alternates collectives, or a

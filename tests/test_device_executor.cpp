@@ -99,7 +99,7 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
           a.input = pl.inplace ? out[r].data() : in[r].data();
           a.output = out[r].data();
         }
-        executors[r]->run(*prepared, a, nullptr);
+        executors[r]->run(*prepared, a);
         if (pl.inplace && pl.collective == Collective::kReduceScatter)
           std::memcpy(out[r].data(), in[r].data() + r * count * es, static_cast<size_t>(count * es));
       });
@@ -269,7 +269,7 @@ TEST(DeviceExecutor, RefusesPlansThatNeedDeeperFifosThanConfigured) {
   a.input = a.output = buf.data();
   a.count = 16;
   try {
-    ex.run(*p, a, nullptr);
+    ex.run(*p, a);
     FAIL() << "ran a plan that needs deeper FIFOs";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("TUTTI_DEVICE_FIFO_DEPTH"), std::string::npos) << e.what();
@@ -298,12 +298,12 @@ TEST(DeviceExecutor, WaitsTimeOutAndAbortNamingWhereTheyStopped) {
       return a;
     };
     // Both ranks connect and run once; then rank 0 runs alone.
-    test_support::on_ranks(comms, [&](int r, Communicator&) { ex[r]->run(*p, args(r), nullptr); });
+    test_support::on_ranks(comms, [&](int r, Communicator&) { ex[r]->run(*p, args(r)); });
     std::thread aborter;
     if (abort)
       aborter = std::thread([&] { ex[0]->abort(); });  // before or during the run: either way it stops
     try {
-      ex[0]->run(*p, args(0), nullptr);
+      ex[0]->run(*p, args(0));
       ADD_FAILURE() << "a rank without its peer finished";
     } catch (const Error& e) {
       std::string m = e.what();
@@ -313,7 +313,7 @@ TEST(DeviceExecutor, WaitsTimeOutAndAbortNamingWhereTheyStopped) {
     }
     if (aborter.joinable()) aborter.join();
     // The failure stays recorded: the next call reports it instead of running on broken FIFOs.
-    EXPECT_THROW(ex[0]->run(*p, args(0), nullptr), Error);
+    EXPECT_THROW(ex[0]->run(*p, args(0)), Error);
     if (!abort) test_support::on_ranks(comms, [&](int r, Communicator&) { ex[r]->close(); });
   }
 }

@@ -27,8 +27,8 @@ void run_and_check(const std::vector<Prepared>& seq, int64_t count, TransportKin
   CommOptions opts = CommOptions::from_env();
   opts.transport = transport;
   auto comms = Communicator::create_local(n, opts);
-  std::vector<std::unique_ptr<Executor>> executors;
-  for (int r = 0; r < n; ++r) executors.push_back(std::make_unique<Executor>(*comms[r]));
+  std::vector<std::unique_ptr<CpuExecutor>> executors;
+  for (int r = 0; r < n; ++r) executors.push_back(std::make_unique<CpuExecutor>(*comms[r], CpuExecutorOptions::from_env()));
   for (const Prepared& prepared : seq) {
     const plan::Plan& pl = prepared->plan;
     ASSERT_EQ(pl.nranks, n) << pl.name;
@@ -187,7 +187,7 @@ TEST(Executor, WorkerThreadsRunChannelsInParallel) {
   setenv("TUTTI_TIMEOUT", "60", 1);
   {
     auto comms = Communicator::create_local(1);
-    EXPECT_EQ(Executor(*comms[0]).workers(), 3);
+    EXPECT_EQ(CpuExecutor(*comms[0], CpuExecutorOptions::from_env()).workers(), 3);
   }
   for (auto transport : {TransportKind::kShm, TransportKind::kTcp}) {
     SCOPED_TRACE(transport == TransportKind::kShm ? "shm" : "tcp");
@@ -219,7 +219,7 @@ TEST(Executor, AlternatingPlansOnOneExecutorEachRunFromACleanState) {
 TEST(Executor, DefaultWorkersFitTheCores) {
   auto comms = Communicator::create_local(2);
   int cores = static_cast<int>(std::thread::hardware_concurrency());
-  EXPECT_EQ(Executor(*comms[0]).workers(), std::max(1, cores / 2));
+  EXPECT_EQ(CpuExecutor(*comms[0], CpuExecutorOptions::from_env()).workers(), std::max(1, cores / 2));
 }
 
 TEST(WorkerPool, RunsEveryWorkerOnItsOwnThreadAndPropagatesErrors) {

@@ -232,7 +232,7 @@ TEST(Tuner, DispatchersOfOneCommunicatorShareResources) {
     for (float v : results[r]) EXPECT_EQ(v, 3.f) << "rank " << r;
   }
   // Resources belong to one communicator.
-  auto mine = std::make_shared<DispatchResources>(*other[0]);
+  auto mine = std::make_shared<DispatchResources>(*other[0], CpuExecutorOptions::from_env());
   try {
     Dispatcher d(*comms[0], DispatcherOptions{}, mine);
     ADD_FAILURE() << "a dispatcher accepted another communicator's resources";

@@ -146,6 +146,18 @@ void DeviceExecutor::check() {
   throw Timeout(fmt::format("{}: no progress for {} s (TUTTI_TIMEOUT)", where, options_.timeout_s));
 }
 
+void DeviceExecutor::copy(void* dst, const void* src, size_t bytes, void* stream) {
+  backend_->copy(dst, src, bytes, stream);
+}
+
+void DeviceExecutor::scale(DataType t, void* dst, const void* src, const void* scalar, size_t n, void* stream) {
+  backend_->scale(t, dst, src, scalar, n, stream);
+}
+
+void DeviceExecutor::divide(DataType t, void* dst, const void* src, uint64_t d, size_t n, void* stream) {
+  backend_->divide(t, dst, src, d, n, stream);
+}
+
 void* DeviceExecutor::temp(int slot, size_t bytes, void* stream) {
   TUTTI_CHECK(slot == 0 || slot == 1, InternalError, "device temp slot {}", slot);
   if (temp_bytes_[slot] < bytes) {
@@ -302,8 +314,9 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
   return *(plans_[pp.id] = std::move(u));
 }
 
-void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* stream, int32_t protocol) {
+void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   const plan::Plan& p = pp.plan;
+  void* const stream = args.stream;
   check();
   check_call(pp, comm_.size(), args.count);
   Uploaded& u = upload(pp, stream);
@@ -311,9 +324,9 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args, void* str
   const int threads = options_.threads;
 
   LaunchArgs a = u.base;
-  a.protocol = protocol >= 0         ? protocol
-               : options_.protocol ? *options_.protocol
-                                   : (p.protocol == tutti::Protocol::kLL ? kProtoLL : kProtoSimple);
+  // The options' protocol (TUTTI_PROTO) first, then the call's, then the plan's.
+  const tutti::Protocol wanted = args.protocol != tutti::Protocol::kAuto ? args.protocol : p.protocol;
+  a.protocol = options_.protocol ? *options_.protocol : wanted == tutti::Protocol::kLL ? kProtoLL : kProtoSimple;
   a.op = static_cast<int32_t>(args.reduction.op);
   a.type = static_cast<int32_t>(args.reduction.type);
   a.esize = static_cast<int64_t>(size_of(args.reduction.type));

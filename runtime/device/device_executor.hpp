@@ -39,21 +39,28 @@ struct DeviceOptions {
   static DeviceOptions from_env();
 };
 
-class DeviceExecutor {
+class DeviceExecutor final : public Executor {
  public:
   DeviceExecutor(Communicator& comm, std::unique_ptr<Backend> backend, const DeviceOptions& options);
   // Frees the device memory only after close(): until every rank has closed, a peer may still
   // read and write this rank's FIFOs (a peer that is still in a collective this rank left, after an
   // error). Without close() the memory stays allocated (and a warning says so).
-  ~DeviceExecutor();
+  ~DeviceExecutor() override;
   DeviceExecutor(const DeviceExecutor&) = delete;
   DeviceExecutor& operator=(const DeviceExecutor&) = delete;
 
-  // Enqueues the plan for this rank on `stream`. Collective: every rank runs the same plan with the
-  // same count. Throws InvalidArgument for a count the plan cannot split or a plan that needs
-  // deeper FIFOs than configured, and the failure of an earlier launch (check()).
-  // `protocol`: kProtoSimple or kProtoLL for this call, -1 for the options' or else the plan's.
-  void run(const PreparedPlan& plan, const ExecArgs& args, void* stream, int32_t protocol = -1);
+  // Enqueues the plan for this rank on args.stream. Collective: every rank runs the same plan with
+  // the same count. Throws InvalidArgument for a count the plan cannot split or a plan that needs
+  // deeper FIFOs than configured, and the failure of an earlier launch (check()). The protocol is
+  // the options' (TUTTI_PROTO) if set, else args.protocol unless kAuto, else the plan's.
+  void run(const PreparedPlan& plan, const ExecArgs& args) override;
+  bool device() const override { return true; }
+  // Scratch memory of the device for the caller's adaptations (in-place / out-of-place), grown on
+  // demand in `stream`'s order; valid until the next call of temp().
+  void* temp(int slot, size_t bytes, void* stream) override;
+  void copy(void* dst, const void* src, size_t bytes, void* stream) override;
+  void scale(DataType type, void* dst, const void* src, const void* scalar, size_t count, void* stream) override;
+  void divide(DataType type, void* dst, const void* src, uint64_t divisor, size_t count, void* stream) override;
   // One ncclSend (send) or ncclRecv of a group.
   struct P2p {
     bool send = true;
@@ -78,9 +85,6 @@ class DeviceExecutor {
   void close();
   Backend& backend() { return *backend_; }
   const DeviceOptions& options() const { return options_; }
-  // Scratch memory of the device for the caller's adaptations (in-place / out-of-place), grown on
-  // demand in `stream`'s order; valid until the next call of temp().
-  void* temp(int slot, size_t bytes, void* stream);
 
  private:
   struct Channel;

@@ -92,7 +92,7 @@ void compare(Communicator& comm, const std::string& table, const std::vector<uin
   }
   // One executor and plan cache for all: configurations that choose the same plan run it on the
   // same memory, so what differs between them is the choice alone.
-  auto shared = std::make_shared<DispatchResources>(comm);
+  auto shared = std::make_shared<DispatchResources>(comm, base.executor);
   std::vector<std::unique_ptr<Dispatcher>> ds;
   for (auto& [name, o] : configs) ds.push_back(std::make_unique<Dispatcher>(comm, o, shared));
   const size_t k = configs.size();
