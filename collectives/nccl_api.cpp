@@ -22,6 +22,7 @@
 #include "runtime/shm_segment.hpp"
 #include "runtime/device/backend.hpp"
 #include "runtime/device/device_executor.hpp"
+#include "runtime/device/host_staging.hpp"
 #ifdef TUTTI_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -44,6 +45,7 @@ struct ncclComm {
   // Made on the first call with device buffers; `device_mu` guards making it against readers on
   // other threads (a framework's watchdog polling ncclCommGetAsyncError, ncclCommAbort).
   std::unique_ptr<device::DeviceExecutor> device;
+  std::unique_ptr<device::HostStagingExecutor> staging;  // device buffers through host memory (host_staging())
   std::mutex device_mu;
   std::atomic<int> async{ncclSuccess};
   std::thread worker;  // non-blocking init or group
@@ -217,6 +219,18 @@ device::DeviceExecutor& device_executor(ncclComm* c) {
   return *c->device;
 }
 
+// The executor for device buffers when some ranks share no GPU memory (decided collectively when
+// the device executor connects); null when the device executor runs them.
+device::HostStagingExecutor* host_staging(ncclComm* c) {
+  device::DeviceExecutor& dev = device_executor(c);
+  dev.connect();  // already connected when the communicator was made: no collective step here
+  if (!dev.needs_host_staging()) return nullptr;
+  std::lock_guard lock(c->device_mu);
+  if (!c->staging)
+    c->staging = std::make_unique<device::HostStagingExecutor>(*c->comm, dev, c->dispatcher->resources()->executor);
+  return c->staging.get();
+}
+
 // Communicators that can see device buffers connect their device channel 0 when they are made
 // (collectively), so point-to-point calls between two ranks never need the others.
 void connect_device(ncclComm* c) {
@@ -255,44 +269,10 @@ thread_local int t_group_depth = 0;
 thread_local std::vector<PendingOp> t_ops;
 thread_local ncclResult_t t_group_error = ncclSuccess;
 
-void run_p2p(Communicator& comm, const std::vector<PendingOp>& ops) {
-  struct Posted {
-    Connection* c;
-    Ticket t;
-    bool send;
-  };
-  std::vector<Posted> posted;
-  std::vector<const PendingOp*> self_sends, self_recvs;
-  for (const PendingOp& op : ops) {
-    if (op.peer == comm.rank()) {
-      (op.kind == PendingOp::kSend ? self_sends : self_recvs).push_back(&op);
-      continue;
-    }
-    Connection& c = comm.connection(op.peer, 0);
-    posted.push_back(op.kind == PendingOp::kSend ? Posted{&c, c.send(op.buffer, op.bytes), true}
-                                                 : Posted{&c, c.recv(op.buffer, op.bytes), false});
-  }
-  TUTTI_CHECK(self_sends.size() == self_recvs.size(), InvalidUsage,
-              "rank {}: {} send(s) to itself but {} receive(s) from itself in one group", comm.rank(), self_sends.size(),
-              self_recvs.size());
-  for (size_t i = 0; i < self_sends.size(); ++i) {
-    TUTTI_CHECK(self_sends[i]->bytes == self_recvs[i]->bytes, InvalidUsage,
-                "rank {}: send to itself of {} bytes meets a receive of {} bytes", comm.rank(), self_sends[i]->bytes,
-                self_recvs[i]->bytes);
-    if (self_sends[i]->bytes) std::memmove(self_recvs[i]->buffer, self_sends[i]->buffer, self_sends[i]->bytes);
-  }
-  comm.engine().wait(
-      [&] {
-        for (auto& p : posted)
-          if (p.send ? !p.c->send_done(p.t) : !p.c->recv_done(p.t)) return false;
-        return true;
-      },
-      [&] { return fmt::format("waiting for {} point-to-point operation(s) of a group", posted.size()); });
-}
-
 void run_collective(ncclComm* c, const CollectiveCall& call) {
-  if (call.device) c->dispatcher->run(call, device_executor(c));
-  else c->dispatcher->run(call);
+  if (!call.device) c->dispatcher->run(call);
+  else if (device::HostStagingExecutor* staged = host_staging(c)) c->dispatcher->run(call, *staged);
+  else c->dispatcher->run(call, device_executor(c));
 }
 
 void run_ops(ncclComm* c, const std::vector<PendingOp>& ops) {
@@ -310,13 +290,11 @@ void run_ops(ncclComm* c, const std::vector<PendingOp>& ops) {
     while (i < ops.size() && ops[i].kind != PendingOp::kCollective && ops[i].device == dev &&
            (!dev || ops[i].stream == stream))
       p2p.push_back(ops[i++]);
-    if (!dev) {
-      run_p2p(*c->comm, p2p);
-      continue;
-    }
-    std::vector<device::DeviceExecutor::P2p> dops;
-    for (const PendingOp& op : p2p) dops.push_back({op.kind == PendingOp::kSend, op.peer, op.buffer, op.bytes});
-    device_executor(c).run_p2p(dops, stream);
+    std::vector<P2pTransfer> transfers;
+    for (const PendingOp& op : p2p) transfers.push_back({op.kind == PendingOp::kSend, op.peer, op.buffer, op.bytes});
+    if (!dev) run_host_p2p(*c->comm, transfers);
+    else if (device::HostStagingExecutor* staged = host_staging(c)) staged->run_p2p(transfers, stream);
+    else device_executor(c).run_p2p(transfers, stream);
   }
 }
 

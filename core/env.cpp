@@ -65,6 +65,10 @@ constexpr Variable kVariables[] = {
      "Copies of a plan in one device launch, each with its own FIFOs, taking the call's rounds in turn (more thread "
      "blocks move more bytes at once); 0 picks about one thread block per multiprocessor over the ranks of a GPU."},
     {"TUTTI_DEVICE_THREADS", "", "512", "CUDA threads per thread block of the plan interpreter (a multiple of 32)."},
+    {"TUTTI_DEVICE_STAGING", "NCCL_P2P_DISABLE", "0",
+     "1: device buffers travel through host memory over the host transports (shm, tcp) even between ranks that "
+     "could share GPU memory, as between hosts. Blocking and slower; for machines where peer access is broken, and "
+     "tests."},
     {"TUTTI_PROTO", "NCCL_PROTO", "",
      "Device protocol for every plan: Simple or LL (LL128 runs as Simple); unset: the plan's own, Simple by "
      "default. NCCL's ^ exclusion lists are accepted: ^LL forces Simple."},

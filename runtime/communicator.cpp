@@ -19,8 +19,6 @@ namespace tutti {
 namespace {
 
 // A word at a known address that peers read at setup to learn whether single copy works.
-constexpr uint64_t kProbeValue = 0x7475747469707262ull;
-volatile uint64_t g_probe_word = kProbeValue;
 
 std::atomic<uint64_t> g_env_generation{0};
 
@@ -141,19 +139,31 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
   self.hostname = host;
   self.pid = getpid();
   self.control_shm = control_.name();
-  self.probe_addr = reinterpret_cast<uint64_t>(&g_probe_word);
+  self.probe_addr = single_copy_probe_address();
   bootstrap_->establish(id, generation, self, options_.init_timeout_s);
 
-  shm_peer_.assign(nranks, false);
+  // Each peer goes to the first transport of the registry that can connect the pair.
+  transports_ = make_host_transports(options_);
+  peer_transport_.assign(nranks, nullptr);
   peer_controls_.resize(nranks);
   for (int p = 0; p < nranks; ++p) {
     if (p == rank) continue;
-    bool same_host = bootstrap_->peer(p).host_hash == self.host_hash;
-    if (options_.transport == TransportKind::kShm && !same_host)
-      throw InvalidArgument(fmt::format("rank {}: TUTTI_TRANSPORT=shm but rank {} runs on another host ({})", rank, p,
-                                        bootstrap_->peer(p).hostname));
-    shm_peer_[p] = same_host && options_.transport != TransportKind::kTcp;
-    if (shm_peer_[p]) peer_controls_[p] = ShmSegment::open(bootstrap_->peer(p).control_shm, 0);
+    const PeerInfo& peer = bootstrap_->peer(p);
+    for (auto& t : transports_)
+      if (t->can_connect(self, peer)) {
+        peer_transport_[p] = t.get();
+        break;
+      }
+    if (!peer_transport_[p]) {
+      std::string names;
+      for (auto& t : transports_) names += fmt::format("{}{}", names.empty() ? "" : ", ", t->info().name);
+      throw InvalidArgument(fmt::format("rank {}: no transport can connect to rank {} on host {} (TUTTI_TRANSPORT "
+                                        "allows {})",
+                                        rank, p, peer.hostname, names));
+    }
+    // Peers that share memory with this rank ring its doorbell and read its mailbox.
+    if (peer_transport_[p]->info().registration == MemoryRegistration::kSharedSegment)
+      peer_controls_[p] = ShmSegment::open(peer.control_shm, 0);
   }
   // More ranks on this host than cores: a polling waiter must hand its core to the ranks it waits
   // for, so it yields after every round (as Open MPI does when oversubscribed).
@@ -166,7 +176,8 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
   // The mailbox needs every rank's outbox mapped here (a peer without one has a bare doorbell).
   bool every_peer_local = use_mailbox;
   for (int p = 0; p < nranks && every_peer_local; ++p)
-    if (p != rank && (!shm_peer_[p] || Mailbox::capacity_of(peer_controls_[p].size()) == 0)) every_peer_local = false;
+    if (p != rank && (peer_controls_[p].size() == 0 || Mailbox::capacity_of(peer_controls_[p].size()) == 0))
+      every_peer_local = false;
   if (every_peer_local && nranks > 1) {
     std::vector<Mailbox::Segment> segs(nranks);
     for (int p = 0; p < nranks; ++p) {
@@ -222,7 +233,7 @@ Connection& Communicator::connection(int peer, int channel) {
 
 const char* Communicator::transport_to(int peer) const {
   if (peer == rank()) return "self";
-  return shm_peer_.at(peer) ? "shm" : "tcp";
+  return peer_transport_.at(peer)->info().name;
 }
 
 void Communicator::ensure_channels(int n) {
@@ -231,76 +242,27 @@ void Communicator::ensure_channels(int n) {
 
 void Communicator::connect_channel(int channel) {
   const int me = rank(), n = size();
-  std::vector<int> shm_peers;
+  ChannelSetup setup{me, n, channel, *bootstrap_, options_, peer_controls_};
+  std::vector<std::vector<int>> peers(transports_.size());  // per transport, the ranks it carries
   for (int p = 0; p < n; ++p)
-    if (p != me && shm_peer_[p]) shm_peers.push_back(p);
-  // Slots hold whole elements, so a reducing receive can combine a fragment in place.
-  FifoLayout layout{options_.shm_slots, options_.shm_slot_size / 64 * 64};
-  ShmSegment own;
-  if (!shm_peers.empty()) {
-    own = ShmSegment::create(fmt::format("ch{}", channel), layout.bytes() * shm_peers.size());
-    for (size_t i = 0; i < shm_peers.size(); ++i) {
-      const PeerInfo& peer = bootstrap_->peer(shm_peers[i]);
-      bool same_process = peer.pid == getpid();
-      bool cma = options_.shm_single_copy && (same_process || probe_single_copy(peer.pid, peer.probe_addr, kProbeValue));
-      if (options_.shm_single_copy && !cma)
-        TUTTI_INFO(log::kShm, "rank {}: single copy from rank {} is not permitted by the kernel; using the FIFO", me,
-                   shm_peers[i]);
-      init_fifo(static_cast<unsigned char*>(own.data()) + i * layout.bytes(), layout, cma);
-    }
-  }
+    for (size_t t = 0; t < transports_.size(); ++t)
+      if (p != me && peer_transport_[p] == transports_[t].get()) peers[t].push_back(p);
   wire::Writer w;
-  w.put_string(own.name()).put<uint32_t>(layout.slots).put<uint64_t>(layout.slot_size);
-  w.put<uint64_t>(shm_peers.size());
+  for (size_t t = 0; t < transports_.size(); ++t) transports_[t]->publish(setup, peers[t], w);
   auto all = bootstrap_->allgather(w.bytes());
-
+  std::vector<wire::Reader> published;
+  for (int p = 0; p < n; ++p) published.emplace_back(all[p], fmt::format("channel {} setup from rank {}", channel, p));
   std::vector<std::unique_ptr<Connection>> conns(n);
-  std::vector<ShmSegment> mapped(n);
-  for (int p : shm_peers) {
-    wire::Reader r(all[p], "channel setup");
-    std::string name = r.get_string();
-    uint32_t slots = r.get<uint32_t>();
-    uint64_t slot_size = r.get<uint64_t>(), count = r.get<uint64_t>();
-    TUTTI_CHECK(slots == layout.slots && slot_size == layout.slot_size, InvalidArgument,
-                "rank {}: shared-memory FIFO settings differ from rank {} ({}x{} here, {}x{} there): set "
-                "TUTTI_SHM_SLOTS/TUTTI_SHM_SLOT_SIZE alike on every rank",
-                me, p, layout.slots, layout.slot_size, slots, slot_size);
-    mapped[p] = ShmSegment::open(name, layout.bytes() * count);
-    // Our FIFO in p's segment: p lists its shared-memory peers by rank, without itself.
-    size_t index = 0;
-    for (int q = 0; q < me; ++q)
-      if (q != p && shm_peer_[q]) ++index;
-    size_t mine = std::find(shm_peers.begin(), shm_peers.end(), p) - shm_peers.begin();
-    ShmEndpoint ep;
-    ep.out = reinterpret_cast<FifoControl*>(static_cast<unsigned char*>(mapped[p].data()) + index * layout.bytes());
-    ep.in = reinterpret_cast<FifoControl*>(static_cast<unsigned char*>(own.data()) + mine * layout.bytes());
-    ep.peer_bell = static_cast<Doorbell*>(peer_controls_[p].data());
-    ep.peer_pid = bootstrap_->peer(p).pid;
-    ep.same_process = ep.peer_pid == getpid();
-    ep.cma_threshold = options_.shm_single_copy_threshold;
-    ep.zero_copy_threshold = options_.shm_zero_copy_threshold;
-    conns[p] = std::make_unique<ShmConnection>(me, p, channel, ep);
-  }
-  // TCP: connect to higher ranks first (completes without the peer's help), then accept from lower.
-  std::vector<std::vector<Fd>> sockets(n);
-  for (int p = me + 1; p < n; ++p)
-    if (!shm_peer_[p])
-      for (int k = 0; k < options_.tcp_sockets; ++k) sockets[p].push_back(bootstrap_->connect_tcp(p, channel, k));
-  for (int p = 0; p < me; ++p)
-    if (!shm_peer_[p])
-      for (int k = 0; k < options_.tcp_sockets; ++k) sockets[p].push_back(bootstrap_->accept_tcp(p, channel, k));
-  for (int p = 0; p < n; ++p)
-    if (p != me && !shm_peer_[p])
-      conns[p] = std::make_unique<TcpConnection>(me, p, channel, std::move(sockets[p]), options_.tcp_stripe_threshold);
+  for (size_t t = 0; t < transports_.size(); ++t) transports_[t]->connect(setup, peers[t], published, conns);
   bootstrap_->barrier();  // everyone has mapped everything: names can go
-  own.unlink();
+  for (auto& t : transports_) t->finish(setup);
+  std::string counts;
+  for (size_t t = 0; t < transports_.size(); ++t)
+    counts += fmt::format("{}{} {} peers", t ? ", " : "", peers[t].size(), transports_[t]->info().name);
   for (auto& c : conns)
     if (c) engine_->add(c.get());
   connections_.push_back(std::move(conns));
-  peer_fifos_.push_back(std::move(mapped));
-  own_fifos_.push_back(std::move(own));
-  TUTTI_INFO(log::kInit, "rank {}: channel {} connected ({} shm peers, {} tcp peers)", me, channel, shm_peers.size(),
-             n - 1 - static_cast<int>(shm_peers.size()));
+  TUTTI_INFO(log::kInit, "rank {}: channel {} connected ({})", me, channel, counts);
 }
 
 void Communicator::wait_send(int peer, Ticket t, int channel) {

@@ -18,34 +18,16 @@
 #include <vector>
 
 #include "runtime/bootstrap.hpp"
+#include "runtime/comm_options.hpp"
 #include "runtime/comm_state.hpp"
 #include "runtime/mailbox.hpp"
 #include "runtime/progress.hpp"
 #include "runtime/shm_segment.hpp"
 #include "runtime/transport/connection.hpp"
+#include "runtime/transport/transport.hpp"
 #include "runtime/unique_id.hpp"
 
 namespace tutti {
-
-enum class TransportKind { kAuto, kShm, kTcp };
-
-struct CommOptions {
-  double init_timeout_s = 120;
-  double timeout_s = 1800;
-  TransportKind transport = TransportKind::kAuto;
-  uint32_t shm_slots = 16;
-  uint64_t shm_slot_size = 128 << 10;
-  bool shm_single_copy = true;
-  uint64_t shm_single_copy_threshold = 64 << 20;
-  uint64_t shm_zero_copy_threshold = 32 << 10;
-  int tcp_sockets = 2;
-  uint64_t tcp_stripe_threshold = 256 << 10;
-  int spin = 200;  // microseconds
-  uint64_t mailbox_bytes = 32 << 10;  // data capacity of each rank's one-shot outbox (0: none)
-
-  // Defaults from TUTTI_* variables (see docs/ENVIRONMENT.md).
-  static CommOptions from_env();
-};
 
 class Communicator {
  public:
@@ -71,7 +53,7 @@ class Communicator {
   void ensure_channels(int n);
   int channels() const { return static_cast<int>(connections_.size()); }
   Connection& connection(int peer, int channel = 0);
-  const char* transport_to(int peer) const;  // "shm", "tcp" or "self"
+  const char* transport_to(int peer) const;  // the name of the transport that carries it, or "self"
   int local_ranks() const { return local_ranks_; }  // ranks of this communicator on this host
   const PeerInfo& peer_info(int peer) const { return bootstrap_->peer(peer); }
 
@@ -100,11 +82,10 @@ class Communicator {
   ShmSegment control_;
   std::unique_ptr<Bootstrap> bootstrap_;
   std::unique_ptr<ProgressEngine> engine_;
-  std::vector<ShmSegment> peer_controls_;           // by rank; empty for other hosts
-  std::vector<std::vector<ShmSegment>> peer_fifos_;  // [channel][rank]
-  std::vector<ShmSegment> own_fifos_;               // by channel
+  std::vector<ShmSegment> peer_controls_;  // by rank; mapped for peers reached through shared memory
+  std::vector<std::unique_ptr<Transport>> transports_;  // registry order; they own their channels' memory
+  std::vector<Transport*> peer_transport_;  // by rank: the first transport that can connect the pair
   std::vector<std::vector<std::unique_ptr<Connection>>> connections_;  // [channel][rank]
-  std::vector<bool> shm_peer_;
   int local_ranks_ = 1;
   std::unique_ptr<Mailbox> mailbox_;
 };

@@ -501,6 +501,41 @@ void CpuExecutor::divide(DataType t, void* dst, const void* src, uint64_t d, siz
   tutti::divide(t, dst, src, d, n);
 }
 
+void run_host_p2p(Communicator& comm, const std::vector<P2pTransfer>& ops) {
+  struct Posted {
+    Connection* c;
+    Ticket t;
+    bool send;
+  };
+  std::vector<Posted> posted;
+  std::vector<const P2pTransfer*> self_sends, self_recvs;
+  for (const P2pTransfer& op : ops) {
+    if (op.peer == comm.rank()) {
+      (op.send ? self_sends : self_recvs).push_back(&op);
+      continue;
+    }
+    Connection& c = comm.connection(op.peer, 0);
+    posted.push_back(op.send ? Posted{&c, c.send(op.buffer, op.bytes), true}
+                             : Posted{&c, c.recv(op.buffer, op.bytes), false});
+  }
+  TUTTI_CHECK(self_sends.size() == self_recvs.size(), InvalidUsage,
+              "rank {}: {} send(s) to itself but {} receive(s) from itself in one group", comm.rank(), self_sends.size(),
+              self_recvs.size());
+  for (size_t i = 0; i < self_sends.size(); ++i) {
+    TUTTI_CHECK(self_sends[i]->bytes == self_recvs[i]->bytes, InvalidUsage,
+                "rank {}: send to itself of {} bytes meets a receive of {} bytes", comm.rank(), self_sends[i]->bytes,
+                self_recvs[i]->bytes);
+    if (self_sends[i]->bytes) std::memmove(self_recvs[i]->buffer, self_sends[i]->buffer, self_sends[i]->bytes);
+  }
+  comm.engine().wait(
+      [&] {
+        for (auto& p : posted)
+          if (p.send ? !p.c->send_done(p.t) : !p.c->recv_done(p.t)) return false;
+        return true;
+      },
+      [&] { return fmt::format("waiting for {} point-to-point operation(s) of a group", posted.size()); });
+}
+
 void check_call(const PreparedPlan& pp, int nranks, int64_t count) {
   const plan::Plan& p = pp.plan;
   TUTTI_CHECK(p.nranks == nranks, InvalidArgument, "plan '{}' is for {} ranks, the communicator has {}", p.name,

@@ -55,6 +55,19 @@ struct ExecArgs {
   Protocol protocol = Protocol::kAuto;
 };
 
+// One ncclSend (send) or ncclRecv of a group.
+struct P2pTransfer {
+  bool send = true;
+  int peer = -1;
+  void* buffer = nullptr;
+  size_t bytes = 0;
+};
+// The point-to-point transfers of a group on host buffers, over channel 0 of the communicator:
+// transfers to one peer are matched in order on the peer, as NCCL's; a transfer to this rank itself
+// is a copy (its sends and receives paired in order, equal sizes). Returns when all are done.
+// Throws InvalidUsage for unpaired or mismatched self transfers and the communicator's errors.
+void run_host_p2p(Communicator& comm, const std::vector<P2pTransfer>& ops);
+
 // What runs plans: the CPU executor (host buffers, here) and the device executor (device buffers,
 // runtime/device/device_executor.hpp) implement it, and the dispatcher drives either the same way.
 class Executor {

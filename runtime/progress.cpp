@@ -4,7 +4,6 @@
 #include <sched.h>
 
 #include <chrono>
-#include <cstring>
 
 #include "core/clock.hpp"
 #include "core/error.hpp"
@@ -16,8 +15,9 @@ ProgressEngine::ProgressEngine(std::shared_ptr<CommState> state, double timeout_
 
 void ProgressEngine::add(Connection* c) {
   connections_.push_back(c);
-  if (std::strcmp(c->kind(), "tcp") == 0) has_tcp_ = true;
-  else has_shm_ = true;
+  // How a sleeping rank hears of this connection: poll() its descriptors, or the doorbell.
+  if (c->transport().wait == WaitSource::kFd) has_fds_ = true;
+  else has_doorbell_ = true;
 }
 
 bool ProgressEngine::progress() {
@@ -101,12 +101,12 @@ void ProgressEngine::run(FunctionRef<bool(bool& done)> step, FunctionRef<std::st
     }
     if (deadline.expired())
       throw Timeout(fmt::format("rank {}: timed out after {} s (TUTTI_TIMEOUT) {}", state_->rank(), timeout_s_, what()));
-    if (has_tcp_) {
+    if (has_fds_) {
       fds.clear();
       fds.push_back({state_->event_fd(), POLLIN, 0});
       for (Connection* c : connections_) c->poll_fds(fds);
-      // With shared-memory peers too, nobody rings a poll(): keep the nap short.
-      ::poll(fds.data(), fds.size(), deadline.ms_left(has_shm_ || short_naps_ ? 1 : 100));
+      // With doorbell peers too, nobody rings a poll(): keep the nap short.
+      ::poll(fds.data(), fds.size(), deadline.ms_left(has_doorbell_ || short_naps_ ? 1 : 100));
     } else if (bell) {
       sleep_prepared(*bell, seen, deadline.ms_left(100));
     }

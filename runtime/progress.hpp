@@ -42,7 +42,7 @@ class ProgressEngine {
   int spin_;
   bool yield_always_;
   std::vector<Connection*> connections_;
-  bool has_shm_ = false, has_tcp_ = false;
+  bool has_doorbell_ = false, has_fds_ = false;  // what the connections wait on (WaitSource)
   bool short_naps_ = false;
 };
 

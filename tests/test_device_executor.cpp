@@ -13,6 +13,7 @@
 #include "compiler/compile.hpp"
 #include "core/reduce.hpp"
 #include "runtime/device/device_executor.hpp"
+#include "runtime/device/host_staging.hpp"
 #include "runtime/instruction_semantics.hpp"
 #include "support/ranks.hpp"
 
@@ -319,3 +320,48 @@ TEST(DeviceExecutor, WaitsTimeOutAndAbortNamingWhereTheyStopped) {
 }
 
 }  // namespace
+
+// Host staging is decided with every rank: one rank asking for it (TUTTI_DEVICE_STAGING on that
+// rank only, or a peer on another host) puts every rank on it, because a plan cannot run with some
+// ranks on device FIFOs and others on host connections. The staged path then gives the reference
+// result, in place too (an in-place reduce-scatter's rank 0 passes one pointer for both buffers).
+TEST(DeviceExecutor, HostStagingIsChosenByEveryRankAndGivesTheReferenceResult) {
+  const int n = 3;
+  auto comms = Communicator::create_local(n);
+  std::vector<std::unique_ptr<DeviceExecutor>> dev(n);
+  std::vector<std::unique_ptr<CpuExecutor>> cpu(n);
+  std::vector<std::unique_ptr<HostStagingExecutor>> staged(n);
+  test_support::on_ranks(comms, [&](int r, Communicator& c) {
+    DeviceOptions d;
+    d.host_staging = r == 1;
+    dev[r] = std::make_unique<DeviceExecutor>(c, make_emulated_backend(), d);
+    dev[r]->connect();
+    cpu[r] = std::make_unique<CpuExecutor>(c, CpuExecutorOptions{});
+    staged[r] = std::make_unique<HostStagingExecutor>(c, *dev[r], *cpu[r]);
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(dev[r]->needs_host_staging()) << "rank " << r;
+    EXPECT_STREQ(dev[r]->transport_to((r + 1) % n), "host-staged");
+  }
+  Prepared rs = builtin("ring_reducescatter", n, {{"inplace", 1}});
+  const int64_t count = 1001;
+  std::vector<std::vector<float>> buf(n, std::vector<float>(static_cast<size_t>(n * count)));
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < buf[r].size(); ++i) buf[r][i] = static_cast<float>((r + 1) * 1000 + i % 97);
+  test_support::on_ranks(comms, [&](int r, Communicator&) {
+    ExecArgs a;
+    a.input = buf[r].data();
+    a.output = buf[r].data() + r * count;
+    a.count = count;
+    staged[r]->run(*rs, a);
+    // The device executor itself refuses: its FIFOs were never connected.
+    EXPECT_THROW(dev[r]->run(*rs, a), InvalidUsage);
+  });
+  for (int r = 0; r < n; ++r)
+    for (int64_t e = 0; e < count; ++e) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += static_cast<float>((q + 1) * 1000 + (r * count + e) % 97);
+      ASSERT_EQ(buf[r][static_cast<size_t>(r * count + e)], want) << "rank " << r << " element " << e;
+    }
+  test_support::on_ranks(comms, [&](int r, Communicator&) { dev[r]->close(); });
+}

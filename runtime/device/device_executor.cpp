@@ -31,6 +31,7 @@ DeviceOptions DeviceOptions::from_env() {
   TUTTI_CHECK(o.instances >= 0, InvalidArgument, "TUTTI_DEVICE_INSTANCES must be 0 (automatic) or a count, not {}",
               o.instances);
   o.timeout_s = env::get_seconds("TUTTI_TIMEOUT");
+  o.host_staging = env::get_bool("TUTTI_DEVICE_STAGING");
   TUTTI_CHECK(o.slot_bytes >= 256 && o.slot_bytes % 16 == 0, InvalidArgument,
               "TUTTI_DEVICE_SLOT_SIZE must be a multiple of 16 bytes and at least 256, not {}", o.slot_bytes);
   TUTTI_CHECK(o.ll_slot_bytes >= 256 && o.ll_slot_bytes % 32 == 0, InvalidArgument,
@@ -188,42 +189,69 @@ void DeviceExecutor::ensure_channels(int n) {
       w.put<int32_t>(static_cast<int32_t>(getpid()))
           .put<int32_t>(backend_->device())
           .put<uint64_t>(comm_.peer_info(me).host_hash)
+          .put<uint8_t>(options_.host_staging ? 1 : 0)
           .put<uint64_t>(reinterpret_cast<uint64_t>(ch->inbox))
           .put<uint64_t>(static_cast<uint64_t>(fifo_stride_))
           .put_bytes(handle.data(), handle.size());
       auto all = comm_.bootstrap().allgather(w.bytes());
-      std::map<std::pair<uint64_t, int32_t>, int> per_device;  // (host, device) -> ranks
-      ++per_device[{comm_.peer_info(me).host_hash, backend_->device()}];
+      struct Peer {
+        int32_t pid, dev;
+        uint64_t host;
+        bool staging;
+        uint64_t ptr, stride;
+        std::vector<unsigned char> handle;
+      };
+      std::vector<Peer> peers(static_cast<size_t>(nranks));
       for (int r = 0; r < nranks; ++r) {
-        if (r == me) continue;
         wire::Reader rd(all[r], "device channel setup");
-        int32_t pid = rd.get<int32_t>(), dev = rd.get<int32_t>();
-        uint64_t host = rd.get<uint64_t>(), ptr = rd.get<uint64_t>(), stride = rd.get<uint64_t>();
-        std::vector<unsigned char> peer_handle = rd.get_bytes();
-        TUTTI_CHECK(static_cast<int64_t>(stride) == fifo_stride_, InvalidUsage,
+        Peer& q = peers[r];
+        q.pid = rd.get<int32_t>();
+        q.dev = rd.get<int32_t>();
+        q.host = rd.get<uint64_t>();
+        q.staging = rd.get<uint8_t>() != 0;
+        q.ptr = rd.get<uint64_t>();
+        q.stride = rd.get<uint64_t>();
+        q.handle = rd.get_bytes();
+      }
+      // Every rank sees every rank's host and setting, so all reach the same decision: device FIFOs
+      // for everyone, or host staging for everyone (a plan needs every rank on one path).
+      for (const Peer& q : peers) staged_ = staged_ || q.staging || q.host != peers[me].host;
+      std::map<std::pair<uint64_t, int32_t>, int> per_device;  // (host, device) -> ranks
+      for (const Peer& q : peers) ++per_device[{q.host, q.dev}];
+      peer_transport_.assign(static_cast<size_t>(nranks), nullptr);
+      const auto& table = device_transports();  // cuda-p2p, cuda-ipc, host-staged
+      for (int r = 0; r < nranks && !staged_; ++r) {
+        if (r == me) continue;
+        const Peer& q = peers[r];
+        TUTTI_CHECK(static_cast<int64_t>(q.stride) == fifo_stride_, InvalidUsage,
                     "rank {}: rank {} uses device FIFOs of another size ({} bytes per peer, here {}): set "
                     "TUTTI_DEVICE_* alike on every rank",
-                    me, r, stride, fifo_stride_);
-        TUTTI_CHECK(host == comm_.peer_info(me).host_hash, InvalidUsage,
-                    "rank {}: rank {} is on another host; device buffers between hosts are not supported yet "
-                    "(collectives on host buffers are)",
-                    me, r);
-        ++per_device[{host, dev}];
-        if (pid == static_cast<int32_t>(getpid())) {
-          if (dev != backend_->device()) backend_->reach(dev);
-          ch->peer_inbox[r] = reinterpret_cast<unsigned char*>(ptr);
+                    me, r, q.stride, fifo_stride_);
+        if (q.pid == static_cast<int32_t>(getpid())) {
+          if (q.dev != backend_->device()) backend_->reach(q.dev);
+          ch->peer_inbox[r] = reinterpret_cast<unsigned char*>(q.ptr);
+          peer_transport_[r] = &table[0];
         } else {
-          ch->peer_inbox[r] = static_cast<unsigned char*>(backend_->open(peer_handle, dev));
+          ch->peer_inbox[r] = static_cast<unsigned char*>(backend_->open(q.handle, q.dev));
           ch->opened[r] = true;
+          peer_transport_[r] = &table[1];
         }
       }
+      if (staged_)
+        for (int r = 0; r < nranks; ++r) peer_transport_[r] = &table[2];
       // The most ranks any GPU holds: the same number on every rank, so every rank picks the same
       // instance count.
       for (auto& [where, count] : per_device) ranks_on_device_ = std::max(ranks_on_device_, count);
     }
     channels_.push_back(std::move(ch));
-    TUTTI_INFO(log::kInit, "rank {}: device channel {} connected ({} peers, {} on {})", me, channels_.size() - 1,
-               nranks - 1, fifo_stride_, backend_->name());
+    if (staged_)
+      TUTTI_INFO(log::kInit,
+                 "rank {}: device buffers go through host memory (some ranks share no GPU memory, or "
+                 "TUTTI_DEVICE_STAGING=1)",
+                 me);
+    else
+      TUTTI_INFO(log::kInit, "rank {}: device channel {} connected ({} peers, {} on {})", me, channels_.size() - 1,
+                 nranks - 1, fifo_stride_, backend_->name());
   }
 }
 
@@ -314,9 +342,22 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
   return *(plans_[pp.id] = std::move(u));
 }
 
+const char* DeviceExecutor::transport_to(int peer) const {
+  if (peer == comm_.rank()) return "self";
+  TUTTI_CHECK(peer >= 0 && peer < comm_.size() && static_cast<size_t>(peer) < peer_transport_.size() &&
+                  peer_transport_[peer],
+              InvalidArgument, "rank {}: no device transport to rank {} (not connected yet, or out of range)",
+              comm_.rank(), peer);
+  return peer_transport_[peer]->name;
+}
+
 void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   const plan::Plan& p = pp.plan;
   void* const stream = args.stream;
+  TUTTI_CHECK(!staged_, InvalidUsage,
+              "rank {}: plan '{}': device FIFOs are not connected because some ranks share no GPU memory; "
+              "device calls of this communicator go through host staging",
+              comm_.rank(), p.name);
   check();
   check_call(pp, comm_.size(), args.count);
   Uploaded& u = upload(pp, stream);
@@ -392,11 +433,15 @@ namespace tutti::device {
 // which NCCL requires to match).
 constexpr size_t kP2pLLBytes = 64 << 10;
 
-void DeviceExecutor::run_p2p(const std::vector<P2p>& ops, void* stream) {
+void DeviceExecutor::run_p2p(const std::vector<P2pTransfer>& ops, void* stream) {
   check();
   const int me = comm_.rank();
-  std::vector<const P2p*> self_sends, self_recvs;
-  for (const P2p& op : ops) {
+  TUTTI_CHECK(!staged_, InvalidUsage,
+              "rank {}: device FIFOs are not connected because some ranks share no GPU memory; point-to-point calls "
+              "on device buffers of this communicator go through host staging",
+              me);
+  std::vector<const P2pTransfer*> self_sends, self_recvs;
+  for (const P2pTransfer& op : ops) {
     TUTTI_CHECK(op.peer >= 0 && op.peer < comm_.size(), InvalidArgument, "rank {}: peer {} is out of range (0..{})", me,
                 op.peer, comm_.size() - 1);
     if (op.peer == me) (op.send ? self_sends : self_recvs).push_back(&op);
@@ -414,7 +459,7 @@ void DeviceExecutor::run_p2p(const std::vector<P2p>& ops, void* stream) {
   std::vector<LaunchArgs> launches;
   std::vector<int> lanes;
   std::map<std::pair<int, bool>, int> lane_of;
-  for (const P2p& op : ops) {
+  for (const P2pTransfer& op : ops) {
     if (op.peer == me) continue;
     auto key = std::make_pair(op.peer, op.send);
     std::unique_ptr<P2pPlan>& pp = p2p_[key];

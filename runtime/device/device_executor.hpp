@@ -34,8 +34,9 @@ struct DeviceOptions {
   int instances = 0;  // 0: about one thread block per multiprocessor over the ranks of this host
   std::optional<int32_t> protocol;  // kProtoSimple / kProtoLL for every plan; unset: the plan's own
   double timeout_s = 1800;
+  bool host_staging = false;  // carry device buffers through host memory even where GPU memory could be shared
   // TUTTI_DEVICE_SLOT_SIZE, TUTTI_DEVICE_LL_SLOT_SIZE, TUTTI_DEVICE_FIFO_DEPTH, TUTTI_DEVICE_THREADS,
-  // TUTTI_DEVICE_INSTANCES, TUTTI_PROTO/NCCL_PROTO, TUTTI_TIMEOUT. Throws InvalidArgument naming a bad value.
+  // TUTTI_DEVICE_INSTANCES, TUTTI_DEVICE_STAGING, TUTTI_PROTO/NCCL_PROTO, TUTTI_TIMEOUT. Throws InvalidArgument naming a bad value.
   static DeviceOptions from_env();
 };
 
@@ -61,24 +62,25 @@ class DeviceExecutor final : public Executor {
   void copy(void* dst, const void* src, size_t bytes, void* stream) override;
   void scale(DataType type, void* dst, const void* src, const void* scalar, size_t count, void* stream) override;
   void divide(DataType type, void* dst, const void* src, uint64_t divisor, size_t count, void* stream) override;
-  // One ncclSend (send) or ncclRecv of a group.
-  struct P2p {
-    bool send = true;
-    int peer = -1;
-    void* buffer = nullptr;
-    size_t bytes = 0;
-  };
   // Enqueues the point-to-point transfers of a group on `stream`: transfers with different peers or
   // directions run concurrently, those of one peer and direction in order (matched in order on the
   // peer, as NCCL's). A transfer to this rank itself is a copy (sends and receives paired in order).
-  void run_p2p(const std::vector<P2p>& ops, void* stream);
+  void run_p2p(const std::vector<P2pTransfer>& ops, void* stream);
   // Throws the error an earlier launch recorded (abort, timeout: rank, block, step, peer, round).
   void check();
   // Makes every wait of running and future launches give up (communicator abort).
   void abort();
   // Collective: connects device channel 0 (point-to-point), so later point-to-point calls between
-  // any two ranks need no other rank. NCCL layers call it when a communicator is made.
+  // any two ranks need no other rank. NCCL layers call it when a communicator is made. It also
+  // decides, the same way on every rank, whether this executor can run at all: when some pair of
+  // ranks shares no GPU memory (other hosts, or TUTTI_DEVICE_STAGING), no FIFO is opened and
+  // needs_host_staging() says so; the caller then runs device calls with a HostStagingExecutor
+  // (runtime/device/host_staging.hpp), and run() here refuses them.
   void connect() { ensure_channels(1); }
+  bool needs_host_staging() const { return staged_; }
+  // The device transport that carries each peer's FIFOs ("cuda-p2p", "cuda-ipc", "host-staged";
+  // runtime/transport/transport.hpp), known once connected; "self" for this rank.
+  const char* transport_to(int peer) const;
   // Collective: waits for this rank's launches, then for every rank to get here, after which no
   // peer touches this rank's FIFOs and the destructor frees them. Not after abort(): then the
   // memory stays allocated.
@@ -114,6 +116,8 @@ class DeviceExecutor final : public Executor {
   bool aborted_ = false;
   bool closed_ = false;
   int ranks_on_device_ = 1;  // the most ranks of this communicator on one GPU, known once connected
+  bool staged_ = false;      // some pair of ranks shares no GPU memory (the same on every rank)
+  std::vector<const TransportInfo*> peer_transport_;  // by rank, once connected
 };
 
 }  // namespace tutti::device

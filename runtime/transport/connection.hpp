@@ -24,6 +24,7 @@
 
 #include "core/copy.hpp"
 #include "core/reduce.hpp"
+#include "runtime/transport/transport.hpp"
 
 namespace tutti {
 
@@ -38,7 +39,7 @@ class Connection {
 
   int peer() const { return peer_; }
   int channel() const { return channel_; }
-  virtual const char* kind() const = 0;
+  virtual const TransportInfo& transport() const = 0;
 
   Ticket send(const void* data, size_t bytes) {
     sendq_.push_back({static_cast<unsigned char*>(const_cast<void*>(data)), bytes, ++sends_posted_});

@@ -4,11 +4,15 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "runtime/shared_buffers.hpp"
 
 namespace tutti {
@@ -22,6 +26,95 @@ void init_fifo(void* at, const FifoLayout& layout, bool cma_ok) {
   f->slots = layout.slots;
   f->slot_size = layout.slot_size;
 }
+
+namespace {
+
+constexpr uint64_t kProbeValue = 0x7475747469707262ull;
+volatile uint64_t g_probe_word = kProbeValue;
+
+const TransportInfo kShmInfo{"shm", WaitSource::kDoorbell, MemoryRegistration::kSharedSegment,
+                             "the name of this rank's FIFO segment for the channel, its slot count and size"};
+
+// One FIFO per direction and peer, in the receiver's segment (one segment per rank and channel).
+class ShmTransport final : public Transport {
+ public:
+  explicit ShmTransport(const CommOptions& o) : options_(o), layout_{o.shm_slots, o.shm_slot_size / 64 * 64} {}
+  const TransportInfo& info() const override { return kShmInfo; }
+  bool can_connect(const PeerInfo& self, const PeerInfo& peer) const override { return self.host_hash == peer.host_hash; }
+
+  void publish(const ChannelSetup& s, const std::vector<int>& peers, wire::Writer& out) override {
+    ShmSegment own;
+    if (!peers.empty()) {
+      own = ShmSegment::create(fmt::format("ch{}", s.channel), layout_.bytes() * peers.size());
+      for (size_t i = 0; i < peers.size(); ++i) {
+        const PeerInfo& peer = s.bootstrap.peer(peers[i]);
+        bool same_process = peer.pid == getpid();
+        bool cma = options_.shm_single_copy && (same_process || probe_single_copy(peer.pid, peer.probe_addr, kProbeValue));
+        if (options_.shm_single_copy && !cma)
+          TUTTI_INFO(log::kShm, "rank {}: single copy from rank {} is not permitted by the kernel; using the FIFO",
+                     s.rank, peers[i]);
+        init_fifo(static_cast<unsigned char*>(own.data()) + i * layout_.bytes(), layout_, cma);
+      }
+    }
+    out.put_string(own.name()).put<uint32_t>(layout_.slots).put<uint64_t>(layout_.slot_size);
+    out.put<uint64_t>(peers.size());
+    own_.push_back(std::move(own));
+  }
+
+  void connect(const ChannelSetup& s, const std::vector<int>& peers, std::vector<wire::Reader>& published,
+               std::vector<std::unique_ptr<Connection>>& conns) override {
+    std::vector<ShmSegment> mapped(s.nranks);
+    const ShmSegment& own = own_.back();
+    for (int p = 0; p < s.nranks; ++p) {
+      if (p == s.rank) continue;
+      wire::Reader& r = published[p];
+      std::string name = r.get_string();
+      uint32_t slots = r.get<uint32_t>();
+      uint64_t slot_size = r.get<uint64_t>(), count = r.get<uint64_t>();
+      auto served = std::find(peers.begin(), peers.end(), p);
+      if (served == peers.end()) continue;
+      TUTTI_CHECK(slots == layout_.slots && slot_size == layout_.slot_size, InvalidArgument,
+                  "rank {}: shared-memory FIFO settings differ from rank {} ({}x{} here, {}x{} there): set "
+                  "TUTTI_SHM_SLOTS/TUTTI_SHM_SLOT_SIZE alike on every rank",
+                  s.rank, p, layout_.slots, layout_.slot_size, slots, slot_size);
+      mapped[p] = ShmSegment::open(name, layout_.bytes() * count);
+      // Our FIFO in p's segment: p lists its shared-memory peers by rank, without itself (the
+      // ranks of one host, as here).
+      size_t index = 0;
+      for (int q : peers)
+        if (q < s.rank && q != p) ++index;
+      size_t mine = static_cast<size_t>(served - peers.begin());
+      ShmEndpoint ep;
+      ep.out = reinterpret_cast<FifoControl*>(static_cast<unsigned char*>(mapped[p].data()) + index * layout_.bytes());
+      ep.in = reinterpret_cast<FifoControl*>(static_cast<unsigned char*>(own.data()) + mine * layout_.bytes());
+      ep.peer_bell = static_cast<Doorbell*>(s.peer_controls[p].data());
+      ep.peer_pid = s.bootstrap.peer(p).pid;
+      ep.same_process = ep.peer_pid == getpid();
+      ep.cma_threshold = options_.shm_single_copy_threshold;
+      ep.zero_copy_threshold = options_.shm_zero_copy_threshold;
+      conns[p] = std::make_unique<ShmConnection>(s.rank, p, s.channel, ep);
+    }
+    mapped_.push_back(std::move(mapped));
+  }
+
+  void finish(const ChannelSetup&) override { own_.back().unlink(); }
+
+ private:
+  CommOptions options_;
+  FifoLayout layout_;  // slots hold whole elements, so a reducing receive can combine a fragment in place
+  std::vector<ShmSegment> own_;                  // by channel
+  std::vector<std::vector<ShmSegment>> mapped_;  // [channel][rank]
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_shm_transport(const CommOptions& options) {
+  return std::make_unique<ShmTransport>(options);
+}
+
+uint64_t single_copy_probe_address() { return reinterpret_cast<uint64_t>(&g_probe_word); }
+
+const TransportInfo& ShmConnection::transport() const { return kShmInfo; }
 
 bool probe_single_copy(int pid, uint64_t address, uint64_t expect) {
   uint64_t got = 0;

@@ -31,11 +31,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
-#include <map>
-#include <string>
-
+#include "runtime/comm_options.hpp"
 #include "runtime/comm_state.hpp"
 #include "runtime/shm_segment.hpp"
 #include "runtime/doorbell.hpp"
@@ -80,6 +81,12 @@ struct FifoLayout {
   size_t bytes() const { return sizeof(FifoControl) + slots * stride(); }
 };
 
+// The shared-memory transport for the registry (runtime/transport/transport.hpp): ranks of one host.
+std::unique_ptr<Transport> make_shm_transport(const CommOptions& options);
+// The address of a word with a known value in this process, published at bootstrap so peers can
+// probe whether the kernel lets them read this process's memory (single copy).
+uint64_t single_copy_probe_address();
+
 // Initialises a FIFO in freshly zeroed memory.
 void init_fifo(void* at, const FifoLayout& layout, bool cma_ok);
 // Whether this process can read `bytes` at `address` in process `pid` with process_vm_readv and
@@ -101,7 +108,7 @@ struct ShmEndpoint {
 class ShmConnection : public Connection {
  public:
   ShmConnection(int rank, int peer, int channel, ShmEndpoint ep);
-  const char* kind() const override { return "shm"; }
+  const TransportInfo& transport() const override;
   bool progress() override;
   bool relieve() override;
 

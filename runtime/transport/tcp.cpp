@@ -9,8 +9,47 @@
 
 namespace tutti {
 namespace {
+
 constexpr uint32_t kHeaderMagic = 0x54544350;  // "TTCP"
+
+const TransportInfo kTcpInfo{"tcp", WaitSource::kFd, MemoryRegistration::kNone,
+                             "nothing: sockets are connected through the bootstrap's listener"};
+
+// TUTTI_TCP_NSOCKS sockets per peer and channel.
+class TcpTransport final : public Transport {
+ public:
+  explicit TcpTransport(const CommOptions& o) : options_(o) {}
+  const TransportInfo& info() const override { return kTcpInfo; }
+  bool can_connect(const PeerInfo&, const PeerInfo&) const override { return true; }
+  void publish(const ChannelSetup&, const std::vector<int>&, wire::Writer&) override {}
+  void connect(const ChannelSetup& s, const std::vector<int>& peers, std::vector<wire::Reader>&,
+               std::vector<std::unique_ptr<Connection>>& conns) override {
+    // Connect to higher ranks first (completes without the peer's help), then accept from lower.
+    const uint32_t channel = static_cast<uint32_t>(s.channel);
+    const uint32_t nsocks = static_cast<uint32_t>(options_.tcp_sockets);
+    std::vector<std::vector<Fd>> sockets(s.nranks);
+    for (int p : peers)
+      if (p > s.rank)
+        for (uint32_t k = 0; k < nsocks; ++k) sockets[p].push_back(s.bootstrap.connect_tcp(p, channel, k));
+    for (int p : peers)
+      if (p < s.rank)
+        for (uint32_t k = 0; k < nsocks; ++k) sockets[p].push_back(s.bootstrap.accept_tcp(p, channel, k));
+    for (int p : peers)
+      conns[p] = std::make_unique<TcpConnection>(s.rank, p, s.channel, std::move(sockets[p]),
+                                                 options_.tcp_stripe_threshold);
+  }
+
+ private:
+  CommOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_tcp_transport(const CommOptions& options) {
+  return std::make_unique<TcpTransport>(options);
 }
+
+const TransportInfo& TcpConnection::transport() const { return kTcpInfo; }
 
 TcpConnection::TcpConnection(int rank, int peer, int channel, std::vector<Fd> sockets, uint64_t stripe_threshold)
     : Connection(rank, peer, channel),

@@ -5,17 +5,22 @@
 // carries its parts in message order, so the receiver, which knows the size it posted, knows what
 // every socket holds next; the header then confirms the size.
 
+#include <memory>
 #include <vector>
 
+#include "runtime/comm_options.hpp"
 #include "runtime/socket.hpp"
 #include "runtime/transport/connection.hpp"
 
 namespace tutti {
 
+// The TCP transport for the registry (runtime/transport/transport.hpp): any two ranks.
+std::unique_ptr<Transport> make_tcp_transport(const CommOptions& options);
+
 class TcpConnection : public Connection {
  public:
   TcpConnection(int rank, int peer, int channel, std::vector<Fd> sockets, uint64_t stripe_threshold);
-  const char* kind() const override { return "tcp"; }
+  const TransportInfo& transport() const override;
   bool progress() override;
   void poll_fds(std::vector<pollfd>& fds) const override;
 

@@ -1,0 +1,29 @@
+#pragma once
+// A communicator's settings, filled when it is made (CommOptions::from_env reads TUTTI_* variables).
+// Apart from communicator.hpp so transports can read them without depending on the communicator.
+
+#include <cstdint>
+
+namespace tutti {
+
+enum class TransportKind { kAuto, kShm, kTcp };
+
+struct CommOptions {
+  double init_timeout_s = 120;
+  double timeout_s = 1800;
+  TransportKind transport = TransportKind::kAuto;
+  uint32_t shm_slots = 16;
+  uint64_t shm_slot_size = 128 << 10;
+  bool shm_single_copy = true;
+  uint64_t shm_single_copy_threshold = 64 << 20;
+  uint64_t shm_zero_copy_threshold = 32 << 10;
+  int tcp_sockets = 2;
+  uint64_t tcp_stripe_threshold = 256 << 10;
+  int spin = 200;  // microseconds
+  uint64_t mailbox_bytes = 32 << 10;  // data capacity of each rank's one-shot outbox (0: none)
+
+  // Defaults from TUTTI_* variables (see docs/ENVIRONMENT.md).
+  static CommOptions from_env();
+};
+
+}  // namespace tutti
