@@ -48,6 +48,8 @@ export OPAL_PREFIX=/tmp/ompi
 
 # 1. The reduction kernels against the CPU's, bit for bit.
 want cuda && check test_cuda 60 test_cuda
+# Collectives captured in a CUDA graph and replayed, 2 ranks as threads.
+want cuda && check test_cuda_graph 60 test_cuda_graph
 
 # 2. Measurements (threads on the one GPU), printed for the notes.
 want bench && check bench_d2d 60 python3 "$pack/d2d_rate.py"
