@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -267,6 +268,14 @@ struct PendingOp {
 
 thread_local int t_group_depth = 0;
 thread_local std::vector<PendingOp> t_ops;
+// ncclCommInitRank calls made inside a group: NCCL's documented way for one thread to create
+// several ranks. They connect together at the outermost ncclGroupEnd, one thread each (each waits
+// for the others in the rendezvous), before the group's operations run.
+struct PendingInit {
+  ncclComm* comm;
+  std::function<void()> init;
+};
+thread_local std::vector<PendingInit> t_inits;
 thread_local ncclResult_t t_group_error = ncclSuccess;
 
 void run_collective(ncclComm* c, const CollectiveCall& call) {
@@ -346,6 +355,29 @@ ncclResult_t execute(std::vector<PendingOp> ops) {
     if (results[k] != ncclSuccess) {
       t_last_error = errors[k];
       return results[k];
+    }
+  return ncclSuccess;
+}
+
+// Runs the inits of a group side by side. A communicator whose init fails keeps the error as its
+// async error (ncclCommGetAsyncError) and the group returns the first one, as NCCL does.
+ncclResult_t run_inits(std::vector<PendingInit>& inits) {
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(inits.size());
+  for (size_t k = 0; k < inits.size(); ++k)
+    threads.emplace_back([&, k] {
+      ncclComm* c = inits[k].comm;
+      c->async = guard("ncclCommInitRank (in a group)", [&] {
+        inits[k].init();
+        return ncclSuccess;
+      });
+      if (c->async != ncclSuccess) errors[k] = t_last_error;
+    });
+  for (auto& t : threads) t.join();
+  for (size_t k = 0; k < inits.size(); ++k)
+    if (inits[k].comm->async != ncclSuccess) {
+      t_last_error = errors[k];
+      return static_cast<ncclResult_t>(inits[k].comm->async.load());
     }
   return ncclSuccess;
 }
@@ -462,6 +494,11 @@ NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* newcomm, int nranks, 
       raw->dispatcher = std::make_unique<Dispatcher>(*raw->comm);
       connect_device(raw);
     };
+    if (t_group_depth > 0) {
+      raw->async = ncclInProgress;
+      t_inits.push_back({raw, init});
+      return ncclSuccess;
+    }
     if (!raw->blocking) {
       raw->async = ncclInProgress;
       raw->worker = std::thread([raw, init] {
@@ -874,6 +911,12 @@ NCCL_API(ncclResult_t, ncclGroupEnd) {
     if (--t_group_depth > 0) return ncclSuccess;
     std::vector<PendingOp> ops;
     ops.swap(t_ops);
+    std::vector<PendingInit> inits;
+    inits.swap(t_inits);
+    if (!inits.empty()) {
+      ncclResult_t rc = run_inits(inits);
+      if (rc != ncclSuccess) return rc;
+    }
     if (t_group_error != ncclSuccess) return t_group_error;
     return execute(std::move(ops));
   });
@@ -976,7 +1019,7 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t, int*, int, ncclComm_t* newcom
 NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t, int) {
   return unsupported("ncclCommRevoke", "not supported yet; ncclCommAbort stops the communicator");
 }
-NCCL_API(ncclResult_t, ncclGroupSimulateEnd, void*) {
+NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t*) {
   // Ends the group without running it (there is nothing to simulate it with here).
   if (t_group_depth > 0 && --t_group_depth == 0) t_ops.clear();
   return unsupported("ncclGroupSimulateEnd", "tutti does not simulate groups through the NCCL API (tutti-sim does)");

@@ -109,8 +109,11 @@ Plan import_msccl_xml(const std::string& text, std::vector<std::string>* warning
   bool inplace = int_attr(src, algo, "inplace", false, 0) != 0;
   if (algo.attribute("outofplace")) {
     bool oop = int_attr(src, algo, "outofplace", false) != 0;
-    TUTTI_CHECK(inplace != oop, InvalidArgument, "MSCCL XML line {}: inplace={} and outofplace={} contradict (this "
-                "importer reads one variant per file)", src.line(algo), inplace, oop);
+    TUTTI_CHECK(inplace || oop, InvalidArgument,
+                "MSCCL XML line {}: inplace=0 and outofplace=0: the algorithm serves no call", src.line(algo));
+    // Both (as RCCL writes them): the schedule is correct whether or not the buffers alias, i.e. an
+    // out-of-place plan; the dispatcher serves in-place calls with it too.
+    if (oop) inplace = false;
   }
   p.inplace = inplace;
   std::string proto = algo.attribute("proto").value();
@@ -119,6 +122,7 @@ Plan import_msccl_xml(const std::string& text, std::vector<std::string>* warning
     warnings->push_back(fmt::format("line {}: unknown proto '{}', using Simple", src.line(algo), proto));
   p.min_bytes = size_attr(src, algo, "minBytes", 0);
   p.max_bytes = size_attr(src, algo, "maxBytes", UINT64_MAX);
+  if (p.max_bytes == 0) p.max_bytes = UINT64_MAX;  // RCCL: maxBytes="0" means no upper bound
   p.ranks.resize(p.nranks);
   std::vector<bool> seen(p.nranks, false);
   for (auto gpu : algo.children()) {

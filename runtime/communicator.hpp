@@ -74,7 +74,7 @@ class Communicator {
 
  private:
   Communicator(const UniqueId& id, int nranks, int rank, const CommOptions& options, uint64_t generation);
-  void connect_channel(int channel);
+  void connect_channels(int n);  // collective: connects channels channels()..n-1
   void check_peer(int peer, const char* what) const;
 
   CommOptions options_;

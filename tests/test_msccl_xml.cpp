@@ -62,6 +62,26 @@ TEST(MscclXml, OriginalDialectWithoutExecutorAttributes) {
   EXPECT_NO_THROW(verify(b));
 }
 
+// RCCL's reading: inplace="1" and outofplace="1" together mean one schedule for both kinds of call
+// (an out-of-place plan, which the dispatcher also runs in place); maxBytes="0" means no bound.
+TEST(MscclXml, RcclDialectBothVariantsAndUnboundedMaxBytes) {
+  std::string text = read(std::string(TUTTI_TESTDATA) + "/msccl/ncv4-ag_hier_4_LL.xml");
+  std::string both = std::regex_replace(text, std::regex(R"(inplace="[01]" outofplace="[01]")"), R"(inplace="1" outofplace="1")");
+  both = std::regex_replace(both, std::regex(R"(maxBytes="[0-9]+")"), R"(maxBytes="0")");
+  ASSERT_NE(both.find(R"(inplace="1" outofplace="1")"), std::string::npos);
+  Plan p = import_msccl_xml(both);
+  EXPECT_FALSE(p.inplace);
+  EXPECT_EQ(p.max_bytes, UINT64_MAX);
+  EXPECT_NO_THROW(verify(p));
+  std::string neither = std::regex_replace(text, std::regex(R"(inplace="[01]" outofplace="[01]")"), R"(inplace="0" outofplace="0")");
+  try {
+    import_msccl_xml(neither);
+    FAIL() << "imported an algorithm that serves no call";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("serves no call"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MscclXml, BothReduceScatterSpellings) {
   Plan p = compile(algorithms::build("ring_reducescatter", 4)).plan;
   std::string xml = export_msccl_xml(p);

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -37,7 +38,15 @@ TEST(NcclApi, VersionAndErrorStrings) {
   int v = 0;
   EXPECT_EQ(ncclGetVersion(&v), ncclSuccess);
   EXPECT_EQ(v, NCCL_VERSION_CODE);
-  EXPECT_EQ(NCCL_VERSION_CODE, NCCL_VERSION(2, 19, 3));
+  EXPECT_EQ(NCCL_VERSION_CODE, NCCL_VERSION(2, 28, 9));
+  // NCCL 2.28's config layout, field for field (programs built against NVIDIA's header pass theirs).
+  EXPECT_EQ(offsetof(ncclConfig_t, blocking), 16u);
+  EXPECT_EQ(offsetof(ncclConfig_t, commName), 48u);
+  EXPECT_EQ(offsetof(ncclConfig_t, nvlinkCentricSched), 76u);
+  EXPECT_EQ(sizeof(ncclConfig_t), 80u);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  EXPECT_EQ(config.version, static_cast<unsigned>(NCCL_VERSION_CODE));
+  EXPECT_EQ(config.nvlinkCentricSched, NCCL_CONFIG_UNDEF_INT);
   EXPECT_STREQ(ncclGetErrorString(ncclSuccess), "no error");
   EXPECT_STREQ(ncclGetErrorString(ncclInProgress), "NCCL operation in progress");
   EXPECT_STREQ(ncclGetErrorString(static_cast<ncclResult_t>(99)), "unknown result code");
@@ -107,6 +116,34 @@ TEST(NcclApi, OneThreadDrivesSeveralRanksInAGroup) {
   EXPECT_EQ(dev, 1);
   EXPECT_EQ(ncclCommCount(comms[2], &count), ncclSuccess);
   EXPECT_EQ(count, 3);
+  for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
+// NCCL's documented pattern for one thread creating several ranks: ncclCommInitRank inside a group,
+// connected together at ncclGroupEnd (called one by one, the first would wait for the others).
+TEST(NcclApi, OneThreadInitsSeveralRanksWithInitRankInAGroup) {
+  const int n = 3;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<ncclComm_t> comms(n, nullptr);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) ASSERT_EQ(ncclCommInitRank(&comms[r], n, id, r), ncclSuccess) << ncclGetLastError(nullptr);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 0; r < n; ++r) {
+    int rank = -1;
+    ASSERT_EQ(ncclCommUserRank(comms[r], &rank), ncclSuccess);
+    EXPECT_EQ(rank, r);
+    ncclResult_t async = ncclInternalError;
+    ASSERT_EQ(ncclCommGetAsyncError(comms[r], &async), ncclSuccess);
+    EXPECT_EQ(async, ncclSuccess);
+  }
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(1000));
+  for (int r = 0; r < n; ++r) std::fill(bufs[r].begin(), bufs[r].end(), static_cast<float>(r + 1));
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r)
+    ASSERT_EQ(ncclAllReduce(bufs[r].data(), bufs[r].data(), 1000, ncclFloat, ncclSum, comms[r], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(bufs[r][999], 6.0f);
   for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
 
@@ -244,16 +281,20 @@ TEST(NcclApi, AbortDuringACollectiveUnblocksEveryRank) {
   for (auto& t : init) t.join();
   // Ranks 1 and 2 enter an all-reduce that rank 0 never joins; rank 0 aborts.
   std::vector<ncclResult_t> results(n, ncclSuccess);
+  std::vector<std::string> last_error(n);  // ncclGetLastError is per thread, as NCCL's
   std::vector<std::thread> threads;
   for (int r = 1; r < n; ++r)
     threads.emplace_back([&, r] {
       std::vector<float> x(1000);
       results[r] = ncclAllReduce(x.data(), x.data(), 1000, ncclFloat, ncclSum, comms[r], nullptr);
+      last_error[r] = ncclGetLastError(comms[r]);
     });
   ASSERT_EQ(ncclCommAbort(comms[0]), ncclSuccess);
   for (auto& t : threads) t.join();
   for (int r = 1; r < n; ++r) {
     EXPECT_EQ(results[r], ncclRemoteError);
+    EXPECT_NE(last_error[r].find("rank 0"), std::string::npos) << last_error[r];
+    EXPECT_NE(last_error[r].find("abort"), std::string::npos) << last_error[r];
     ncclResult_t async;
     EXPECT_EQ(ncclCommGetAsyncError(comms[r], &async), ncclSuccess);
     EXPECT_EQ(async, ncclRemoteError);

@@ -1,16 +1,17 @@
-/* tutti's nccl.h: the NCCL 2.19 API with NCCL's exact enum values, struct layouts and
+/* tutti's nccl.h: the NCCL 2.28 API with NCCL's exact enum values, struct layouts and
  * ncclUniqueId size, so programs written for NCCL build against tutti unchanged and programs built
- * against NCCL's own header run on tutti's libnccl.so.2.
+ * against NCCL's own header run on tutti's libnccl.so.2 (a CTest compares the export lists).
  *
- * Why 2.19: it is the first version with ncclMemAlloc/ncclMemFree and ncclCommRegister, which tutti
- * implements for host memory. Every function of 2.19 is exported, each also as pnccl*.
- * ncclConfig_t is version-gated: tutti reads only the fields that the caller's config->size covers,
- * so callers compiled against newer NCCL headers (larger configs) work too.
+ * Every function of NCCL 2.28's nccl.h is declared and exported, each also as pnccl*. ncclConfig_t
+ * is version-gated: tutti reads only the fields that the caller's config->size covers, so programs
+ * compiled against older NCCL headers (smaller configs) work too. NCCL's device API (nccl_device.h:
+ * ncclDevComm, teams) is exported but returns ncclInvalidUsage with a message.
  *
- * Buffers are host memory in this build; calls on host memory complete before they return unless
- * the communicator is non-blocking (config.blocking = 0), in which case NCCL's ncclInProgress /
- * ncclCommGetAsyncError protocol applies. The stream argument is accepted and not used for host
- * memory. */
+ * Buffers may be host or device memory (cudaPointerGetAttributes decides, per call; one call takes
+ * one kind). Device calls are enqueued on the stream and return; host calls complete before they
+ * return unless the communicator is non-blocking (config.blocking = 0), in which case NCCL's
+ * ncclInProgress / ncclCommGetAsyncError protocol applies. Unlike NVIDIA's NCCL, several ranks may
+ * share one GPU. */
 #ifndef NCCL_H_
 #define NCCL_H_
 
@@ -18,11 +19,11 @@
 #include <stddef.h>
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 19
-#define NCCL_PATCH 3
+#define NCCL_MINOR 28
+#define NCCL_PATCH 9
 #define NCCL_SUFFIX ""
 
-#define NCCL_VERSION_CODE 21903
+#define NCCL_VERSION_CODE 22809
 #define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X)*1000 + (Y)*100 + (Z) : (X)*10000 + (Y)*100 + (Z))
 
 #ifdef __cplusplus
@@ -33,6 +34,7 @@ extern "C" {
 typedef struct CUstream_st* cudaStream_t;
 
 typedef struct ncclComm* ncclComm_t;
+typedef struct ncclWindow_vidmem* ncclWindow_t;
 #define NCCL_COMM_NULL NULL
 
 #define NCCL_UNIQUE_ID_BYTES 128
@@ -55,27 +57,73 @@ typedef enum {
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
 #define NCCL_CONFIG_UNDEF_PTR NULL
 #define NCCL_SPLIT_NOCOLOR -1
+#define NCCL_UNDEF_FLOAT -1.0f
 
-typedef struct ncclConfig_v21700 {
-  /* attributes that users should never touch. */
+/* ncclCommWindowRegister flags and the alignment symmetric windows need. */
+#define NCCL_WIN_DEFAULT 0x00
+#define NCCL_WIN_COLL_SYMMETRIC 0x01
+#define NCCL_WIN_REQUIRED_ALIGNMENT 4096
+
+/* ncclConfig_t.CTAPolicy values. */
+#define NCCL_CTA_POLICY_DEFAULT 0x00
+#define NCCL_CTA_POLICY_EFFICIENCY 0x01
+#define NCCL_CTA_POLICY_ZERO 0x02
+
+/* ncclCommShrink flags. */
+#define NCCL_SHRINK_DEFAULT 0x00
+#define NCCL_SHRINK_ABORT 0x01
+
+/* ncclCommRevoke flags (none defined yet; pass 0). */
+#define NCCL_REVOKE_DEFAULT 0x00
+
+/* Communicator settings (NCCL 2.28's layout, field for field). Initialise with
+ * NCCL_CONFIG_INITIALIZER; fields left NCCL_CONFIG_UNDEF_* keep tutti's defaults. tutti honours
+ * `blocking`; the others are accepted and have no effect (tutti sizes its own thread blocks and
+ * channels, see docs/ENVIRONMENT.md). */
+typedef struct ncclConfig_v22800 {
+  /* set by NCCL_CONFIG_INITIALIZER; never by hand */
   size_t size;
   unsigned int magic;
   unsigned int version;
-  /* attributes that users are able to customize. */
+  /* settings */
   int blocking;
   int cgaClusterSize;
   int minCTAs;
   int maxCTAs;
   const char* netName;
   int splitShare;
+  int trafficClass;
+  const char* commName;
+  int collnetEnable;
+  int CTAPolicy;
+  int shrinkShare;
+  int nvlsCTAs;
+  int nChannelsPerNetPeer;
+  int nvlinkCentricSched;
 } ncclConfig_t;
 
-#define NCCL_CONFIG_INITIALIZER                                                                                  \
-  {                                                                                                              \
-    sizeof(ncclConfig_t), 0xcafebeef, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), NCCL_CONFIG_UNDEF_INT,   \
-        NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR,            \
-        NCCL_CONFIG_UNDEF_INT                                                                                    \
+#define NCCL_CONFIG_INITIALIZER                                                                             \
+  {                                                                                                         \
+    sizeof(ncclConfig_t), 0xcafebeef, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH),                     \
+        NCCL_CONFIG_UNDEF_INT /* blocking */, NCCL_CONFIG_UNDEF_INT /* cgaClusterSize */,                   \
+        NCCL_CONFIG_UNDEF_INT /* minCTAs */, NCCL_CONFIG_UNDEF_INT /* maxCTAs */,                           \
+        NCCL_CONFIG_UNDEF_PTR /* netName */, NCCL_CONFIG_UNDEF_INT /* splitShare */,                        \
+        NCCL_CONFIG_UNDEF_INT /* trafficClass */, NCCL_CONFIG_UNDEF_PTR /* commName */,                     \
+        NCCL_CONFIG_UNDEF_INT /* collnetEnable */, NCCL_CONFIG_UNDEF_INT /* CTAPolicy */,                   \
+        NCCL_CONFIG_UNDEF_INT /* shrinkShare */, NCCL_CONFIG_UNDEF_INT /* nvlsCTAs */,                      \
+        NCCL_CONFIG_UNDEF_INT /* nChannelsPerNetPeer */, NCCL_CONFIG_UNDEF_INT /* nvlinkCentricSched */     \
   }
+
+/* What ncclGroupSimulateEnd reports (tutti does not simulate through the NCCL API: tutti-sim does). */
+typedef struct ncclSimInfo_v22200 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  float estimatedTime;
+} ncclSimInfo_t;
+
+#define NCCL_SIM_INFO_INITIALIZER \
+  { sizeof(ncclSimInfo_t), 0x74685283, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), NCCL_UNDEF_FLOAT }
 
 ncclResult_t ncclMemAlloc(void** ptr, size_t size);
 ncclResult_t pncclMemAlloc(void** ptr, size_t size);
@@ -102,11 +150,27 @@ ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t pncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
 ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
+/* Several unique ids spread NCCL's bootstrap over several roots; tutti's rendezvous uses the first. */
+ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
+                                      ncclConfig_t* config);
+ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
+                                       ncclConfig_t* config);
+/* Not supported yet: return ncclInvalidUsage with a message (ncclCommSplit and ncclCommAbort cover
+ * the same ground). */
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
+ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags);
+ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
+                            ncclConfig_t* config, int shrinkFlags);
+ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
+                             ncclConfig_t* config, int shrinkFlags);
 
 const char* ncclGetErrorString(ncclResult_t result);
 const char* pncclGetErrorString(ncclResult_t result);
 const char* ncclGetLastError(ncclComm_t comm);
 const char* pncclGetLastError(ncclComm_t comm);
+/* Kept for programs that call it; does nothing in tutti (settings are read per communicator). */
+void ncclResetDebugInit(void);
+void pncclResetDebugInit(void);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
 ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
 
@@ -121,6 +185,11 @@ ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, vo
 ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle);
 ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle);
 ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle);
+/* Windows register like ncclCommRegister. */
+ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags);
+ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags);
+ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 
 typedef enum { ncclNumOps_dummy = 5 } ncclRedOp_dummy_t;
 typedef enum {
@@ -189,30 +258,34 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
 ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                        cudaStream_t stream);
 
-/* Extension (MSCCL's name and signature): all-to-all of `count` elements per peer. Runs a loaded
- * plan (MSCCL_XML_FILES...) or a built-in; NCCL programs get the same result from grouped
- * ncclSend/ncclRecv. */
+/* All-to-all of `count` elements per peer (NCCL 2.28). Runs a loaded plan (MSCCL_XML_FILES...)
+ * or a built-in. ncclAllToAll is MSCCL's spelling of the same call, kept for MSCCL programs. */
+ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
+                          cudaStream_t stream);
+ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
+                           cudaStream_t stream);
 ncclResult_t ncclAllToAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
                           cudaStream_t stream);
 ncclResult_t pncclAllToAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
                            cudaStream_t stream);
-
-/* NCCL 2.28's collectives and windows (exported by tutti; the header's version stays the one whose
- * API tutti implements whole). ncclAlltoAll is NCCL 2.28's spelling of ncclAllToAll. */
-typedef struct ncclWindow_vidmem* ncclWindow_t;
-ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
-                          cudaStream_t stream);
+/* Gather to / scatter from `root`, `count` elements per rank (NCCL 2.28). */
 ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                         ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                         ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                          ncclComm_t comm, cudaStream_t stream);
-ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags);
-ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                          ncclComm_t comm, cudaStream_t stream);
 
 ncclResult_t ncclGroupStart(void);
 ncclResult_t pncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 ncclResult_t pncclGroupEnd(void);
+/* Not supported: ends the group without running it and returns ncclInvalidUsage (tutti-sim
+ * predicts plan times instead). */
+ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
+ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 
 #ifdef __cplusplus
 }

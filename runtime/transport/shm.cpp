@@ -64,7 +64,7 @@ class ShmTransport final : public Transport {
   void connect(const ChannelSetup& s, const std::vector<int>& peers, std::vector<wire::Reader>& published,
                std::vector<std::unique_ptr<Connection>>& conns) override {
     std::vector<ShmSegment> mapped(s.nranks);
-    const ShmSegment& own = own_.back();
+    const ShmSegment& own = own_.at(static_cast<size_t>(s.channel));
     for (int p = 0; p < s.nranks; ++p) {
       if (p == s.rank) continue;
       wire::Reader& r = published[p];
@@ -97,12 +97,12 @@ class ShmTransport final : public Transport {
     mapped_.push_back(std::move(mapped));
   }
 
-  void finish(const ChannelSetup&) override { own_.back().unlink(); }
+  void finish(const ChannelSetup& s) override { own_.at(static_cast<size_t>(s.channel)).unlink(); }
 
  private:
   CommOptions options_;
   FifoLayout layout_;  // slots hold whole elements, so a reducing receive can combine a fragment in place
-  std::vector<ShmSegment> own_;                  // by channel
+  std::vector<ShmSegment> own_;                  // by channel (publish() is called in channel order)
   std::vector<std::vector<ShmSegment>> mapped_;  // [channel][rank]
 };
 

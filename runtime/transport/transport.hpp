@@ -6,7 +6,8 @@
 // the device executor does the same among the device transports (runtime/device). Nothing decides
 // by comparing transport names.
 //
-// Channel setup is collective over the communicator, in three phases per channel:
+// Channel setup is collective over the communicator, in three phases for a batch of new channels
+// (each phase called per channel, channels in increasing order):
 //   publish()  each transport writes what its peers need into this rank's part of one bootstrap
 //              allgather (every rank writes a part for every registered transport, in registry
 //              order, so readers stay aligned);
