@@ -510,7 +510,7 @@ std::vector<Ranked> measure(Communicator& comm, Collective c, uint64_t bytes, co
 topo::Topology live_topology(Communicator& comm) {
   // Each rank's view of its own host, with the host's identity; one view per host is kept.
   wire::Writer w;
-  w.put<uint64_t>(comm.peer_info(comm.rank()).host_hash).put_string(topo::to_json(topo::detect()));
+  w.put<uint64_t>(comm.peer_info(comm.rank()).host_hash).put_string(topo::to_json(topo::host_topology()));
   auto all = comm.bootstrap().allgather(w.bytes());
   std::vector<uint64_t> host_ids;
   std::vector<topo::Topology> hosts;

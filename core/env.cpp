@@ -64,7 +64,17 @@ constexpr Variable kVariables[] = {
     {"TUTTI_DEVICE_INSTANCES", "", "0",
      "Copies of a plan in one device launch, each with its own FIFOs, taking the call's rounds in turn (more thread "
      "blocks move more bytes at once); 0 picks about one thread block per multiprocessor over the ranks of a GPU."},
-    {"TUTTI_DEVICE_THREADS", "", "512", "CUDA threads per thread block of the plan interpreter (a multiple of 32)."},
+    {"TUTTI_DEVICE_THREADS", "NCCL_NTHREADS", "512", "CUDA threads per thread block of the plan interpreter (a multiple of 32)."},
+    {"NCCL_BUFFSIZE", "", "",
+     "NCCL's buffer per connection (bytes): when TUTTI_DEVICE_SLOT_SIZE is not set, device FIFO slots are this size "
+     "divided by TUTTI_DEVICE_FIFO_DEPTH (NCCL splits its buffer into 8 steps the same way)."},
+    {"NCCL_MIN_NCHANNELS", "", "",
+     "Fewest device plan instances (tutti's counterpart of NCCL's channels) when TUTTI_DEVICE_INSTANCES is 0."},
+    {"NCCL_MAX_NCHANNELS", "", "",
+     "Most device plan instances when TUTTI_DEVICE_INSTANCES is 0 (they are also capped by what fits on the GPU)."},
+    {"TUTTI_TOPO_FILE", "NCCL_TOPO_FILE", "",
+     "This host's topology from a file (NCCL's topology XML or tutti's JSON) instead of detection, for the tuner's "
+     "model and tutti-topo."},
     {"TUTTI_DEVICE_STAGING", "NCCL_P2P_DISABLE", "0",
      "1: device buffers travel through host memory over the host transports (shm, tcp) even between ranks that "
      "could share GPU memory, as between hosts. Blocking and slower; for machines where peer access is broken, and "

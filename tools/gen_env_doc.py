@@ -25,6 +25,15 @@ Launcher variables read as stand-ins (not tutti's own): `OMPI_COMM_WORLD_RANK`, 
 `OMPI_COMM_WORLD_LOCAL_RANK` (Open MPI's mpirun), `PMI_RANK`, `PMI_SIZE` (PMI launchers), `SLURM_PROCID`,
 `SLURM_NTASKS`, `SLURM_LOCALID` (srun). `tutti-run` sets `TUTTI_RANK`, `TUTTI_SIZE`, `TUTTI_LOCAL_RANK`,
 `TUTTI_LOCAL_SIZE` and `TUTTI_COMM_ID`.
+
+NCCL variables tutti does not read, because the setting has no counterpart here (tutti's own
+transports, thread blocks and plans replace it): `NCCL_IB_*`, `NCCL_NET*`, `NCCL_SHM_DISABLE` (shared
+memory is chosen per pair by the transport registry; `TUTTI_TRANSPORT=tcp` turns it off),
+`NCCL_P2P_LEVEL`, `NCCL_NVLS_ENABLE`, `NCCL_COLLNET_ENABLE`, `NCCL_CROSS_NIC`, `NCCL_GRAPH_FILE`,
+`NCCL_TOPO_DUMP_FILE`, `NCCL_LAUNCH_MODE`, `NCCL_CUMEM_ENABLE`, `NCCL_NVB_DISABLE`, `NCCL_CHECKS_DISABLE`,
+`NCCL_LL_THRESHOLD`, `NCCL_TREE_THRESHOLD`, `NCCL_SINGLE_RING_THRESHOLD`. ncclConfig_t fields other than
+`blocking` (`cgaClusterSize`, `minCTAs`, `maxCTAs`, `netName`, `splitShare`, `CTAPolicy`, ...) are accepted
+and likewise have no effect.
 """
 (root / "docs/ENVIRONMENT.md").write_text(out)
 print(f"{len(rows)} variables")

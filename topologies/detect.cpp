@@ -20,6 +20,11 @@ DetectOptions DetectOptions::from_env() { return {env::get_string("TUTTI_NVML_LI
 
 Topology detect() { return detect(DetectOptions::from_env()); }
 
+Topology host_topology() {
+  std::string file = env::get_string("TUTTI_TOPO_FILE");
+  return file.empty() ? detect() : load_file(file);
+}
+
 Topology detect(const DetectOptions& options) {
   Topology t;
   char hostname[256] = {};

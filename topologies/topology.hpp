@@ -105,5 +105,8 @@ struct DetectOptions {
 // Anything unreadable, NVML included, is logged (GRAPH) and skipped, never an error.
 Topology detect(const DetectOptions& options);
 Topology detect();  // detect(DetectOptions::from_env())
+// This host as the tuner and tools see it: the file TUTTI_TOPO_FILE (NCCL_TOPO_FILE) names when set,
+// as NCCL reads its topology XML, else detect(). A file that cannot be read is an InvalidArgument.
+Topology host_topology();
 
 }  // namespace tutti::topo

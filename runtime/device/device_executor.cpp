@@ -26,6 +26,14 @@ DeviceOptions DeviceOptions::from_env() {
   o.slot_bytes = static_cast<int64_t>(env::get_size("TUTTI_DEVICE_SLOT_SIZE"));
   o.ll_slot_bytes = static_cast<int64_t>(env::get_size("TUTTI_DEVICE_LL_SLOT_SIZE"));
   o.fifo_depth = env::get_int("TUTTI_DEVICE_FIFO_DEPTH");
+  // NCCL's buffer per connection, cut into slots as NCCL cuts it into steps (ours only if not set).
+  if (!env::raw("TUTTI_DEVICE_SLOT_SIZE") && env::raw("NCCL_BUFFSIZE") && o.fifo_depth >= 1)
+    o.slot_bytes = static_cast<int64_t>(env::get_size("NCCL_BUFFSIZE")) / o.fifo_depth / 16 * 16;
+  if (env::raw("NCCL_MIN_NCHANNELS")) o.min_instances = static_cast<int>(env::get_int("NCCL_MIN_NCHANNELS"));
+  if (env::raw("NCCL_MAX_NCHANNELS")) o.max_instances = static_cast<int>(env::get_int("NCCL_MAX_NCHANNELS"));
+  TUTTI_CHECK(o.min_instances >= 1 && o.max_instances >= o.min_instances, InvalidArgument,
+              "NCCL_MIN_NCHANNELS ({}) and NCCL_MAX_NCHANNELS ({}) must satisfy 1 <= min <= max", o.min_instances,
+              o.max_instances);
   o.threads = static_cast<int>(env::get_int("TUTTI_DEVICE_THREADS"));
   o.instances = static_cast<int>(env::get_int("TUTTI_DEVICE_INSTANCES"));
   TUTTI_CHECK(o.instances >= 0, InvalidArgument, "TUTTI_DEVICE_INSTANCES must be 0 (automatic) or a count, not {}",
@@ -33,7 +41,9 @@ DeviceOptions DeviceOptions::from_env() {
   o.timeout_s = env::get_seconds("TUTTI_TIMEOUT");
   o.host_staging = env::get_bool("TUTTI_DEVICE_STAGING");
   TUTTI_CHECK(o.slot_bytes >= 256 && o.slot_bytes % 16 == 0, InvalidArgument,
-              "TUTTI_DEVICE_SLOT_SIZE must be a multiple of 16 bytes and at least 256, not {}", o.slot_bytes);
+              "TUTTI_DEVICE_SLOT_SIZE (or NCCL_BUFFSIZE / TUTTI_DEVICE_FIFO_DEPTH) must be a multiple of 16 bytes and at "
+              "least 256, not {}",
+              o.slot_bytes);
   TUTTI_CHECK(o.ll_slot_bytes >= 256 && o.ll_slot_bytes % 32 == 0, InvalidArgument,
               "TUTTI_DEVICE_LL_SLOT_SIZE must be a multiple of 32 bytes and at least 256, not {}", o.ll_slot_bytes);
   TUTTI_CHECK(o.fifo_depth >= 1, InvalidArgument, "TUTTI_DEVICE_FIFO_DEPTH must be at least 1, not {}", o.fifo_depth);
@@ -283,7 +293,8 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
               pp.plan.name, nblocks, ranks_on_device_, resident, options_.threads);
   u->instances = options_.instances > 0
                      ? options_.instances
-                     : std::clamp(backend_->processors() / (nblocks * ranks_on_device_), 1, 64);
+                     : std::clamp(backend_->processors() / (nblocks * ranks_on_device_), options_.min_instances,
+                                  options_.max_instances);
   u->instances = std::min(u->instances, std::max(1, resident / (nblocks * ranks_on_device_)));
   // Device channel 0 is reserved for point-to-point calls; instance i's plan channel c is
   // 1 + i * channels + c.

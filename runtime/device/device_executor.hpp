@@ -32,11 +32,13 @@ struct DeviceOptions {
   int64_t fifo_depth = 8;
   int threads = 512;
   int instances = 0;  // 0: about one thread block per multiprocessor over the ranks of this host
+  int min_instances = 1, max_instances = 64;  // bounds of the automatic count (NCCL_MIN/MAX_NCHANNELS)
   std::optional<int32_t> protocol;  // kProtoSimple / kProtoLL for every plan; unset: the plan's own
   double timeout_s = 1800;
   bool host_staging = false;  // carry device buffers through host memory even where GPU memory could be shared
   // TUTTI_DEVICE_SLOT_SIZE, TUTTI_DEVICE_LL_SLOT_SIZE, TUTTI_DEVICE_FIFO_DEPTH, TUTTI_DEVICE_THREADS,
-  // TUTTI_DEVICE_INSTANCES, TUTTI_DEVICE_STAGING, TUTTI_PROTO/NCCL_PROTO, TUTTI_TIMEOUT. Throws InvalidArgument naming a bad value.
+  // TUTTI_DEVICE_INSTANCES, TUTTI_DEVICE_STAGING, TUTTI_PROTO/NCCL_PROTO, TUTTI_TIMEOUT, and NCCL's
+  // NCCL_BUFFSIZE, NCCL_NTHREADS, NCCL_MIN_NCHANNELS and NCCL_MAX_NCHANNELS where they mean something here. Throws InvalidArgument naming a bad value.
   static DeviceOptions from_env();
 };
 

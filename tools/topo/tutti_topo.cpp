@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       t = tuning::live_topology(*comm);
       if (comm->rank() != 0) return 0;
     } else {
-      t = !load.empty() ? load_file(load) : !preset_name.empty() ? preset(preset_name, nodes) : detect();
+      t = !load.empty() ? load_file(load) : !preset_name.empty() ? preset(preset_name, nodes) : host_topology();
     }
     if (json) std::printf("%s\n", to_json(t).c_str());
     else if (xml) std::printf("%s", export_nccl_xml(t).c_str());
