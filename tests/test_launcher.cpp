@@ -23,8 +23,15 @@ LaunchResult run(const std::string& args) {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
-TEST(Launcher, SetsRankVariablesAndPrefixesOutput) {
-  LaunchResult r = run("-n 3 sh -c 'echo rank=$TUTTI_RANK size=$TUTTI_SIZE local=$TUTTI_LOCAL_RANK id=${#TUTTI_COMM_ID}'");
+TEST(Launcher, SetsRankVariablesAndPrefixesOutputWhenAsked) {
+  // As mpirun: plain lines by default, so nccl-tests' output parsers work on tutti-run's.
+  LaunchResult plain = run("-n 2 sh -c 'echo rank=$TUTTI_RANK'");
+  EXPECT_EQ(plain.status, 0) << plain.output;
+  EXPECT_NE(plain.output.find("rank=0\n"), std::string::npos) << plain.output;
+  EXPECT_NE(plain.output.find("rank=1\n"), std::string::npos) << plain.output;
+  EXPECT_EQ(plain.output.find("["), std::string::npos) << plain.output;
+  LaunchResult r =
+      run("-n 3 --tag-output sh -c 'echo rank=$TUTTI_RANK size=$TUTTI_SIZE local=$TUTTI_LOCAL_RANK id=${#TUTTI_COMM_ID}'");
   EXPECT_EQ(r.status, 0) << r.output;
   for (int i = 0; i < 3; ++i)
     EXPECT_NE(r.output.find("[" + std::to_string(i) + "] rank=" + std::to_string(i) + " size=3 local=" +
@@ -62,7 +69,7 @@ TEST(Launcher, RejectsBadArguments) {
 }
 
 TEST(Launcher, RunsRealRanksThatTalk) {
-  LaunchResult r = run(std::string("-n 4 ") + TUTTI_TEST_RANK_PATH + " exchange 65536");
+  LaunchResult r = run(std::string("-n 4 --tag-output ") + TUTTI_TEST_RANK_PATH + " exchange 65536");
   EXPECT_EQ(r.status, 0) << r.output;
   for (int i = 0; i < 4; ++i) EXPECT_NE(r.output.find("[" + std::to_string(i) + "] rank " + std::to_string(i) + ": received"), std::string::npos) << r.output;
 }

@@ -160,81 +160,126 @@ struct Options {
   bool device = false;        // -G 1: buffers in CUDA device memory, a stream per rank
 };
 
-[[noreturn]] void usage(const char* msg) {
-  std::fprintf(stderr,
-               "tutti-perf: %s\nusage: tutti-perf COLL [-b min] [-e max] [-f factor|-i step] [-n iters] [-w warmup] "
-               "[-c 0|1] [-o op|all] [-d type|all] [-r root|-1] [-z 0|1] [-a 0-3] [-t threads] [-A 0|1] [-R 0|1] "
-               "[-G 0|1]\n"
-               "COLL: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv\n",
-               msg);
+constexpr const char* kUsage =
+    "usage: tutti-perf COLL [-b min] [-e max] [-f factor|-i step] [-n iters] [-w warmup] [-c 0|1] [-o op|all]\n"
+    "                  [-d type|all] [-r root|-1] [-z 0|1] [-a 0-3] [-t threads] [-A 0|1] [-R 0|1] [-G 0|1]\n"
+    "COLL: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv (allreduce... accepted)\n"
+    "Flags follow nccl-tests' (any order, before or after COLL); -g, -m, -p are accepted and ignored.\n"
+    "Ranks: -t threads per process; processes from tutti-run, mpirun or srun (set NCCL_COMM_ID=host:port\n"
+    "under mpirun/srun so they can meet).\n";
+
+[[noreturn]] void usage(const std::string& msg) {
+  std::fprintf(stderr, "tutti-perf: %s\n%s", msg.c_str(), kUsage);
   std::exit(2);
 }
 
-uint64_t parse_bytes(const char* s) {
+uint64_t parse_bytes(const std::string& flag, const char* s) {
   try {
     return env::parse_size(s);
   } catch (const std::exception&) {
-    usage((std::string("bad size ") + s).c_str());
+    usage(flag + ": '" + s + "' is not a size (bytes, or with K/M/G)");
   }
+}
+
+int parse_int(const std::string& flag, const char* v, int lowest) {
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || x < lowest || x > 1 << 30)
+    usage(flag + ": '" + v + "' is not a whole number of at least " + std::to_string(lowest));
+  return static_cast<int>(x);
 }
 
 Options parse(int argc, char** argv) {
   Options o;
-  if (argc < 2) usage("missing collective");
-  o.coll_name = argv[1];
   const std::pair<const char*, Coll> names[] = {{"all_reduce", Coll::kAllReduce},   {"all_gather", Coll::kAllGather},
                                                 {"reduce_scatter", Coll::kReduceScatter}, {"broadcast", Coll::kBroadcast},
                                                 {"reduce", Coll::kReduce},           {"alltoall", Coll::kAllToAll},
                                                 {"sendrecv", Coll::kSendRecv}};
-  bool found = false;
-  for (auto& [n, c] : names)
-    if (o.coll_name == n) o.coll = c, found = true;
-  if (!found) usage(("unknown collective " + o.coll_name).c_str());
+  auto plain = [](std::string n) {  // one spelling: all_reduce, allreduce, all-reduce
+    std::erase_if(n, [](char c) { return c == '_' || c == '-'; });
+    return n;
+  };
   std::string ops = "sum", types = "float";
-  for (int i = 2; i < argc; ++i) {
+  for (int i = 1; i < argc; ++i) {
     std::string f = argv[i];
-    if (i + 1 >= argc) usage(("missing value for " + f).c_str());
+    if (f == "-h" || f == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (f.empty() || f[0] != '-') {
+      if (!o.coll_name.empty()) usage("two collectives given: " + o.coll_name + " and " + f);
+      o.coll_name = f;
+      bool found = false;
+      for (auto& [n, c] : names)
+        if (plain(f) == plain(n)) o.coll = c, o.coll_name = n, found = true;
+      if (!found) usage("unknown collective " + f);
+      continue;
+    }
+    if (i + 1 >= argc) usage("missing value for " + f);
     const char* v = argv[++i];
-    if (f == "-b") o.min_bytes = parse_bytes(v);
-    else if (f == "-e") o.max_bytes = parse_bytes(v);
-    else if (f == "-f") o.factor = std::atof(v);
-    else if (f == "-i") o.step = parse_bytes(v);
-    else if (f == "-n") o.iters = std::atoi(v);
-    else if (f == "-w") o.warmup = std::atoi(v);
-    else if (f == "-c") o.check = std::atoi(v) != 0;
+    if (f == "-b") o.min_bytes = parse_bytes(f, v);
+    else if (f == "-e") o.max_bytes = parse_bytes(f, v);
+    else if (f == "-f") {
+      o.factor = std::atof(v);
+      if (!(o.factor > 1)) usage(std::string("-f: the size factor must be above 1, not '") + v + "'");
+    } else if (f == "-i") o.step = parse_bytes(f, v);
+    else if (f == "-n") o.iters = parse_int(f, v, 1);
+    else if (f == "-w") o.warmup = parse_int(f, v, 0);
+    else if (f == "-c") o.check = parse_int(f, v, 0) != 0;
     else if (f == "-o") ops = v;
     else if (f == "-d") types = v;
-    else if (f == "-r") o.root = std::atoi(v);
-    else if (f == "-z") o.blocking = std::atoi(v) == 0;
-    else if (f == "-a") o.average = std::atoi(v);
-    else if (f == "-t") o.threads = std::atoi(v);
-    else if (f == "-A") o.alltoall_api = std::atoi(v) != 0;
-    else if (f == "-R") o.registered = std::atoi(v) != 0;
-    else if (f == "-G") o.device = std::atoi(v) != 0;
+    else if (f == "-r") o.root = parse_int(f, v, -1);
+    else if (f == "-z") o.blocking = parse_int(f, v, 0) == 0;
+    else if (f == "-a") o.average = parse_int(f, v, 0);
+    else if (f == "-t") o.threads = parse_int(f, v, 1);
+    else if (f == "-A") o.alltoall_api = parse_int(f, v, 0) != 0;
+    else if (f == "-R") o.registered = parse_int(f, v, 0) != 0;
+    else if (f == "-G") o.device = parse_int(f, v, 0) != 0;
     else if (f == "-g" || f == "-m" || f == "-p") continue;  // nccl-tests flags without meaning here
-    else usage(("unknown flag " + f).c_str());
+    else usage("unknown flag " + f);
   }
+  if (o.coll_name.empty()) usage("missing collective");
 #ifndef TUTTI_HAVE_CUDA
   if (o.device) usage("-G 1 needs a CUDA build");
 #endif
-  if (o.iters < 1 || o.warmup < 0 || o.threads < 1 || o.min_bytes > o.max_bytes || (o.step == 0 && o.factor <= 1))
-    usage("bad -n/-w/-t/-b/-e/-f");
+  if (o.min_bytes > o.max_bytes) usage("-b (smallest size) is above -e (largest size)");
   if (ops == "all") o.ops = {0, 1, 2, 3, 4, 5};
   else {
     auto op = parse_redop(ops);
-    if (!op) usage(("unknown op " + ops).c_str());
+    if (!op) usage("unknown op " + ops);
     o.ops = {static_cast<int>(*op)};
   }
   if (types == "all") {
     for (int t = 0; t < kNumDataTypes; ++t) o.types.push_back(static_cast<DataType>(t));
   } else {
     auto t = parse_datatype(types);
-    if (!t) usage(("unknown datatype " + types).c_str());
+    if (!t) usage("unknown datatype " + types);
     o.types = {*t};
   }
   bool reduces = o.coll == Coll::kAllReduce || o.coll == Coll::kReduce || o.coll == Coll::kReduceScatter;
   if (!reduces) o.ops = {0};
   return o;
+}
+
+// This process's rank and the number of processes, from tutti-run or the launchers the library
+// reads (mpirun, PMI, srun); 1 process without any.
+std::pair<int, int> process_rank_and_count() {
+  auto first = [](std::initializer_list<const char*> names) -> const char* {
+    for (const char* n : names)
+      if (const char* v = std::getenv(n)) return v;
+    return nullptr;
+  };
+  const char* rank = first({"TUTTI_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"});
+  const char* size = first({"TUTTI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"});
+  int procs = size ? std::atoi(size) : 1, proc = rank ? std::atoi(rank) : 0;
+  if (procs > 1 && !std::getenv("TUTTI_COMM_ID") && !std::getenv("NCCL_COMM_ID")) {
+    std::fprintf(stderr,
+                 "tutti-perf: rank %d of %d processes (from the launcher's environment), but no rendezvous address: "
+                 "set NCCL_COMM_ID=host:port for every process, or start them with tutti-run\n",
+                 proc, procs);
+    std::exit(2);
+  }
+  return {proc, procs};
 }
 
 double bus_factor(Coll c, int n) {
@@ -457,9 +502,7 @@ int main(int argc, char** argv) {
   // queues; set before the first CUDA call. (Processes have a context, and queues, each.)
   if (s.opt.device) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   const Options& o = s.opt;
-  const char* env_rank = std::getenv("TUTTI_RANK");
-  const char* env_size = std::getenv("TUTTI_SIZE");
-  int procs = env_size ? std::atoi(env_size) : 1, proc = env_rank ? std::atoi(env_rank) : 0;
+  const auto [proc, procs] = process_rank_and_count();
   s.nranks = procs * o.threads;
   ncclUniqueId id;
   if (ncclGetUniqueId(&id) != ncclSuccess) {
@@ -579,7 +622,9 @@ int main(int argc, char** argv) {
   for (auto& th : threads) th.join();
   if (proc == 0) {
     std::printf("# Out of bounds values : %ld %s\n", s.wrong.load(), s.wrong.load() == 0 ? "OK" : "FAILED");
-    std::printf("# Avg bus bandwidth    : %g \n#\n", s.bw_count ? s.bw_sum / s.bw_count : 0.0);
+    std::printf("# Avg bus bandwidth    : %g \n", s.bw_count ? s.bw_sum / s.bw_count : 0.0);
+    if (s.failed.load()) std::printf("# Errors               : a rank's NCCL call failed (its message is on stderr) FAILED\n");
+    std::printf("#\n");
   }
   if (s.wrong.load() != 0 || s.failed.load()) exit_code = 1;
   return exit_code;

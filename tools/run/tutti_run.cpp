@@ -1,12 +1,13 @@
 // tutti-run: starts N local ranks of a program and serves their rendezvous.
 //
-//   tutti-run -n N [--no-prefix] [--bind-to core|none] [--] program [args...]
+//   tutti-run -n N [--tag-output] [--bind-to core|none] [--] program [args...]
 //
 // Like mpirun, ranks are bound to one core each (rank r to the r-th allowed core) when there are
 // at least as many cores as ranks, and left unbound otherwise; --bind-to none turns binding off.
 // Each rank gets TUTTI_RANK, TUTTI_SIZE, TUTTI_LOCAL_RANK, TUTTI_LOCAL_SIZE and TUTTI_COMM_ID (the
-// hex unique id of a rendezvous root that runs inside tutti-run). Output lines are forwarded with a
-// "[rank] " prefix. The exit status is the first non-zero status of a rank (128+signal for a killed
+// hex unique id of a rendezvous root that runs inside tutti-run). Output lines are forwarded whole
+// (never interleaved mid-line) and, as mpirun's, without a prefix unless --tag-output asks for
+// "[rank] ", so parsers of nccl-tests' output read tutti-run's too. The exit status is the first non-zero status of a rank (128+signal for a killed
 // one); when a rank fails, the others get SIGTERM, then SIGKILL two seconds later, so tutti-run never
 // hangs on a broken job.
 
@@ -43,9 +44,9 @@ struct Rank {
 
 int usage(const char* msg) {
   std::fprintf(stderr,
-               "tutti-run: %s\nusage: tutti-run -n N [--no-prefix] [--] program [args...]\n"
+               "tutti-run: %s\nusage: tutti-run -n N [--tag-output] [--] program [args...]\n"
                "  -n, --np N     number of ranks to start on this host\n"
-               "  --no-prefix    do not prefix output lines with [rank]\n"
+               "  --tag-output   prefix output lines with [rank] (as mpirun's option; off by default)\n"
                "  --bind-to core|none  bind each rank to a core (default when ranks <= cores) or not\n",
                msg);
   return 2;
@@ -79,7 +80,7 @@ int exit_code(int status) {
 
 int main(int argc, char** argv) {
   int n = -1;
-  bool prefix = true;
+  bool prefix = false;
   std::string bind = "auto";
   int i = 1;
   for (; i < argc; ++i) {
@@ -89,8 +90,10 @@ int main(int argc, char** argv) {
       char* end = nullptr;
       n = static_cast<int>(std::strtol(argv[++i], &end, 10));
       if (*end || n < 1) return usage("-n needs a positive number");
+    } else if (a == "--tag-output") {
+      prefix = true;
     } else if (a == "--no-prefix") {
-      prefix = false;
+      prefix = false;  // the default now; kept so older scripts run
     } else if (a == "--bind-to") {
       if (i + 1 >= argc) return usage("--bind-to needs core or none");
       bind = argv[++i];
