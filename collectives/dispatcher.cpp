@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <set>
 
 #include "collectives/algorithms/registry.hpp"
 #include "compiler/compile.hpp"
@@ -64,6 +65,14 @@ void load_into(std::vector<std::shared_ptr<const PreparedPlan>>& out, const std:
   try {
     plan::Plan p = plan::load_file(path);
     plan::certify(p);
+    for (const auto& other : out)
+      if (other->plan.name == p.name && other->plan.collective == p.collective && other->plan.nranks == p.nranks &&
+          other->plan.inplace == p.inplace) {
+        TUTTI_WARN("plan '{}' from {} is loaded already (the same name, collective, ranks and in-place kind, e.g. as "
+                   "JSON and as MSCCL XML); the first one is used",
+                   p.name, path);
+        return;
+      }
     TUTTI_INFO(log::kTuning, "loaded plan '{}' ({} for {} ranks, {}..{} bytes) from {}", p.name, to_string(p.collective),
                p.nranks, p.min_bytes, p.max_bytes, path);
     out.push_back(PreparedPlan::make(std::move(p)));
@@ -128,8 +137,46 @@ Dispatcher::Dispatcher(Communicator& comm, const DispatcherOptions& options, std
     table_ = tuning::Table::load(*tuning_file_);
     TUTTI_INFO(log::kTuning, "rank {}: decision table {} ({} entries, {})", comm.rank(), *tuning_file_,
                table_.entries.size(), table_.source);
+  } else if (tuning_file_ && !tuning_file_->empty() && !tune_ && comm.rank() == 0) {
+    TUTTI_WARN("TUTTI_TUNING_FILE={} does not exist; the built-in size windows decide (TUTTI_TUNE=1 measures and "
+               "writes it)",
+               *tuning_file_);
   }
+  warn_about_settings();
   if (table_.source.empty()) table_.source = "measured";
+}
+
+// Settings that would otherwise be ignored without a word: a forced algorithm that names nothing,
+// loaded plans made for another number of ranks. Once per process and cause (rank 0 of each size).
+void Dispatcher::warn_about_settings() {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  auto once = [&](const std::string& key, const std::string& text) {
+    std::lock_guard lock(mu);
+    if (said.insert(key).second) TUTTI_WARN("{}", text);
+  };
+  if (algo_ && !algo_->empty()) {
+    const std::string want = lower(*algo_);
+    bool known = want == tuning::kOneShot;
+    std::string names;
+    for (const auto& b : algorithms::builtins()) {
+      const std::string family = b.name.substr(0, b.name.find('_'));
+      known = known || want == b.name || want == family;
+      if (names.find(family + " ") == std::string::npos) names += family + " ";
+    }
+    for (const auto& pp : loaded_plans()) known = known || want == lower(pp->plan.name);
+    if (!known)
+      once("algo " + want,
+           fmt::format("TUTTI_ALGO/NCCL_ALGO={} names no algorithm: not a built-in, a family ({}or {}) or a loaded "
+                       "plan; the default choice is used",
+                       *algo_, names, tuning::kOneShot));
+  }
+  if (comm_.rank() == 0)
+    for (const auto& pp : loaded_plans())
+      if (pp->plan.nranks != comm_.size())
+        once(fmt::format("ranks {} {}", pp->plan.name, comm_.size()),
+             fmt::format("loaded plan '{}' is for {} ranks; a communicator of {} ranks does not use it",
+                         pp->plan.name, pp->plan.nranks, comm_.size()));
 }
 
 Choice Dispatcher::tuned(Collective c, uint64_t bytes, const std::function<Choice(const tuning::Candidate&)>& make) {

@@ -98,6 +98,7 @@ class Dispatcher {
                 bool device = false);
   std::shared_ptr<const PreparedPlan> builtin(const std::string& name, std::map<std::string, int> params);
   void check_consistent(const CollectiveCall& call);
+  void warn_about_settings();
 
   Communicator& comm_;
   std::shared_ptr<DispatchResources> res_;

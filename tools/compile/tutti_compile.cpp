@@ -16,6 +16,7 @@
 #include "collectives/algorithms/registry.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/msccl_xml.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 
 using namespace tutti;
@@ -38,6 +39,9 @@ int main(int argc, char** argv) {
   app.add_flag("--verify", verify_flag, "verify the imported plan");
   app.add_option("--fifo-depth", fifo_depth, "verify with FIFOs of this many messages (default: find the minimum)");
   app.add_option("-o,--output", output, "write the plan (.json or .xml)");
+  std::string min_bytes, max_bytes;
+  app.add_option("--min-bytes", min_bytes, "smallest call (bytes, K/M/G) the plan is used for");
+  app.add_option("--max-bytes", max_bytes, "largest call (bytes, K/M/G) the plan is used for");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -95,6 +99,19 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "tutti-compile: give --list, --builtin or --import (see --help)\n");
       return 2;
     }
+    // The size window the dispatcher uses the plan in (MSCCL's minBytes/maxBytes).
+    auto size_of_flag = [](const char* flag, const std::string& v) {
+      try {
+        return env::parse_size(v);
+      } catch (const std::exception&) {
+        throw InvalidArgument(fmt::format("{} '{}' is not a size (bytes, or with K/M/G)", flag, v));
+      }
+    };
+    if (!min_bytes.empty()) result.min_bytes = size_of_flag("--min-bytes", min_bytes);
+    if (!max_bytes.empty()) result.max_bytes = size_of_flag("--max-bytes", max_bytes);
+    if (result.min_bytes > result.max_bytes)
+      throw InvalidArgument(fmt::format("the size window is empty: --min-bytes {} is above --max-bytes {}",
+                                        result.min_bytes, result.max_bytes));
     if (!output.empty()) {
       plan::save_file(result, output);
       std::printf("wrote %s\n", output.c_str());
