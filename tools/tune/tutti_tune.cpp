@@ -211,9 +211,15 @@ int main(int argc, char** argv) {
       tuning::Table table;
       table.topology = topo_name + (nodes > 1 ? fmt::format("x{}", nodes) : "");
       table.source = "model";
-      for (auto c : colls) {
-        auto part = tuning::tune_model(t, c, ranks, sizes);
+      // Progress on stderr as each collective is done (the model of a 1 GiB sweep takes seconds each);
+      // stdout keeps only the table.
+      const auto start = std::chrono::steady_clock::now();
+      for (size_t k = 0; k < colls.size(); ++k) {
+        auto part = tuning::tune_model(t, colls[k], ranks, sizes);
         for (auto& e : part.entries) table.put(e);
+        std::fprintf(stderr, "tutti-tune: [%zu/%zu] %s: %zu size window(s), %.1f s\n", k + 1, colls.size(),
+                     to_string(colls[k]), part.entries.size(),
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
       print(table);
       if (!output.empty()) table.save(output);
