@@ -1,109 +1,164 @@
-// tutti-demo: ranks bootstrap, connect to every peer, and exchange data, saying what they did.
+// tutti-demo: what tutti is for, end to end. A collective schedule written in the DSL (a ring
+// all-reduce in a dozen lines), proved correct and deadlock-free by the compiler, saved as a plan,
+// and run through the NCCL API on every rank, with nccl-tests' line per size and every element of
+// every result checked.
 //
-//   tutti-run -n 4 tutti-demo      one rank per process
+//   tutti-run -n 4 tutti-demo      one rank per process (what `make demo` runs)
 //   tutti-demo [N]                 N ranks as threads of this process (default 4)
 //
-// Each rank sends 1 MiB around a ring and a small message to every peer, checks every byte it
-// receives, and reports the transport used for each peer and the time the exchanges took.
+// The plan reaches the library the way a user's would: written to a directory named by
+// TUTTI_PLAN_DIR and chosen with TUTTI_ALGO (both set here unless already set).
 
+#include <nccl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
+#include <filesystem>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "compiler/compile.hpp"
 #include "core/error.hpp"
-#include "runtime/communicator.hpp"
-
-using tutti::Communicator;
+#include "dsl/program.hpp"
 
 namespace {
 
-std::mutex g_print;
+constexpr const char* kPlanName = "demo_ring_allreduce";
 
-unsigned char pattern(int src, int dst, size_t i) { return static_cast<unsigned char>(src * 37 + dst * 11 + i * 7); }
-
-int run_rank(Communicator& comm) {
-  const int me = comm.rank(), n = comm.size();
-  std::string peers;
-  for (int p = 0; p < n; ++p)
-    if (p != me) peers += fmt::format(" {}:{}", p, comm.transport_to(p));
-  {
-    std::lock_guard lock(g_print);
-    std::printf("rank %d/%d: pid %d on %s connected to peers%s\n", me, n, getpid(), comm.peer_info(me).hostname.c_str(),
-                peers.empty() ? " (none)" : peers.c_str());
-    std::fflush(stdout);
+// The schedule: chunk k starts at rank k, is reduced by every rank along the ring, and the finished
+// sum travels the ring once more so every rank ends with it.
+tutti::dsl::Program ring_allreduce(int n) {
+  using tutti::dsl::Buffer;
+  tutti::CollectiveSpec spec;
+  spec.kind = tutti::Collective::kAllReduce;
+  spec.nranks = n;
+  spec.chunk_factor = n;  // one chunk per rank
+  tutti::dsl::Program p(kPlanName, spec);
+  for (int r = 0; r < n; ++r)
+    for (int k = 0; k < n; ++k) p.chunk(r, Buffer::input(), k).copy(r, Buffer::output(), k);
+  for (int k = 0; k < n; ++k) {
+    auto c = p.chunk(k, Buffer::output(), k);
+    for (int step = 1; step < n; ++step) c = p.chunk((k + step) % n, Buffer::output(), k).reduce(c);
+    for (int step = 0; step < n - 1; ++step) c = c.copy((k + step) % n, Buffer::output(), k);
   }
-  int errors = 0;
-  double ring_ms = 0, a2a_ms = 0;
-  if (n > 1) {
-    // Ring: 1 MiB to the next rank, from the previous one.
-    const size_t bytes = 1 << 20;
-    int next = (me + 1) % n, prev = (me + n - 1) % n;
-    std::vector<unsigned char> out(bytes), in(bytes);
-    for (size_t i = 0; i < bytes; ++i) out[i] = pattern(me, next, i);
+  return p;
+}
+
+// Compiles and verifies the schedule, writes it where the library looks for plans, and says what the
+// verifier proved. Every process does this itself (it is deterministic).
+std::string prepare_plan(int n, bool speak) {
+  tutti::plan::Compiled c = tutti::plan::compile(ring_allreduce(n));
+  char dir[] = "/tmp/tutti-demo-XXXXXX";
+  if (!mkdtemp(dir)) throw tutti::SystemError("tutti-demo: cannot make a temporary directory", errno);
+  tutti::plan::save_file(c.plan, std::string(dir) + "/" + kPlanName + ".json");
+  setenv("TUTTI_PLAN_DIR", dir, 0);
+  setenv("TUTTI_ALGO", kPlanName, 0);
+  if (speak) {
+    std::printf("# DSL program '%s' for %d ranks: %lld steps in %lld blocks after fusion (%lld before)\n", kPlanName, n,
+                static_cast<long long>(c.plan.steps()), static_cast<long long>(c.plan.blocks()),
+                static_cast<long long>(c.steps_before_fusion));
+    std::printf("# %s\n# plan written to %s, used through TUTTI_PLAN_DIR and TUTTI_ALGO=%s\n#\n",
+                c.report.summary(c.plan).c_str(), dir, std::getenv("TUTTI_ALGO"));
+  }
+  return dir;
+}
+
+// nccl-tests' data: small integers, so every order of summation is exact in float.
+float value(int rank, size_t i) { return static_cast<float>((rank + 1) * (1 + static_cast<int>(i % 7))); }
+
+// Runs the sweep on one rank; rank 0 prints the table. Returns the number of wrong elements.
+long run_rank(ncclComm_t comm, int rank, int n) {
+  if (rank == 0) {
+    std::printf("#       size         count      type   redop     time   algbw   busbw  #wrong\n");
+    std::printf("#        (B)    (elements)                       (us)  (GB/s)  (GB/s)\n");
+  }
+  long wrong_total = 0;
+  for (size_t bytes = 8; bytes <= (16u << 20); bytes *= 8) {
+    const size_t count = bytes / sizeof(float);
+    std::vector<float> in(count), out(count);
+    for (size_t i = 0; i < count; ++i) in[i] = value(rank, i);
+    const int iters = bytes <= (64u << 10) ? 50 : 5;
+    if (ncclAllReduce(in.data(), out.data(), count, ncclFloat, ncclSum, comm, nullptr) != ncclSuccess)
+      throw tutti::InternalError(std::string("ncclAllReduce failed: ") + ncclGetLastError(comm));
     auto t0 = std::chrono::steady_clock::now();
-    auto rt = comm.connection(prev).recv(in.data(), bytes);
-    auto st = comm.connection(next).send(out.data(), bytes);
-    comm.wait_recv(prev, rt);
-    comm.wait_send(next, st);
-    ring_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    for (size_t i = 0; i < bytes; ++i) errors += in[i] != pattern(prev, me, i);
+    for (int k = 0; k < iters; ++k) ncclAllReduce(in.data(), out.data(), count, ncclFloat, ncclSum, comm, nullptr);
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+    long wrong = 0;
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += value(r, i);
+      wrong += out[i] != want;
+    }
+    wrong_total += wrong;
+    if (rank == 0) {
+      const double algbw = bytes / us / 1e3, busbw = algbw * 2.0 * (n - 1) / n;
+      std::printf("%12zu  %12zu     float     sum %8.2f %7.2f %7.2f  %6ld\n", bytes, count, us, algbw, busbw, wrong);
+      std::fflush(stdout);
+    }
+  }
+  return wrong_total;
+}
 
-    // All to all: 4 KiB to every peer at once.
-    const size_t small = 4096;
-    std::vector<std::vector<unsigned char>> sbuf(n, std::vector<unsigned char>(small)), rbuf = sbuf;
-    std::vector<tutti::Ticket> rts(n), sts(n);
-    t0 = std::chrono::steady_clock::now();
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      for (size_t i = 0; i < small; ++i) sbuf[p][i] = pattern(me, p, i);
-      rts[p] = comm.connection(p).recv(rbuf[p].data(), small);
-      sts[p] = comm.connection(p).send(sbuf[p].data(), small);
-    }
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      comm.wait_recv(p, rts[p]);
-      comm.wait_send(p, sts[p]);
-      for (size_t i = 0; i < small; ++i) errors += rbuf[p][i] != pattern(p, me, i);
-    }
-    a2a_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  }
-  comm.barrier();
-  {
-    std::lock_guard lock(g_print);
-    std::printf("rank %d/%d: ring 1 MiB from rank %d in %.3f ms, all-to-all 4 KiB x %d peers in %.3f ms, %s\n", me, n,
-                (me + n - 1) % n, ring_ms, n - 1, a2a_ms, errors ? "DATA ERRORS" : "all bytes verified");
-    std::fflush(stdout);
-  }
-  return errors ? 1 : 0;
+int finish(long wrong, int n, const std::string& dir) {
+  std::filesystem::remove_all(dir);
+  std::printf("# %d rank(s): %s\n", n, wrong == 0 ? "every element of every result is exact (0 wrong)" : "WRONG RESULTS");
+  return wrong == 0 ? 0 : 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    if (std::getenv("TUTTI_RANK") || std::getenv("OMPI_COMM_WORLD_RANK") || std::getenv("SLURM_PROCID")) {
-      auto comm = Communicator::create_from_env();
-      return run_rank(*comm);
+    const char* env_rank = std::getenv("TUTTI_RANK");
+    if (env_rank && std::getenv("TUTTI_SIZE")) {  // one rank per process, under tutti-run
+      const int rank = std::atoi(env_rank), n = std::atoi(std::getenv("TUTTI_SIZE"));
+      const std::string dir = prepare_plan(n, rank == 0);
+      ncclUniqueId id;
+      ncclComm_t comm;
+      if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&comm, n, id, rank) != ncclSuccess) {
+        std::fprintf(stderr, "tutti-demo: rank %d: %s\n", rank, ncclGetLastError(nullptr));
+        return 1;
+      }
+      long wrong = run_rank(comm, rank, n);
+      ncclCommDestroy(comm);
+      if (rank != 0) {
+        std::filesystem::remove_all(dir);
+        return wrong == 0 ? 0 : 1;
+      }
+      return finish(wrong, n, dir);
     }
-    int n = argc > 1 ? std::atoi(argv[1]) : 4;
+    const int n = argc > 1 ? std::atoi(argv[1]) : 4;
     if (n < 1) {
       std::fprintf(stderr, "usage: tutti-demo [ranks]   (or under tutti-run -n N)\n");
       return 2;
     }
-    std::printf("tutti-demo: %d ranks as threads of pid %d\n", n, getpid());
-    auto comms = Communicator::create_local(n);
-    std::vector<int> rc(n);
+    std::printf("# tutti-demo: %d ranks as threads of pid %d\n", n, getpid());
+    const std::string dir = prepare_plan(n, true);
+    std::vector<ncclComm_t> comms(n);
+    if (ncclCommInitAll(comms.data(), n, nullptr) != ncclSuccess) {
+      std::fprintf(stderr, "tutti-demo: %s\n", ncclGetLastError(nullptr));
+      return 1;
+    }
+    std::vector<long> wrong(n);
     std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { rc[r] = run_rank(*comms[r]); });
+    for (int r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          wrong[r] = run_rank(comms[r], r, n);
+        } catch (const tutti::Error& e) {
+          std::fprintf(stderr, "tutti-demo: rank %d: %s\n", r, e.what());
+          wrong[r] = 1;
+        }
+      });
     for (auto& t : threads) t.join();
-    for (int r : rc)
-      if (r) return r;
-    return 0;
+    for (auto c : comms) ncclCommDestroy(c);
+    long total = 0;
+    for (long w : wrong) total += w;
+    return finish(total, n, dir);
   } catch (const tutti::Error& e) {
     std::fprintf(stderr, "tutti-demo: %s\n", e.what());
     return 1;
