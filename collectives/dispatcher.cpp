@@ -61,21 +61,32 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+// Adds the plan in `path` to `out`, verified; throws InvalidArgument naming the file if it cannot be
+// read or verified. A plan `out` holds already is not added twice (a warning names both).
+void add_plan(std::vector<std::shared_ptr<const PreparedPlan>>& out, const std::string& path) {
+  plan::Plan p = plan::load_file(path);
+  try {
+    plan::certify(p);
+  } catch (const Error& e) {
+    rethrow_with_context(e, path);
+  }
+  for (const auto& other : out)
+    if (other->plan.name == p.name && other->plan.collective == p.collective && other->plan.nranks == p.nranks &&
+        other->plan.inplace == p.inplace) {
+      TUTTI_WARN("plan '{}' from {} is loaded already (the same name, collective, ranks and in-place kind, e.g. as "
+                 "JSON and as MSCCL XML); the first one is used",
+                 p.name, path);
+      return;
+    }
+  TUTTI_INFO(log::kTuning, "loaded plan '{}' ({} for {} ranks, {}..{} bytes) from {}", p.name, to_string(p.collective),
+             p.nranks, p.min_bytes, p.max_bytes, path);
+  out.push_back(PreparedPlan::make(std::move(p)));
+}
+
+// The environment's plans: one that cannot be used is skipped with a warning, not an error.
 void load_into(std::vector<std::shared_ptr<const PreparedPlan>>& out, const std::string& path) {
   try {
-    plan::Plan p = plan::load_file(path);
-    plan::certify(p);
-    for (const auto& other : out)
-      if (other->plan.name == p.name && other->plan.collective == p.collective && other->plan.nranks == p.nranks &&
-          other->plan.inplace == p.inplace) {
-        TUTTI_WARN("plan '{}' from {} is loaded already (the same name, collective, ranks and in-place kind, e.g. as "
-                   "JSON and as MSCCL XML); the first one is used",
-                   p.name, path);
-        return;
-      }
-    TUTTI_INFO(log::kTuning, "loaded plan '{}' ({} for {} ranks, {}..{} bytes) from {}", p.name, to_string(p.collective),
-               p.nranks, p.min_bytes, p.max_bytes, path);
-    out.push_back(PreparedPlan::make(std::move(p)));
+    add_plan(out, path);
   } catch (const Error& e) {
     TUTTI_WARN("ignoring plan {}: {}", path, e.what());
   }
@@ -100,8 +111,11 @@ void load_dir(std::vector<std::shared_ptr<const PreparedPlan>>& out, const std::
 
 }  // namespace
 
-const std::vector<std::shared_ptr<const PreparedPlan>>& Dispatcher::loaded_plans() {
-  static const std::vector<std::shared_ptr<const PreparedPlan>> plans = [] {
+namespace {
+// The process's plans: the environment's, read on first use, and those load_plan() adds.
+std::mutex g_plans_mutex;
+std::vector<std::shared_ptr<const PreparedPlan>>& plans_locked() {
+  static std::vector<std::shared_ptr<const PreparedPlan>> plans = [] {
     std::vector<std::shared_ptr<const PreparedPlan>> v;
     if (auto dir = env::raw("TUTTI_PLAN_DIR")) load_dir(v, *dir, true);
     if (auto files = env::raw("MSCCL_XML_FILES"))
@@ -110,6 +124,17 @@ const std::vector<std::shared_ptr<const PreparedPlan>>& Dispatcher::loaded_plans
     return v;
   }();
   return plans;
+}
+}  // namespace
+
+std::vector<std::shared_ptr<const PreparedPlan>> Dispatcher::loaded_plans() {
+  std::lock_guard lock(g_plans_mutex);
+  return plans_locked();
+}
+
+void Dispatcher::load_plan(const std::string& path) {
+  std::lock_guard lock(g_plans_mutex);
+  add_plan(plans_locked(), path);
 }
 
 DispatcherOptions DispatcherOptions::from_env() {

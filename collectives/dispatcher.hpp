@@ -90,8 +90,12 @@ class Dispatcher {
   const tuning::Table& table() const { return table_; }
   const std::shared_ptr<DispatchResources>& resources() const { return res_; }
 
-  // External plans of this process (loaded once from the environment).
-  static const std::vector<std::shared_ptr<const PreparedPlan>>& loaded_plans();
+  // External plans of this process: the environment's (TUTTI_PLAN_DIR, MSCCL_XML_FILES,
+  // MSCCL_ALGO_DIR, read on first use) and those load_plan() added. A snapshot.
+  static std::vector<std::shared_ptr<const PreparedPlan>> loaded_plans();
+  // Adds a plan file (JSON or MSCCL XML) for every dispatcher's later choices; throws InvalidArgument
+  // naming the file if it cannot be read or verified.
+  static void load_plan(const std::string& path);
 
  private:
   Choice choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,

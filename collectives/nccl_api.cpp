@@ -26,6 +26,7 @@
 #include "runtime/device/backend.hpp"
 #include "runtime/device/device_executor.hpp"
 #include "runtime/device/host_staging.hpp"
+#include "runtime/call_queue.hpp"
 #ifdef TUTTI_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -35,35 +36,6 @@
   extern "C" __attribute__((visibility("default"))) __attribute__((weak)) ret func(__VA_ARGS__)
 
 using namespace tutti;
-
-struct ncclComm;
-
-// The calls of a non-blocking communicator (config.blocking = 0) run on one worker thread, in the
-// order they were made, started with the communicator: a call costs a hand-off, not a thread
-// (starting a thread per call made an 8-byte all-reduce take milliseconds). The worker polls for
-// new work for `spin_us` after each job, so back-to-back calls find it awake, then sleeps.
-class AsyncWorker {
- public:
-  using Job = std::function<ncclResult_t()>;
-  AsyncWorker(ncclComm* comm, int spin_us);
-  ~AsyncWorker();  // runs what was posted, then stops
-  // Queues a job; the communicator's async state is ncclInProgress until every posted job is done
-  // (then ncclSuccess, or the first failure, which sticks).
-  void post(Job job);
-  void drain();  // waits until every posted job is done
-
- private:
-  void loop();
-  ncclComm* comm_;
-  int spin_us_;
-  std::mutex mu_;
-  std::condition_variable wake_, idle_;
-  std::deque<Job> jobs_;
-  std::atomic<uint64_t> posted_{0};
-  uint64_t finished_ = 0;  // under mu_
-  bool stop_ = false;
-  std::thread thread_;
-};
 
 struct ncclComm {
   static constexpr uint64_t kMagic = 0x74757474436f6d6dull;
@@ -80,8 +52,10 @@ struct ncclComm {
   std::unique_ptr<device::HostStagingExecutor> staging;  // device buffers through host memory (host_staging())
   std::mutex device_mu;
   std::atomic<int> async{ncclSuccess};
-  std::string async_error;  // the text of a failure on the worker (under mu)
-  std::unique_ptr<AsyncWorker> worker;  // non-blocking communicators only
+  // Non-blocking communicators run their calls in order on a queue's thread, started with them (a
+  // call costs a hand-off, not a thread: starting one per call made an 8-byte all-reduce take
+  // milliseconds). Their async state is ncclInProgress while it holds calls, then the first failure.
+  std::unique_ptr<CallQueue> worker;
   std::mutex mu;
   std::condition_variable cv;
   // Calls in progress: destroy/abort wait for them to leave. Atomic, and the leaving call takes
@@ -147,73 +121,18 @@ bool unregister_comm(ncclComm* c) {
 }
 
 // Checks the handle and keeps the communicator alive for the duration of a call.
-}  // namespace
-
-AsyncWorker::AsyncWorker(ncclComm* comm, int spin_us) : comm_(comm), spin_us_(spin_us) {
-  thread_ = std::thread([this] { loop(); });
-}
-
-AsyncWorker::~AsyncWorker() {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-  }
-  wake_.notify_all();
-  thread_.join();
-}
-
-void AsyncWorker::post(Job job) {
-  {
-    std::lock_guard lock(mu_);
-    jobs_.push_back(std::move(job));
-    int expected = ncclSuccess;
-    comm_->async.compare_exchange_strong(expected, ncclInProgress);
-  }
-  posted_.fetch_add(1, std::memory_order_release);
-  wake_.notify_one();
-}
-
-void AsyncWorker::drain() {
-  std::unique_lock lock(mu_);
-  idle_.wait(lock, [&] { return jobs_.empty() && finished_ == posted_.load(); });
-}
-
-void AsyncWorker::loop() {
-  uint64_t taken = 0;
-  for (;;) {
-    // Awake for a while after the last job: the next call of a loop is usually microseconds away.
-    auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
-    while (posted_.load(std::memory_order_acquire) == taken && std::chrono::steady_clock::now() < until)
-      std::this_thread::yield();
-    Job job;
-    {
-      std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;  // stopping, nothing left
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
-    }
-    ++taken;
-    ncclResult_t rc = job();
-    if (rc != ncclSuccess) {
-      std::lock_guard lock(comm_->mu);
-      comm_->async_error = t_last_error;
-    }
-    {
-      std::lock_guard lock(mu_);
-      ++finished_;
-      if (rc != ncclSuccess) {
-        comm_->async = rc;  // sticks: later jobs do not clear it
-      } else if (jobs_.empty()) {
-        int expected = ncclInProgress;
-        comm_->async.compare_exchange_strong(expected, ncclSuccess);
-      }
-    }
-    idle_.notify_all();
+// What a failed job of a communicator's queue threw, as NCCL reports it.
+ncclResult_t result_of(std::exception_ptr e, std::string* text) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    *text = err.what();
+    return to_result(err.kind());
+  } catch (const std::exception& err) {
+    *text = err.what();
+    return ncclInternalError;
   }
 }
-
-namespace {
 
 class Use {
  public:
@@ -226,6 +145,11 @@ class Use {
     }
     // A non-blocking init still running: what is asked of the communicator needs it.
     if (!c->comm && c->worker) c->worker->drain();
+    if (!c->comm && c->worker)
+      if (auto e = c->worker->first_error()) {
+        std::string text;
+        c->async = result_of(e, &text);
+      }
     TUTTI_CHECK(c->comm != nullptr, InvalidUsage, "{}: the communicator failed to initialize: {}", fn,
                 ncclGetErrorString(static_cast<ncclResult_t>(c->async.load())));
     log::set_thread_rank(c->comm->rank());
@@ -424,13 +348,8 @@ ncclResult_t execute(std::vector<PendingOp> ops) {
   if (async) {
     // Each communicator's calls go to its worker (a blocking one in such a group gets one too).
     for (ncclComm* c : order) {
-      if (!c->worker) c->worker = std::make_unique<AsyncWorker>(c, c->comm->options().spin);
-      c->worker->post([c, mine = by_comm[c]] {
-        return guard("ncclGroupEnd", [&] {
-          run_ops(c, mine);
-          return ncclSuccess;
-        });
-      });
+      if (!c->worker) c->worker = std::make_unique<CallQueue>(c->comm->options().spin);
+      c->worker->post([c, mine = by_comm[c]] { run_ops(c, mine); });
     }
     return ncclInProgress;
   }
@@ -602,13 +521,8 @@ NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* newcomm, int nranks, 
       return ncclSuccess;
     }
     if (!raw->blocking) {
-      raw->worker = std::make_unique<AsyncWorker>(raw, CommOptions::from_env().spin);
-      raw->worker->post([raw, init] {
-        return guard("ncclCommInitRankConfig", [&] {
-          init();
-          return ncclSuccess;
-        });
-      });
+      raw->worker = std::make_unique<CallQueue>(CommOptions::from_env().spin);
+      raw->worker->post(init);
       return ncclInProgress;
     }
     try {
@@ -687,7 +601,15 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
 NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) {
   return guard("ncclCommFinalize", [&] {
     Use use(comm, "ncclCommFinalize");
-    if (use->worker) use->worker->drain();  // pending non-blocking work
+    if (use->worker) {
+      use->worker->drain();  // pending non-blocking work
+      if (auto e = use->worker->first_error()) {
+        std::string text;
+        ncclResult_t r = result_of(e, &text);
+        t_last_error = fmt::format("ncclCommFinalize: {}", text);
+        return r;
+      }
+    }
     return static_cast<ncclResult_t>(use->async.load() == ncclInProgress ? ncclSuccess : use->async.load());
   });
 }
@@ -739,11 +661,15 @@ NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asy
       TUTTI_CHECK(comm && g_comms.count(comm), InvalidArgument, "ncclCommGetAsyncError: the communicator is NULL, freed or aborted");
     }
     ncclResult_t r = static_cast<ncclResult_t>(comm->async.load());
-    if (r == ncclInProgress) {
-      std::this_thread::yield();  // a caller polling in a loop: let the worker have the core
-    } else if (r != ncclSuccess) {
-      std::lock_guard lock(comm->mu);
-      if (!comm->async_error.empty()) t_last_error = comm->async_error;
+    if (r == ncclSuccess && comm->worker) {
+      if (!comm->worker->idle()) {
+        r = ncclInProgress;
+        std::this_thread::yield();  // a caller polling in a loop: let the worker have the core
+      } else if (auto e = comm->worker->first_error()) {
+        std::string text;
+        r = result_of(e, &text);
+        t_last_error = fmt::format("ncclCommGetAsyncError: {}", text);
+      }
     }
     if (r == ncclSuccess && comm->comm && comm->comm->state().failed()) r = ncclRemoteError;
     std::lock_guard lock(comm->device_mu);

@@ -7,33 +7,11 @@
 #include <optional>
 #include <string_view>
 
+#include "tutti/types.hpp"
+
 namespace tutti {
 
-enum class DataType : int {
-  kInt8 = 0,
-  kUint8 = 1,
-  kInt32 = 2,
-  kUint32 = 3,
-  kInt64 = 4,
-  kUint64 = 5,
-  kFloat16 = 6,
-  kFloat32 = 7,
-  kFloat64 = 8,
-  kBfloat16 = 9,
-  kFp8E4M3 = 10,
-  kFp8E5M2 = 11,
-};
-inline constexpr int kNumDataTypes = 12;
-
-enum class RedOp : int {
-  kSum = 0,
-  kProd = 1,
-  kMax = 2,
-  kMin = 3,
-  kAvg = 4,        // sum, then divided by the number of contributions
-  kPreMulSum = 5,  // each contribution multiplied by a scalar, then summed
-};
-inline constexpr int kNumRedOps = 6;
+// DataType and RedOp themselves are public: include/tutti/types.hpp.
 
 size_t size_of(DataType type);
 std::string_view name(DataType type);  // nccl-tests spelling: int8, uint8, ..., half, float, double, bfloat16, f8e4m3, f8e5m2

@@ -10,51 +10,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "tutti/types.hpp"
+
 namespace tutti {
 
-enum class ErrorKind {
-  kInvalidArgument,  // the caller passed something wrong
-  kInvalidUsage,     // the call is not allowed in this state (freed communicator, bad order)
-  kSystem,           // an OS call failed
-  kRemote,           // a peer failed, left or sent something malformed
-  kTimeout,          // a wait exceeded its deadline
-  kAborted,          // the communicator was aborted while the call waited
-  kInternal,         // a bug in tutti
-};
-
-const char* to_string(ErrorKind kind);
-
-class Error : public std::runtime_error {
- public:
-  Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
-  ErrorKind kind() const { return kind_; }
-
- private:
-  ErrorKind kind_;
-};
-
-#define TUTTI_DEFINE_ERROR(Name, Kind) \
-  class Name : public Error {          \
-   public:                             \
-    explicit Name(const std::string& what) : Error(ErrorKind::Kind, what) {} \
-  };
-TUTTI_DEFINE_ERROR(InvalidArgument, kInvalidArgument)
-TUTTI_DEFINE_ERROR(InvalidUsage, kInvalidUsage)
-TUTTI_DEFINE_ERROR(RemoteError, kRemote)
-TUTTI_DEFINE_ERROR(Timeout, kTimeout)
-TUTTI_DEFINE_ERROR(Aborted, kAborted)
-TUTTI_DEFINE_ERROR(InternalError, kInternal)
-#undef TUTTI_DEFINE_ERROR
-
-// An OS call failed; the message ends with strerror(err).
-class SystemError : public Error {
- public:
-  SystemError(const std::string& what, int err);
-  int code() const { return code_; }
-
- private:
-  int code_;
-};
+// ErrorKind, Error and its kinds are public: include/tutti/types.hpp.
 
 // Throws SystemError with the current errno, the failed call and the given context.
 [[noreturn]] void throw_system_error(const std::string& what);
