@@ -4,12 +4,14 @@
 #include <mutex>
 
 #include "collectives/dispatcher.hpp"
+#include "compiler/compile.hpp"
 #include "core/error.hpp"
 #include "runtime/call_queue.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/rendezvous.hpp"
 #include "runtime/unique_id.hpp"
+#include "tutti/plan.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti {
@@ -264,6 +266,16 @@ std::string Comm::last_plan() const {
 }
 
 void load_plan(const std::string& path) { Dispatcher::load_plan(path); }
+
+std::string save_plan(const dsl::Program& program, const std::string& path, const PlanOptions& options) {
+  plan::CompileOptions o;
+  o.min_bytes = options.min_bytes;
+  o.max_bytes = options.max_bytes;
+  o.instances = options.instances;
+  plan::Compiled c = plan::compile(program, o);
+  plan::save_file(c.plan, path);
+  return c.report.summary(c.plan);
+}
 
 const char* version() { return TUTTI_VERSION_STRING; }
 

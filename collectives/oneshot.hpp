@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "core/reduce.hpp"
-#include "core/collective.hpp"
+#include "tutti/collective.hpp"
 #include "runtime/mailbox.hpp"
 
 namespace tutti {

@@ -9,7 +9,7 @@
 
 #include "compiler/plan.hpp"
 #include "compiler/verify.hpp"
-#include "dsl/program.hpp"
+#include "tutti/dsl.hpp"
 
 namespace tutti::plan {
 

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "core/collective.hpp"
-#include "core/collective.hpp"
+#include "tutti/collective.hpp"
+#include "tutti/collective.hpp"
 
 namespace tutti::plan {
 

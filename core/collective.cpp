@@ -1,4 +1,4 @@
-#include "core/collective.hpp"
+#include "tutti/collective.hpp"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "dsl/program.hpp"
+#include "tutti/dsl.hpp"
 
 #include <fmt/format.h>
 

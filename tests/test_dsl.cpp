@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
-#include "dsl/program.hpp"
+#include "tutti/dsl.hpp"
 
 using namespace tutti;
 using namespace tutti::dsl;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dsl/program.hpp"
+#include "tutti/dsl.hpp"
 
 namespace tutti::algorithms {
 

@@ -23,7 +23,7 @@
 
 #include "compiler/compile.hpp"
 #include "core/error.hpp"
-#include "dsl/program.hpp"
+#include "tutti/dsl.hpp"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/collective.hpp"
+#include "tutti/collective.hpp"
 
 namespace tutti::dsl {
 
