@@ -50,6 +50,7 @@ int main() {
   tutti::dsl::Program program = ring_then_direct(n);
   std::string summary = tutti::save_plan(program, (dir / "ring_then_direct.json").string());
   std::printf("%s\n", summary.c_str());
+  std::fflush(stdout);
   // MSCCL's format too (another tool, or MSCCL itself, can read it); kept outside the plan
   // directory so the same plan is not loaded twice.
   tutti::save_plan(program, (dir.parent_path() / ("ring_then_direct-" + std::to_string(getpid()) + ".xml")).string());
