@@ -1047,9 +1047,37 @@ NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t* newcomm, int nranks
   return pncclCommInitRankConfig(newcomm, nranks, commIds[0], myrank, config);
 }
 
-NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t, int*, int, ncclComm_t* newcomm, ncclConfig_t*, int) {
+NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+         ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
   if (newcomm) *newcomm = nullptr;
-  return unsupported("ncclCommShrink", "not supported yet; ncclCommSplit with NCCL_SPLIT_NOCOLOR does the same");
+  if (shrinkFlags & NCCL_SHRINK_ABORT)
+    return unsupported("ncclCommShrink",
+                       "NCCL_SHRINK_ABORT (shrinking a communicator after a failure) is not supported yet; without "
+                       "it the remaining ranks make a new communicator while the parent is still healthy");
+  return guard("ncclCommShrink", [&] {
+    TUTTI_CHECK(newcomm, InvalidArgument, "ncclCommShrink: newcomm is NULL");
+    TUTTI_CHECK(excludeRanksCount >= 0 && (excludeRanksCount == 0 || excludeRanksList), InvalidArgument,
+                "ncclCommShrink: {} excluded ranks but the list is NULL", excludeRanksCount);
+    Use use(comm, "ncclCommShrink");
+    std::vector<int> exclude(excludeRanksList, excludeRanksList + excludeRanksCount);
+    auto* c = new ncclComm();
+    try {
+      apply_config(c, config, "ncclCommShrink");
+      c->blocking = true;
+      c->cuda_dev = use->cuda_dev;
+      c->emulated = use->emulated;
+      c->device_options = use->device_options;
+      c->comm = use->comm->shrink(exclude);
+      c->dispatcher = std::make_unique<Dispatcher>(*c->comm);
+      connect_device(c);
+    } catch (...) {
+      delete c;
+      throw;
+    }
+    register_comm(c);
+    *newcomm = c;
+    return ncclSuccess;
+  });
 }
 NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t, int) {
   return unsupported("ncclCommRevoke", "not supported yet; ncclCommAbort stops the communicator");

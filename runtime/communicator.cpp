@@ -325,4 +325,36 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   return create(id, static_cast<int>(members.size()), new_rank, options_);
 }
 
+std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclude) {
+  std::vector<bool> out(static_cast<size_t>(size()), false);
+  for (int r : exclude) {
+    TUTTI_CHECK(r >= 0 && r < size(), InvalidArgument, "rank {}: shrink: excluded rank {} is out of range (0..{})",
+                rank(), r, size() - 1);
+    out[r] = true;
+  }
+  TUTTI_CHECK(!out[rank()], InvalidArgument,
+              "rank {}: shrink: this rank is in the exclusion list; only the ranks that remain call it", rank());
+  std::vector<int> keep;
+  for (int r = 0; r < size(); ++r)
+    if (!out[r]) keep.push_back(r);
+  const int leader = keep.front();
+  const int new_rank = static_cast<int>(std::find(keep.begin(), keep.end(), rank()) - keep.begin());
+  // Only the remaining ranks take part: every one of them draws the same tag, and the id goes from
+  // the lowest to the others over the bootstrap's point-to-point links, never through an excluded rank.
+  const uint64_t tag = bootstrap_->next_tag();
+  UniqueId id;
+  if (rank() == leader) {
+    id = create_unique_id();
+    std::vector<unsigned char> bytes(id.bytes.begin(), id.bytes.end());
+    for (int r : keep)
+      if (r != rank()) bootstrap_->send(r, tag, bytes);
+  } else {
+    auto bytes = bootstrap_->recv(leader, tag);
+    TUTTI_CHECK(bytes.size() == UniqueId::kBytes, RemoteError, "rank {}: shrink: malformed id from rank {}", rank(),
+                leader);
+    std::copy(bytes.begin(), bytes.end(), id.bytes.begin());
+  }
+  return create(id, static_cast<int>(keep.size()), new_rank, options_);
+}
+
 }  // namespace tutti

@@ -39,6 +39,10 @@ class Communicator {
   static std::unique_ptr<Communicator> create_from_env(const CommOptions& options = CommOptions::from_env());
   // Collective over this communicator. color < 0: takes part, gets no communicator (nullptr).
   std::unique_ptr<Communicator> split(int color, int key);
+  // Collective over the ranks not in `exclude` (only they call it): a new communicator of them, in
+  // rank order (ncclCommShrink). This communicator must be healthy; throws InvalidArgument for a
+  // rank out of range or a caller that is excluded.
+  std::unique_ptr<Communicator> shrink(const std::vector<int>& exclude);
 
   ~Communicator();
   Communicator(const Communicator&) = delete;

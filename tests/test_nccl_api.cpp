@@ -147,6 +147,46 @@ TEST(NcclApi, OneThreadInitsSeveralRanksWithInitRankInAGroup) {
   for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
 
+// ncclCommShrink: the ranks that remain make a new communicator without the excluded one, which
+// does not take part.
+TEST(NcclApi, ShrinkMakesACommunicatorOfTheRemainingRanks) {
+  const int n = 4, gone = 2;
+  std::vector<ncclComm_t> comms(n), shrunk(n, nullptr);
+  ASSERT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess);
+  std::vector<std::thread> threads;
+  std::vector<float> result(n, -1);
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      if (r == gone) return;
+      int exclude[] = {gone};
+      ASSERT_EQ(ncclCommShrink(comms[r], exclude, 1, &shrunk[r], nullptr, NCCL_SHRINK_DEFAULT), ncclSuccess)
+          << ncclGetLastError(nullptr);
+      int size = 0, rank = -1;
+      ncclCommCount(shrunk[r], &size);
+      ncclCommUserRank(shrunk[r], &rank);
+      EXPECT_EQ(size, n - 1);
+      EXPECT_EQ(rank, r < gone ? r : r - 1);
+      float x = static_cast<float>(r);
+      ASSERT_EQ(ncclAllReduce(&x, &result[r], 1, ncclFloat, ncclSum, shrunk[r], nullptr), ncclSuccess);
+      int self[] = {r};
+      ncclComm_t none = nullptr;
+      EXPECT_EQ(ncclCommShrink(shrunk[r], self, 1, &none, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+      EXPECT_EQ(ncclCommShrink(shrunk[r], nullptr, 0, &none, nullptr, NCCL_SHRINK_ABORT), ncclInvalidUsage);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    if (r != gone) {
+      EXPECT_EQ(result[r], 0.0f + 1.0f + 3.0f) << "rank " << r;
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    if (shrunk[r]) {
+      EXPECT_EQ(ncclCommDestroy(shrunk[r]), ncclSuccess);
+    }
+  }
+  for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
 TEST(NcclApi, AllToAllGatherScatterThroughGroupedSendRecv) {
   const int n = 4, count = 33;
   on_ranks(n, [&](int r, ncclComm_t comm) {

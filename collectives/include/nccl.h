@@ -155,10 +155,11 @@ ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myran
                                       ncclConfig_t* config);
 ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
                                        ncclConfig_t* config);
-/* Not supported yet: return ncclInvalidUsage with a message (ncclCommSplit and ncclCommAbort cover
- * the same ground). */
+/* Not supported yet: returns ncclInvalidUsage with a message (ncclCommAbort stops a communicator). */
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
 ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags);
+/* Called by the ranks that remain (not those in excludeRanksList): a new communicator of them, in
+ * rank order. NCCL_SHRINK_ABORT (after a failure) is not supported yet: ncclInvalidUsage. */
 ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
                             ncclConfig_t* config, int shrinkFlags);
 ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
