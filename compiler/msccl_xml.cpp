@@ -220,6 +220,15 @@ Plan import_msccl_xml(const std::string& text, std::vector<std::string>* warning
   return p;
 }
 
+namespace {
+// MSCCL's spelling of a collective in <algo coll=...>.
+std::string msccl_name(Collective c) {
+  std::string s = to_string(c);
+  std::erase(s, '_');
+  return s;  // allreduce, allgather, reducescatter, alltoall, broadcast, reduce, gather, scatter
+}
+}  // namespace
+
 std::string export_msccl_xml(const Plan& p) {
   TUTTI_CHECK(p.collective != Collective::kCustom && p.collective != Collective::kSendRecv, InvalidArgument,
               "MSCCL XML has no collective for '{}'", to_string(p.collective));
@@ -232,7 +241,7 @@ std::string export_msccl_xml(const Plan& p) {
       "<algo name=\"{}\" proto=\"{}\" nchannels=\"{}\" nchunksperloop=\"{}\" ngpus=\"{}\" coll=\"{}\" inplace=\"{}\" "
       "outofplace=\"{}\" minBytes=\"{}\" maxBytes=\"{}\">\n",
       p.name, proto, std::max(p.channels(), 1), divided ? p.chunk_factor * p.nranks : p.chunk_factor, p.nranks,
-      to_string(p.collective), p.inplace ? 1 : 0, p.inplace ? 0 : 1, p.min_bytes,
+      msccl_name(p.collective), p.inplace ? 1 : 0, p.inplace ? 0 : 1, p.min_bytes,
       p.max_bytes == UINT64_MAX ? std::string("18446744073709551615") : std::to_string(p.max_bytes));
   for (int r = 0; r < p.nranks; ++r) {
     const RankPlan& rp = p.ranks[r];

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
 
 #include "core/error.hpp"
 
@@ -10,9 +11,9 @@ namespace tutti {
 
 const char* to_string(Collective c) {
   switch (c) {
-    case Collective::kAllReduce: return "allreduce";
-    case Collective::kAllGather: return "allgather";
-    case Collective::kReduceScatter: return "reducescatter";
+    case Collective::kAllReduce: return "all_reduce";
+    case Collective::kAllGather: return "all_gather";
+    case Collective::kReduceScatter: return "reduce_scatter";
     case Collective::kBroadcast: return "broadcast";
     case Collective::kReduce: return "reduce";
     case Collective::kAllToAll: return "alltoall";
@@ -25,13 +26,19 @@ const char* to_string(Collective c) {
 }
 
 std::optional<Collective> parse_collective(const std::string& text) {
+  auto plain = [](std::string_view name) {
+    std::string out;
+    for (char c : name)
+      if (c != '_' && c != '-') out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+  };
   std::string s;
   for (char c : text)
     if (c != '_' && c != '-') s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter, Collective::kBroadcast,
                        Collective::kReduce, Collective::kAllToAll, Collective::kGather, Collective::kScatter,
                        Collective::kSendRecv, Collective::kCustom})
-    if (s == to_string(c)) return c;
+    if (s == plain(to_string(c))) return c;
   return std::nullopt;
 }
 

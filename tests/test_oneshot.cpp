@@ -208,7 +208,7 @@ TEST(OneShot, TimeoutNamesTheRankThatDidNotPublish) {
     run_oneshot(*comms[2]->mailbox(), Collective::kAllReduce, &x, &y, 1, red, 0);
     FAIL() << "no timeout";
   } catch (const Timeout& e) {
-    EXPECT_NE(std::string(e.what()).find("allreduce (one-shot mailbox call 1): waiting for rank 0 to publish"),
+    EXPECT_NE(std::string(e.what()).find("all_reduce (one-shot mailbox call 1): waiting for rank 0 to publish"),
               std::string::npos)
         << e.what();
   }

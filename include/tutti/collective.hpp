@@ -21,8 +21,11 @@
 namespace tutti {
 
 enum class Collective { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kReduce, kAllToAll, kGather, kScatter, kSendRecv, kCustom };
+// nccl-tests' names, which every tool prints: all_reduce, all_gather, reduce_scatter, broadcast,
+// reduce, alltoall, gather, scatter, sendrecv, custom.
 const char* to_string(Collective c);
-// Accepts our names and MSCCL's (allreduce, allgather, reduce_scatter/reducescatter, alltoall, ...).
+// Accepts those and MSCCL's (allreduce, allgather, reduce_scatter/reducescatter, ...), any case,
+// with or without '_' and '-'.
 std::optional<Collective> parse_collective(const std::string& text);
 
 enum class BufferKind : uint8_t { kInput = 0, kOutput = 1, kScratch = 2 };
