@@ -130,7 +130,7 @@ class ShmConnection : public Connection {
 
   ShmEndpoint ep_;
   bool cma_;
-  bool out_populated_ = false, in_populated_ = false;  // FIFO pages mapped (populate() in shm.cpp)
+  size_t out_populated_ = 0, in_populated_ = 0;  // bytes of every FIFO slot mapped (populate() in shm.cpp)
   uint64_t head_ = 0, tail_seen_ = 0;  // sender side
   uint64_t tail_ = 0, head_seen_ = 0;  // receiver side
   uint64_t cma_posted_ = 0;
