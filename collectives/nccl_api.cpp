@@ -63,6 +63,7 @@ struct ncclComm {
   // closing, or the closer sees active == 0), so a call costs no lock of its own.
   std::atomic<int> active{0};
   std::atomic<bool> closing{false};
+  std::atomic<bool> revoked{false};  // ncclCommRevoke: only destroy, split and shrink from now on
   struct UserOp {
     DataType type;
     bool immediate;
@@ -404,6 +405,9 @@ ncclResult_t run_inits(std::vector<PendingInit>& inits) {
 }
 
 ncclResult_t submit(PendingOp op) {
+  TUTTI_CHECK(!op.comm->revoked.load(), InvalidUsage,
+              "the communicator was revoked (ncclCommRevoke): only ncclCommDestroy, ncclCommSplit and ncclCommShrink "
+              "are allowed on it");
   if (t_group_depth > 0) {
     t_ops.push_back(std::move(op));
     return ncclSuccess;
@@ -661,6 +665,12 @@ NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asy
       TUTTI_CHECK(comm && g_comms.count(comm), InvalidArgument, "ncclCommGetAsyncError: the communicator is NULL, freed or aborted");
     }
     ncclResult_t r = static_cast<ncclResult_t>(comm->async.load());
+    if (comm->revoked.load()) {
+      // In progress until every call that was running has left (they give up promptly).
+      const bool busy = comm->active.load() > 0 || (comm->worker && !comm->worker->idle());
+      *asyncError = busy ? ncclInProgress : ncclSuccess;
+      return ncclSuccess;
+    }
     if (r == ncclSuccess && comm->worker) {
       if (!comm->worker->idle()) {
         r = ncclInProgress;
@@ -1079,8 +1089,22 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, i
     return ncclSuccess;
   });
 }
-NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t, int) {
-  return unsupported("ncclCommRevoke", "not supported yet; ncclCommAbort stops the communicator");
+NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
+  return guard("ncclCommRevoke", [&] {
+    TUTTI_CHECK(revokeFlags == NCCL_REVOKE_DEFAULT, InvalidArgument,
+                "ncclCommRevoke: revokeFlags {} must be NCCL_REVOKE_DEFAULT (0)", revokeFlags);
+    {
+      std::lock_guard lock(g_comms_mutex);
+      TUTTI_CHECK(comm && g_comms.count(comm), InvalidArgument, "ncclCommRevoke: the communicator is NULL, freed or aborted");
+    }
+    comm->revoked = true;
+    // Calls in progress on any thread give up (Aborted, "revoked"); the bootstrap stays, so the
+    // ranks can still split, shrink and destroy. Device launches stop on their abort flag.
+    if (comm->comm) comm->comm->revoke();
+    std::lock_guard lock(comm->device_mu);
+    if (comm->device) comm->device->abort();
+    return ncclSuccess;
+  });
 }
 NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t*) {
   // Ends the group without running it (there is nothing to simulate it with here).

@@ -27,6 +27,17 @@ void CommState::abort() {
   wake_all();
 }
 
+void CommState::revoke() {
+  revoked_.store(true);
+  wake_all();
+}
+
+void CommState::check_data(const std::string& doing) const {
+  check(doing);
+  if (revoked_.load(std::memory_order_relaxed))
+    throw Aborted(fmt::format("rank {}: communicator revoked while {}", rank_, doing));
+}
+
 void CommState::check(const std::string& doing) const {
   if (aborted_.load(std::memory_order_relaxed))
     throw Aborted(fmt::format("rank {}: communicator aborted while {}", rank_, doing));

@@ -23,6 +23,14 @@ class CommState {
   void fail(ErrorKind kind, const std::string& message);
   void abort();
   bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
+  // Revoke (ncclCommRevoke): every data-plane wait (connections, mailbox, executors) gives up with
+  // Aborted, while the bootstrap keeps working, so the ranks can still split or shrink the
+  // communicator and destroy it. Wakes every waiter.
+  void revoke();
+  bool revoked() const { return revoked_.load(std::memory_order_relaxed); }
+  // A data-plane wait's check: revoked, aborted or failed. Throws like check().
+  bool interrupted() const { return aborted() || failed() || revoked(); }
+  void check_data(const std::string& doing) const;
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   // Throws Aborted or the recorded error, prefixed with what the caller was doing.
   void check(const std::string& doing) const;
@@ -44,6 +52,7 @@ class CommState {
  private:
   int rank_, nranks_;
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> revoked_{false};
   std::atomic<bool> failed_{false};
   ErrorKind kind_ = ErrorKind::kInternal;
   std::string message_;

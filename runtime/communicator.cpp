@@ -193,7 +193,7 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
 
 Communicator::~Communicator() {
   log::set_thread_rank(rank());
-  if (!state_->aborted() && !state_->failed()) {
+  if (!state_->interrupted()) {
     // Flush: a single-copy send is complete only once the peer has read it.
     try {
       engine_->wait(
@@ -212,6 +212,8 @@ Communicator::~Communicator() {
   bootstrap_->shutdown();
   connections_.clear();
 }
+
+void Communicator::revoke() { state_->revoke(); }
 
 void Communicator::abort() {
   if (state_->aborted()) return;

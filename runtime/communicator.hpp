@@ -49,6 +49,9 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;
 
   void abort();
+  // Stops every data-plane wait of this rank (they fail with Aborted) but keeps the bootstrap, so
+  // split(), shrink() and destruction still work (ncclCommRevoke). Local: each rank revokes its own.
+  void revoke();
   int rank() const { return state_->rank(); }
   int size() const { return state_->nranks(); }
   const CommOptions& options() const { return options_; }

@@ -54,7 +54,7 @@ unsigned char* Mailbox::outbox() { return boxes_[rank_].data[(seq_ + 1) & 1]; }
 const unsigned char* Mailbox::data(int r) const { return boxes_[r].data[seq_ & 1]; }
 
 void Mailbox::exchange(const char* what) {
-  if (state_.aborted() || state_.failed()) state_.check(fmt::format("{} (one-shot mailbox)", what));
+  if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", what));
   const uint64_t s = ++seq_;
   const int parity = static_cast<int>(s & 1);
   boxes_[rank_].word[parity]->store(s, std::memory_order_release);

@@ -65,7 +65,7 @@ void ProgressEngine::run(FunctionRef<bool(bool& done)> step, FunctionRef<std::st
     if (yield_always_) sched_yield();
     if ((++rounds & 31) == 0) {
       // what() formats a description of every block: only for the error.
-      if (state_->aborted() || state_->failed()) state_->check(what());
+      if (state_->interrupted()) state_->check_data(what());
       // The peer we wait for may share this core (the scheduler does not always spread ranks):
       // let it run.
       sched_yield();
@@ -87,7 +87,7 @@ void ProgressEngine::run(FunctionRef<bool(bool& done)> step, FunctionRef<std::st
         if (bell) finish_sleep(*bell);
       }
     } finish{bell};
-    if (state_->aborted() || state_->failed()) state_->check(what());
+    if (state_->interrupted()) state_->check_data(what());
     bool moved = progress();
     moved |= step(done);
     if (done) return;

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <latch>
 #include <thread>
 #include <vector>
 
@@ -184,6 +185,54 @@ TEST(NcclApi, ShrinkMakesACommunicatorOfTheRemainingRanks) {
       EXPECT_EQ(ncclCommDestroy(shrunk[r]), ncclSuccess);
     }
   }
+  for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
+// ncclCommRevoke: calls in progress give up, the communicator is good only for destroy, split and
+// shrink, and a split of it works.
+TEST(NcclApi, RevokeStopsCallsAndLeavesSplitWorking) {
+  const int n = 3;
+  std::vector<ncclComm_t> comms(n);
+  ASSERT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess);
+  // Ranks 1 and 2 enter an all-reduce that rank 0 never joins.
+  std::vector<ncclResult_t> results(n, ncclSuccess);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> stuck;
+  std::latch entering(n - 1);  // usually the calls are waiting when the revoke comes; either way they fail
+  for (int r = 1; r < n; ++r)
+    stuck.emplace_back([&, r] {
+      std::vector<float> x(1000);
+      entering.count_down();
+      results[r] = ncclAllReduce(x.data(), x.data(), 1000, ncclFloat, ncclSum, comms[r], nullptr);
+      errors[r] = ncclGetLastError(comms[r]);
+    });
+  entering.wait();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(ncclCommRevoke(comms[r], NCCL_REVOKE_DEFAULT), ncclSuccess);
+  for (auto& t : stuck) t.join();
+  for (int r = 1; r < n; ++r) {
+    EXPECT_NE(results[r], ncclSuccess);
+    EXPECT_NE(errors[r].find("revoked"), std::string::npos) << errors[r];
+  }
+  for (int r = 0; r < n; ++r) {
+    ncclResult_t state = ncclInProgress;
+    ASSERT_EQ(ncclCommGetAsyncError(comms[r], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclSuccess);  // every call has left
+    float x = 1;
+    EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comms[r], nullptr), ncclInvalidUsage);
+  }
+  EXPECT_EQ(ncclCommRevoke(comms[0], 7), ncclInvalidArgument);
+  std::vector<ncclComm_t> fresh(n, nullptr);
+  std::vector<float> sums(n, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      ASSERT_EQ(ncclCommSplit(comms[r], 0, r, &fresh[r], nullptr), ncclSuccess) << ncclGetLastError(nullptr);
+      float x = static_cast<float>(r + 1);
+      ASSERT_EQ(ncclAllReduce(&x, &sums[r], 1, ncclFloat, ncclSum, fresh[r], nullptr), ncclSuccess);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(sums[r], 6.0f);
+  for (auto c : fresh) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
   for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
 

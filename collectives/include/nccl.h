@@ -155,7 +155,9 @@ ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myran
                                       ncclConfig_t* config);
 ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
                                        ncclConfig_t* config);
-/* Not supported yet: returns ncclInvalidUsage with a message (ncclCommAbort stops a communicator). */
+/* Stops the calls in progress on this rank (they return an error) and leaves the communicator good
+ * only for ncclCommDestroy, ncclCommSplit and ncclCommShrink; ncclCommGetAsyncError says
+ * ncclInProgress until every such call has returned, then ncclSuccess. Each rank revokes its own. */
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
 ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags);
 /* Called by the ranks that remain (not those in excludeRanksList): a new communicator of them, in
