@@ -1,6 +1,8 @@
 #include "collectives/dispatcher.hpp"
 
+#include "collectives/calibrate.hpp"
 #include "collectives/oneshot.hpp"
+#include "compiler/simulate.hpp"
 
 #include <dirent.h>
 #include <unistd.h>
@@ -382,6 +384,45 @@ namespace {
 constexpr uint64_t kDeviceLLBytes = 64 << 10;
 
 }  // namespace
+
+namespace {
+// This host's model for `n` ranks: the calibration tutti-tune --calibrate measured for the
+// communicator's transport, if any, else the defaults.
+std::pair<topo::Topology, plan::CostModel> host_model(Communicator& comm) {
+  const int n = comm.size();
+  std::pair<topo::Topology, plan::CostModel> m{tuning::host_topology(n), {}};
+  const std::string transport = n > 1 ? comm.transport_to(comm.rank() == 0 ? 1 : 0) : "shm";
+  if (auto cal = tuning::find_calibration(tuning::calibration_path(), transport, n)) tuning::apply(*cal, m.first, m.second);
+  return m;
+}
+}  // namespace
+
+double Dispatcher::predict_transfer_us(int peer, size_t bytes) {
+  auto [t, model] = host_model(comm_);
+  const topo::Path path = t.path(comm_.rank(), peer);
+  return path.latency_us + model.instruction_us + static_cast<double>(bytes) / (path.gbps * 1e3);
+}
+
+double Dispatcher::predict_us(const CollectiveCall& call) {
+  const int n = comm_.size();
+  const Collective c = call.collective;
+  const int64_t esize = static_cast<int64_t>(size_of(call.reduction.type));
+  const uint64_t bytes = static_cast<uint64_t>(
+      std::max(input_elems(c, call.count, n), output_elems(c, call.count, n)) * esize);
+  const bool inplace = is_inplace(c, static_cast<const unsigned char*>(call.input),
+                                  static_cast<const unsigned char*>(call.output), comm_.rank(), call.count * esize);
+  Choice choice = choose(c, inplace, bytes, call.root, call.count, esize, call.device);
+  auto [t, model] = host_model(comm_);
+  // The one-shot mailbox has no plan: the model's default algorithm for the call stands in for it.
+  plan::Plan fallback;
+  if (choice.oneshot) {
+    auto defaults = tuning::defaults(c, n);
+    TUTTI_CHECK(!defaults.empty(), InternalError, "no default algorithm for {} on {} ranks", to_string(c), n);
+    fallback = tuning::plan_of(defaults.front(), c, n);
+  }
+  const plan::Plan& p = choice.oneshot ? fallback : choice.plan->plan;
+  return plan::simulate(p, t, static_cast<uint64_t>(call.count * esize), model).time_us;
+}
 
 void Dispatcher::run(const CollectiveCall& call) { run(call, res_->executor); }
 

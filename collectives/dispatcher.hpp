@@ -85,6 +85,12 @@ class Dispatcher {
   // adaptations (in-place, premulsum, avg, a non-root's reduce output) done by the executor too, in
   // the order of call.stream. A device executor returns once everything is enqueued.
   void run(const CollectiveCall& call, Executor& executor);
+  // What the call would take, predicted by the cost model for the plan run() would choose, on this
+  // host's topology with tutti-tune --calibrate's calibration when there is one. Runs nothing and
+  // talks to no peer (ncclGroupSimulateEnd).
+  double predict_us(const CollectiveCall& call);
+  // The same for one message of `bytes` to or from `peer`.
+  double predict_transfer_us(int peer, size_t bytes);
   // The plan the last run used (for logs and tests).
   const std::string& last_plan() const { return last_plan_; }
   const tuning::Table& table() const { return table_; }

@@ -1106,10 +1106,32 @@ NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
     return ncclSuccess;
   });
 }
-NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t*) {
-  // Ends the group without running it (there is nothing to simulate it with here).
-  if (t_group_depth > 0 && --t_group_depth == 0) t_ops.clear();
-  return unsupported("ncclGroupSimulateEnd", "tutti does not simulate groups through the NCCL API (tutti-sim does)");
+NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t* simInfo) {
+  return guard("ncclGroupSimulateEnd", [&] {
+    TUTTI_CHECK(t_group_depth > 0, InvalidUsage, "ncclGroupSimulateEnd without ncclGroupStart");
+    TUTTI_CHECK(!simInfo || simInfo->magic == 0x74685283, InvalidArgument,
+                "ncclGroupSimulateEnd: simInfo was not initialized with NCCL_SIM_INFO_INITIALIZER");
+    if (--t_group_depth > 0) return ncclSuccess;
+    // The group ends without running: its calls are predicted, not made. A group's communicators
+    // run side by side, so its time is the slowest communicator's calls, one after another.
+    std::vector<PendingOp> ops;
+    ops.swap(t_ops);
+    t_inits.clear();
+    std::map<ncclComm*, double> per_comm;
+    for (const PendingOp& op : ops) {
+      Use use(op.comm, "ncclGroupSimulateEnd");
+      if (op.kind == PendingOp::kCollective) {
+        per_comm[op.comm] += use->dispatcher->predict_us(op.call);
+      } else {
+        // A send or receive: one message over the model's link (its latency and bandwidth).
+        if (op.peer != use->comm->rank()) per_comm[op.comm] += use->dispatcher->predict_transfer_us(op.peer, op.bytes);
+      }
+    }
+    double slowest = 0;
+    for (auto& [c, us] : per_comm) slowest = std::max(slowest, us);
+    if (simInfo) simInfo->estimatedTime = static_cast<float>(slowest);
+    return ncclSuccess;
+  });
 }
 NCCL_API(void, ncclResetDebugInit) {}
 NCCL_API(void, ncclResetDebugInitInternal) {}

@@ -236,6 +236,38 @@ TEST(NcclApi, RevokeStopsCallsAndLeavesSplitWorking) {
   for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
 
+// ncclGroupSimulateEnd: the group ends without running; its time is predicted by the cost model.
+TEST(NcclApi, GroupSimulateEndPredictsWithoutRunning) {
+  const int n = 2;
+  std::vector<ncclComm_t> comms(n);
+  ASSERT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess);
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(1 << 18, 1.0f));
+  ncclSimInfo_t small = NCCL_SIM_INFO_INITIALIZER, large = NCCL_SIM_INFO_INITIALIZER;
+  for (auto [count, info] : {std::pair{size_t{16}, &small}, std::pair{size_t{1} << 18, &large}}) {
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r)
+      ASSERT_EQ(ncclAllReduce(bufs[r].data(), bufs[r].data(), count, ncclFloat, ncclSum, comms[r], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclGroupSimulateEnd(info), ncclSuccess) << ncclGetLastError(nullptr);
+  }
+  EXPECT_GT(small.estimatedTime, 0.0f);
+  EXPECT_GT(large.estimatedTime, small.estimatedTime);  // a megabyte takes longer than 64 bytes
+  for (int r = 0; r < n; ++r) EXPECT_EQ(bufs[r][0], 1.0f);  // nothing ran
+  // Sends and receives are predicted too.
+  ncclSimInfo_t p2p = NCCL_SIM_INFO_INITIALIZER;
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclSend(bufs[0].data(), 1000, ncclFloat, 1, comms[0], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclRecv(bufs[1].data(), 1000, ncclFloat, 0, comms[1], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclGroupSimulateEnd(&p2p), ncclSuccess) << ncclGetLastError(nullptr);
+  EXPECT_GT(p2p.estimatedTime, 0.0f);
+  // The calls after it run normally.
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r)
+    ASSERT_EQ(ncclAllReduce(bufs[r].data(), bufs[r].data(), 16, ncclFloat, ncclSum, comms[r], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  EXPECT_EQ(bufs[0][0], 2.0f);
+  for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
 TEST(NcclApi, AllToAllGatherScatterThroughGroupedSendRecv) {
   const int n = 4, count = 33;
   on_ranks(n, [&](int r, ncclComm_t comm) {

@@ -114,7 +114,7 @@ typedef struct ncclConfig_v22800 {
         NCCL_CONFIG_UNDEF_INT /* nChannelsPerNetPeer */, NCCL_CONFIG_UNDEF_INT /* nvlinkCentricSched */     \
   }
 
-/* What ncclGroupSimulateEnd reports (tutti does not simulate through the NCCL API: tutti-sim does). */
+/* What ncclGroupSimulateEnd reports. */
 typedef struct ncclSimInfo_v22200 {
   size_t size;
   unsigned int magic;
@@ -285,8 +285,9 @@ ncclResult_t ncclGroupStart(void);
 ncclResult_t pncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 ncclResult_t pncclGroupEnd(void);
-/* Not supported: ends the group without running it and returns ncclInvalidUsage (tutti-sim
- * predicts plan times instead). */
+/* Ends the group without running it: simInfo->estimatedTime gets tutti's cost-model prediction, in
+ * microseconds, of the plans the calls would run (this host's topology, calibrated by tutti-tune
+ * --calibrate when it was run; the slowest communicator of the group). */
 ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 
