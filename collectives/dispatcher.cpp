@@ -426,6 +426,33 @@ double Dispatcher::predict_us(const CollectiveCall& call) {
 
 void Dispatcher::run(const CollectiveCall& call) { run(call, res_->executor); }
 
+std::function<void()> Dispatcher::start(const CollectiveCall& call) {
+  auto whole = [this, call] { run(call); };
+  // Only a plain host call the one-shot mailbox takes can be split; the rest runs whole, later.
+  if (call.device || check_ || call.reduction.op == RedOp::kPreMulSum || !comm_.mailbox()) return whole;
+  const int n = comm_.size(), rank = comm_.rank();
+  const Collective c = call.collective;
+  const int64_t esize = static_cast<int64_t>(size_of(call.reduction.type));
+  const uint64_t bytes =
+      static_cast<uint64_t>(std::max(input_elems(c, call.count, n), output_elems(c, call.count, n)) * esize);
+  const bool inplace = is_inplace(c, static_cast<const unsigned char*>(call.input),
+                                  static_cast<const unsigned char*>(call.output), rank, call.count * esize);
+  if (!choose(c, inplace, bytes, call.root, call.count, esize, false).oneshot) return whole;
+  last_plan_ = tuning::kOneShot;
+  Mailbox& mb = *comm_.mailbox();
+  auto finish = [this, call, &mb, n, rank] {
+    finish_oneshot(mb, call.collective, call.input, call.output, call.count, call.reduction, call.root);
+    if (call.reduction.op == RedOp::kAvg && (call.collective != Collective::kReduce || rank == call.root))
+      tutti::divide(call.reduction.type, call.output, call.output, static_cast<uint64_t>(n),
+                    static_cast<size_t>(output_elems(call.collective, call.count, n)));
+  };
+  if (start_oneshot(mb, c, call.input, call.count, call.reduction, call.root)) {
+    finish();
+    return {};
+  }
+  return finish;
+}
+
 void Dispatcher::run(const CollectiveCall& call, Executor& ex) {
   const bool dev = ex.device();
   void* const stream = call.stream;

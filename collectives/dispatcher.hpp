@@ -85,6 +85,11 @@ class Dispatcher {
   // adaptations (in-place, premulsum, avg, a non-root's reduce output) done by the executor too, in
   // the order of call.stream. A device executor returns once everything is enqueued.
   void run(const CollectiveCall& call, Executor& executor);
+  // Starts a host call without waiting for peers where it can (the one-shot mailbox: publish this
+  // rank's contribution, finish at once if every peer's is there). Returns nothing when the call is
+  // done, else the rest of it, to be run before any other call of this dispatcher (non-blocking
+  // communicators hand it to their worker thread). Calls it cannot split are returned whole.
+  std::function<void()> start(const CollectiveCall& call);
   // What the call would take, predicted by the cost model for the plan run() would choose, on this
   // host's topology with tutti-tune --calibrate's calibration when there is one. Runs nothing and
   // talks to no peer (ncclGroupSimulateEnd).

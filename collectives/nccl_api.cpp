@@ -420,6 +420,15 @@ ncclResult_t submit(PendingOp op) {
       run_collective(op.comm, op.call);
       return ncclSuccess;
     }
+    // A lone non-blocking host collective with nothing queued before it: started here, so a call
+    // whose peers are already there (a loop of small calls) completes without a hand-off; only
+    // the waiting, if any, goes to the worker.
+    if (!use->blocking && use->worker && !op.call.device && use->worker->idle()) {
+      std::function<void()> rest = use->dispatcher->start(op.call);
+      if (!rest) return ncclSuccess;
+      use->worker->post(std::move(rest));
+      return ncclInProgress;
+    }
   }
   return execute({std::move(op)});
 }
@@ -519,13 +528,14 @@ NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* newcomm, int nranks, 
       raw->dispatcher = std::make_unique<Dispatcher>(*raw->comm);
       connect_device(raw);
     };
+    // A non-blocking communicator's calls run on its worker, started with it.
+    if (!raw->blocking) raw->worker = std::make_unique<CallQueue>(CommOptions::from_env().spin);
     if (t_group_depth > 0) {
       raw->async = ncclInProgress;
       t_inits.push_back({raw, init});
       return ncclSuccess;
     }
     if (!raw->blocking) {
-      raw->worker = std::make_unique<CallQueue>(CommOptions::from_env().spin);
       raw->worker->post(init);
       return ncclInProgress;
     }

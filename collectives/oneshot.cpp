@@ -33,21 +33,34 @@ bool oneshot_fits(const Mailbox& mailbox, Collective c, int64_t count, int64_t e
   return count >= 0 && static_cast<uint64_t>(published_bytes(c, count, esize, mailbox.size())) <= mailbox.capacity();
 }
 
-void run_oneshot(Mailbox& mb, Collective c, const void* input, void* output, int64_t count, const Reduction& red,
-                 int root) {
+bool start_oneshot(Mailbox& mb, Collective c, const void* input, int64_t count, const Reduction& red, int root) {
   const int n = mb.size(), rank = mb.rank();
   const int64_t esize = static_cast<int64_t>(size_of(red.type));
-  const size_t piece = static_cast<size_t>(count * esize);
   TUTTI_CHECK(oneshot_fits(mb, c, count, esize), InvalidArgument,
               "rank {}: {} of {} elements does not fit the one-shot mailbox ({} bytes)", rank, to_string(c), count,
               mb.capacity());
-  const auto* in = static_cast<const unsigned char*>(input);
-  auto* out = static_cast<unsigned char*>(output);
   // Broadcast: only the root has something to say; the others publish to keep the calls in step.
   const bool publishes = c != Collective::kBroadcast || rank == root;
   const size_t bytes = publishes ? static_cast<size_t>(published_bytes(c, count, esize, n)) : 0;
-  if (bytes) std::memcpy(mb.outbox(), in, bytes);
-  mb.exchange(to_string(c));
+  if (bytes) std::memcpy(mb.outbox(), input, bytes);
+  mb.publish(to_string(c));
+  return mb.arrived();
+}
+
+void run_oneshot(Mailbox& mb, Collective c, const void* input, void* output, int64_t count, const Reduction& red,
+                 int root) {
+  start_oneshot(mb, c, input, count, red, root);
+  finish_oneshot(mb, c, input, output, count, red, root);
+}
+
+void finish_oneshot(Mailbox& mb, Collective c, const void* input, void* output, int64_t count, const Reduction& red,
+                    int root) {
+  const int n = mb.size(), rank = mb.rank();
+  const int64_t esize = static_cast<int64_t>(size_of(red.type));
+  const size_t piece = static_cast<size_t>(count * esize);
+  const auto* in = static_cast<const unsigned char*>(input);
+  auto* out = static_cast<unsigned char*>(output);
+  mb.wait(to_string(c));
   // Own contributions are read from the user's input, which is still intact: in-place calls write
   // their output only below, and combine_n allows dst to alias a source exactly.
   auto from = [&](int r) { return r == rank ? in : mb.data(r); };

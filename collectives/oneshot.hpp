@@ -23,5 +23,12 @@ bool oneshot_fits(const Mailbox& mailbox, Collective collective, int64_t count, 
 // a reduce's non-roots is not written. Collective: every rank calls it for the same call.
 void run_oneshot(Mailbox& mailbox, Collective collective, const void* input, void* output, int64_t count,
                  const Reduction& reduction, int root);
+// The same in two halves for callers that must not block (non-blocking communicators): start
+// publishes this rank's contribution and returns whether every peer's is there too; finish waits
+// for them (if it must) and writes the output. Between the two, the mailbox must not be used.
+bool start_oneshot(Mailbox& mailbox, Collective collective, const void* input, int64_t count, const Reduction& reduction,
+                   int root);
+void finish_oneshot(Mailbox& mailbox, Collective collective, const void* input, void* output, int64_t count,
+                    const Reduction& reduction, int root);
 
 }  // namespace tutti

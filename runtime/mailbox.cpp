@@ -53,34 +53,48 @@ unsigned char* Mailbox::outbox() { return boxes_[rank_].data[(seq_ + 1) & 1]; }
 
 const unsigned char* Mailbox::data(int r) const { return boxes_[r].data[seq_ & 1]; }
 
-void Mailbox::exchange(const char* what) {
+void Mailbox::publish(const char* what) {
   if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", what));
   const uint64_t s = ++seq_;
-  const int parity = static_cast<int>(s & 1);
-  boxes_[rank_].word[parity]->store(s, std::memory_order_release);
-  const int n = size();
-  for (int r = 0; r < n; ++r)
+  boxes_[rank_].word[s & 1]->store(s, std::memory_order_release);
+  for (int r = 0; r < size(); ++r)
     if (r != rank_) ring(*boxes_[r].bell);
+  next_ = rank_ == 0 ? 1 : 0;
+}
+
+bool Mailbox::seen() {
   // Peers still to be seen, lowest first; each is looked at until it arrives.
-  int next = rank_ == 0 ? 1 : 0;
-  auto arrived = [&] {
-    while (next < n) {
-      if (boxes_[next].word[parity]->load(std::memory_order_acquire) != s) return false;
-      ++next;
-      if (next == rank_) ++next;
-    }
-    return true;
-  };
+  const int parity = static_cast<int>(seq_ & 1), n = size();
+  while (next_ < n) {
+    if (boxes_[next_].word[parity]->load(std::memory_order_acquire) != seq_) return false;
+    ++next_;
+    if (next_ == rank_) ++next_;
+  }
+  return true;
+}
+
+bool Mailbox::arrived() {
   // A short tight spin catches a peer that is a few hundred nanoseconds behind, without the
-  // engine's bookkeeping; an oversubscribed rank goes straight to the engine, which yields.
+  // engine's bookkeeping; an oversubscribed rank does not spin (its peer may need this core).
   if (!oversubscribed_)
     for (int i = 0; i < 1024; ++i) {
-      if (arrived()) return;
+      if (seen()) return true;
       cpu_relax();
     }
-  engine_.wait(arrived, [&] {
-    return fmt::format("rank {}: {} (one-shot mailbox call {}): waiting for rank {} to publish", rank_, what, s, next);
+  return seen();
+}
+
+void Mailbox::wait(const char* what) {
+  if (arrived()) return;
+  engine_.wait([&] { return seen(); }, [&] {
+    return fmt::format("rank {}: {} (one-shot mailbox call {}): waiting for rank {} to publish", rank_, what, seq_,
+                       next_);
   });
+}
+
+void Mailbox::exchange(const char* what) {
+  publish(what);
+  wait(what);
 }
 
 }  // namespace tutti

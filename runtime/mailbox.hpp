@@ -61,11 +61,18 @@ class Mailbox {
   // Publishes the outbox and waits until every peer has published this call. Throws the
   // communicator's error (Aborted, RemoteError, Timeout) naming `what`.
   void exchange(const char* what);
+  // The same in two halves, so a caller that must not block can publish, look, and leave the wait
+  // to someone else: publish() makes the outbox this call's; arrived() says (without waiting, after
+  // a short spin) whether every peer has published it; wait() blocks like exchange().
+  void publish(const char* what);
+  bool arrived();
+  void wait(const char* what);
   // After exchange(): rank r's data of this call (our own outbox for r == rank).
   const unsigned char* data(int r) const;
   uint64_t calls() const { return seq_; }
 
  private:
+  bool seen();  // arrived() without the spin
   struct Box {
     std::atomic<uint64_t>* word[2];
     unsigned char* data[2];
@@ -78,6 +85,7 @@ class Mailbox {
   CommState& state_;
   bool oversubscribed_;
   uint64_t seq_ = 0;  // calls published so far
+  int next_ = 0;      // the lowest peer not yet seen publishing call seq_
 };
 
 }  // namespace tutti

@@ -423,6 +423,43 @@ TEST(NcclApi, AbortDuringACollectiveUnblocksEveryRank) {
   }
 }
 
+// A small call on a non-blocking communicator starts in the caller: it publishes its contribution
+// and finishes at once when every peer's is there; otherwise its waiting goes to the worker. One
+// thread drives both ranks here, which only a call that never blocks allows.
+TEST(NcclApi, NonBlockingSmallCallsStartInTheCallerAndLeaveOnlyTheWaiting) {
+  const int n = 2;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<ncclComm_t> comms(n);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ASSERT_EQ(ncclCommInitRankConfig(&comms[r], n, id, r, &cfg), ncclSuccess);
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  auto settle = [](ncclComm_t c) {
+    ncclResult_t state;
+    do EXPECT_EQ(ncclCommGetAsyncError(c, &state), ncclSuccess);
+    while (state == ncclInProgress);
+    return state;
+  };
+  for (auto c : comms) ASSERT_EQ(settle(c), ncclSuccess);
+  for (int round = 0; round < 3; ++round) {
+    float a[2] = {1, 2}, b[2] = {10, 20};
+    // Rank 0 first: rank 1 has not published, so rank 0 cannot finish and says so.
+    EXPECT_EQ(ncclAllReduce(a, a, 2, ncclFloat, ncclSum, comms[0], nullptr), ncclInProgress);
+    // Rank 1 finds rank 0's contribution and finishes in the call.
+    EXPECT_EQ(ncclAllReduce(b, b, 2, ncclFloat, ncclSum, comms[1], nullptr), ncclSuccess);
+    EXPECT_EQ(b[0], 11.0f);
+    EXPECT_EQ(b[1], 22.0f);
+    ASSERT_EQ(settle(comms[0]), ncclSuccess);
+    EXPECT_EQ(a[0], 11.0f);
+    EXPECT_EQ(a[1], 22.0f);
+  }
+  for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
 TEST(NcclApi, NonBlockingCommunicatorsFollowTheInProgressProtocol) {
   const int n = 2;
   ncclUniqueId id;
