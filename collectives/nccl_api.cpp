@@ -1070,11 +1070,10 @@ NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t* newcomm, int nranks
 NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
          ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
   if (newcomm) *newcomm = nullptr;
-  if (shrinkFlags & NCCL_SHRINK_ABORT)
-    return unsupported("ncclCommShrink",
-                       "NCCL_SHRINK_ABORT (shrinking a communicator after a failure) is not supported yet; without "
-                       "it the remaining ranks make a new communicator while the parent is still healthy");
   return guard("ncclCommShrink", [&] {
+    TUTTI_CHECK((shrinkFlags & ~NCCL_SHRINK_ABORT) == 0, InvalidArgument,
+                "ncclCommShrink: unknown shrinkFlags {:#x} (NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT)", shrinkFlags);
+    const bool after_failure = (shrinkFlags & NCCL_SHRINK_ABORT) != 0;
     TUTTI_CHECK(newcomm, InvalidArgument, "ncclCommShrink: newcomm is NULL");
     TUTTI_CHECK(excludeRanksCount >= 0 && (excludeRanksCount == 0 || excludeRanksList), InvalidArgument,
                 "ncclCommShrink: {} excluded ranks but the list is NULL", excludeRanksCount);
@@ -1087,7 +1086,12 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, i
       c->cuda_dev = use->cuda_dev;
       c->emulated = use->emulated;
       c->device_options = use->device_options;
-      c->comm = use->comm->shrink(exclude);
+      if (after_failure) {  // the parent's calls in progress stop first, device launches too
+        use->revoked = true;
+        std::lock_guard lock(use->device_mu);
+        if (use->device) use->device->abort();
+      }
+      c->comm = use->comm->shrink(exclude, after_failure);
       c->dispatcher = std::make_unique<Dispatcher>(*c->comm);
       connect_device(c);
     } catch (...) {

@@ -152,14 +152,14 @@ void Bootstrap::send_frame(int peer, uint32_t type, uint64_t tag, const std::vec
   if (!payload.empty()) send_exact(p.fd.get(), payload.data(), payload.size(), d, describe(peer));
 }
 
-void Bootstrap::send(int peer, uint64_t tag, const std::vector<unsigned char>& data) {
+void Bootstrap::send(int peer, uint64_t tag, const std::vector<unsigned char>& data, bool despite_failure) {
   TUTTI_CHECK(peer >= 0 && peer < nranks() && peer != rank(), InvalidArgument, "rank {}: bootstrap send to bad peer {}",
               rank(), peer);
-  state_->check(fmt::format("sending a bootstrap message to rank {}", peer));
+  if (!despite_failure || state_->aborted()) state_->check(fmt::format("sending a bootstrap message to rank {}", peer));
   send_frame(peer, static_cast<uint32_t>(wire::FrameType::kData), tag, data, Deadline::after(timeout_s_));
 }
 
-std::vector<unsigned char> Bootstrap::recv(int peer, uint64_t tag) {
+std::vector<unsigned char> Bootstrap::recv(int peer, uint64_t tag, bool despite_failure) {
   TUTTI_CHECK(peer >= 0 && peer < nranks() && peer != rank(), InvalidArgument, "rank {}: bootstrap recv from bad peer {}",
               rank(), peer);
   Deadline deadline = Deadline::after(timeout_s_);
@@ -176,7 +176,8 @@ std::vector<unsigned char> Bootstrap::recv(int peer, uint64_t tag) {
       throw RemoteError(fmt::format("rank {}: {} left the communicator while this rank waited for its message",
                                     rank(), describe(peer)));
     lock.unlock();
-    state_->check(fmt::format("waiting for a bootstrap message from rank {}", peer));
+    if (!despite_failure || state_->aborted())
+      state_->check(fmt::format("waiting for a bootstrap message from rank {}", peer));
     lock.lock();
     if (deadline.expired())
       throw Timeout(fmt::format("rank {}: timed out after {} s waiting for a bootstrap message from {}", rank(),

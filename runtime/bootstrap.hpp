@@ -53,8 +53,10 @@ class Bootstrap {
   int nranks() const { return state_->nranks(); }
   const PeerInfo& peer(int r) const { return peers_.at(r); }
 
-  void send(int peer, uint64_t tag, const std::vector<unsigned char>& data);
-  std::vector<unsigned char> recv(int peer, uint64_t tag);
+  // `despite_failure`: go on although the communicator has recorded a failure (another rank died),
+  // for the survivors of a shrink after a failure; an abort still stops them.
+  void send(int peer, uint64_t tag, const std::vector<unsigned char>& data, bool despite_failure = false);
+  std::vector<unsigned char> recv(int peer, uint64_t tag, bool despite_failure = false);
   std::vector<std::vector<unsigned char>> allgather(const std::vector<unsigned char>& mine);
   void barrier();
   // A fresh tag for a bootstrap-level collective (all ranks call in the same order).

@@ -327,7 +327,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   return create(id, static_cast<int>(members.size()), new_rank, options_);
 }
 
-std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclude) {
+std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclude, bool after_failure) {
   std::vector<bool> out(static_cast<size_t>(size()), false);
   for (int r : exclude) {
     TUTTI_CHECK(r >= 0 && r < size(), InvalidArgument, "rank {}: shrink: excluded rank {} is out of range (0..{})",
@@ -343,15 +343,16 @@ std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
   const int new_rank = static_cast<int>(std::find(keep.begin(), keep.end(), rank()) - keep.begin());
   // Only the remaining ranks take part: every one of them draws the same tag, and the id goes from
   // the lowest to the others over the bootstrap's point-to-point links, never through an excluded rank.
+  if (after_failure) revoke();
   const uint64_t tag = bootstrap_->next_tag();
   UniqueId id;
   if (rank() == leader) {
     id = create_unique_id();
     std::vector<unsigned char> bytes(id.bytes.begin(), id.bytes.end());
     for (int r : keep)
-      if (r != rank()) bootstrap_->send(r, tag, bytes);
+      if (r != rank()) bootstrap_->send(r, tag, bytes, after_failure);
   } else {
-    auto bytes = bootstrap_->recv(leader, tag);
+    auto bytes = bootstrap_->recv(leader, tag, after_failure);
     TUTTI_CHECK(bytes.size() == UniqueId::kBytes, RemoteError, "rank {}: shrink: malformed id from rank {}", rank(),
                 leader);
     std::copy(bytes.begin(), bytes.end(), id.bytes.begin());

@@ -40,9 +40,10 @@ class Communicator {
   // Collective over this communicator. color < 0: takes part, gets no communicator (nullptr).
   std::unique_ptr<Communicator> split(int color, int key);
   // Collective over the ranks not in `exclude` (only they call it): a new communicator of them, in
-  // rank order (ncclCommShrink). This communicator must be healthy; throws InvalidArgument for a
-  // rank out of range or a caller that is excluded.
-  std::unique_ptr<Communicator> shrink(const std::vector<int>& exclude);
+  // rank order (ncclCommShrink). `after_failure` (NCCL_SHRINK_ABORT): this communicator may have
+  // lost ranks; its calls in progress are stopped first (revoke) and the survivors meet despite the
+  // recorded failure. Throws InvalidArgument for a rank out of range or a caller that is excluded.
+  std::unique_ptr<Communicator> shrink(const std::vector<int>& exclude, bool after_failure = false);
 
   ~Communicator();
   Communicator(const Communicator&) = delete;

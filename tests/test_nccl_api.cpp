@@ -172,7 +172,7 @@ TEST(NcclApi, ShrinkMakesACommunicatorOfTheRemainingRanks) {
       int self[] = {r};
       ncclComm_t none = nullptr;
       EXPECT_EQ(ncclCommShrink(shrunk[r], self, 1, &none, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
-      EXPECT_EQ(ncclCommShrink(shrunk[r], nullptr, 0, &none, nullptr, NCCL_SHRINK_ABORT), ncclInvalidUsage);
+      EXPECT_EQ(ncclCommShrink(shrunk[r], nullptr, 0, &none, nullptr, 0x10), ncclInvalidArgument);  // unknown flag
     });
   for (auto& t : threads) t.join();
   for (int r = 0; r < n; ++r) {
@@ -186,6 +186,49 @@ TEST(NcclApi, ShrinkMakesACommunicatorOfTheRemainingRanks) {
     }
   }
   for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
+// NCCL_SHRINK_ABORT: after a rank is lost, the survivors stop what the parent was doing and make a
+// new communicator of themselves, although the parent has recorded the failure.
+TEST(NcclApi, ShrinkAfterAFailureLeavesTheLostRankBehind) {
+  const int n = 3, lost = 1;
+  std::vector<ncclComm_t> comms(n);
+  ASSERT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess);
+  // The survivors are in an all-reduce the lost rank never joins; it aborts (as a crashed rank's
+  // peers see it: the failure reaches them).
+  std::vector<ncclResult_t> stuck_result(n, ncclSuccess);
+  std::vector<std::thread> stuck;
+  std::latch entering(n - 1);
+  for (int r = 0; r < n; ++r)
+    if (r != lost)
+      stuck.emplace_back([&, r] {
+        std::vector<float> x(1000);
+        entering.count_down();
+        stuck_result[r] = ncclAllReduce(x.data(), x.data(), 1000, ncclFloat, ncclSum, comms[r], nullptr);
+      });
+  entering.wait();
+  ASSERT_EQ(ncclCommAbort(comms[lost]), ncclSuccess);
+  for (auto& t : stuck) t.join();
+  std::vector<ncclComm_t> shrunk(n, nullptr);
+  std::vector<float> sums(n, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    if (r != lost)
+      threads.emplace_back([&, r] {
+        EXPECT_EQ(stuck_result[r], ncclRemoteError);
+        int exclude[] = {lost};
+        ASSERT_EQ(ncclCommShrink(comms[r], exclude, 1, &shrunk[r], nullptr, NCCL_SHRINK_ABORT), ncclSuccess)
+            << ncclGetLastError(nullptr);
+        float x = static_cast<float>(r + 1);
+        ASSERT_EQ(ncclAllReduce(&x, &sums[r], 1, ncclFloat, ncclSum, shrunk[r], nullptr), ncclSuccess);
+      });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    if (r == lost) continue;
+    EXPECT_EQ(sums[r], 1.0f + 3.0f) << "rank " << r;
+    EXPECT_EQ(ncclCommDestroy(shrunk[r]), ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
+  }
 }
 
 // ncclCommRevoke: calls in progress give up, the communicator is good only for destroy, split and

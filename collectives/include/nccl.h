@@ -161,7 +161,8 @@ ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myra
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
 ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags);
 /* Called by the ranks that remain (not those in excludeRanksList): a new communicator of them, in
- * rank order. NCCL_SHRINK_ABORT (after a failure) is not supported yet: ncclInvalidUsage. */
+ * rank order. With NCCL_SHRINK_ABORT (after a rank was lost) the parent's calls in progress stop
+ * first and the survivors meet despite the failure the parent recorded. */
 ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
                             ncclConfig_t* config, int shrinkFlags);
 ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
