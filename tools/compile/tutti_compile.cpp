@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> params;
   app.add_flag("--list", list, "list the built-in algorithms and their parameters");
   app.add_option("--builtin", builtin, "built-in algorithm to compile");
-  app.add_option("--ranks,-n", ranks, "number of ranks");
+  app.add_option("--ranks", ranks, "number of ranks");
   app.add_option("--param,-p", params, "algorithm parameter k=v (repeatable)");
   app.add_option("--instances", instances, "replicate the plan K times on smaller chunks");
   app.add_flag("--batched", batched, "lay instances out in batches instead of interleaved");

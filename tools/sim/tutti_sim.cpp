@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   app.add_option("--builtin", builtin, "built-in algorithm");
   app.add_option("--plan", plan_file, "plan file (.json or MSCCL .xml)");
   app.add_option("--compare", compare, "rank every built-in of this collective (allreduce, allgather, ...)");
-  app.add_option("--ranks,-n", ranks, "ranks (default: all ranks of the topology)");
+  app.add_option("--ranks", ranks, "ranks (default: all ranks of the topology)");
   app.add_option("--param,-p", params, "algorithm parameter k=v");
   app.add_option("--topo", topo_name, "preset name, topology file, or live (this host, calibrated)")->required();
   app.add_option("--transport", transport, "live: the calibration of shm or tcp (default: TUTTI_TRANSPORT, else shm)");

@@ -6,6 +6,6 @@ set -euo pipefail
 build=${1:-build}
 here=$(cd "$(dirname "$0")/../.." && pwd)
 for preset in dgx1 dgx-a100 ndv4 dgx-h100 ndv5 ncv4 pcie8 cpu-tcp; do
-  "$build/bin/tutti-tune" --topo "$preset" -c all -b 8 -e 1G -f 4 -o "$here/topologies/tuning/$preset.json" > /dev/null
+  "$build/bin/tutti-tune" --topo "$preset" --collective all -b 8 -e 1G -f 4 -o "$here/topologies/tuning/$preset.json" > /dev/null
   echo "topologies/tuning/$preset.json"
 done

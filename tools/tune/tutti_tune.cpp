@@ -1,7 +1,7 @@
 // tutti-tune: decision tables for the dispatcher (collectives/tuner.hpp).
 //
 // On the live machine, one process per rank under tutti-run (or -t N threads in one process):
-//   tutti-run -n 4 tutti-tune [-c all_reduce|...|all] [-b 8] [-e 64M] [-f 2] [--top 4] [-n ITERS] [-o table.json]
+//   tutti-run -n 4 tutti-tune [--collective all_reduce|...|all] [-b 8] [-e 64M] [-f 2] [--top 4] [-n ITERS] [-o table.json]
 // measures, at each size, the cost model's best candidates and every fixed algorithm, keeps the
 // fastest (slowest rank's time), and writes the table (default: TUTTI_TUNING_FILE). The rounds run
 // over the whole sweep (tuning::measure_sweep), so a size is not judged in one phase of the machine.
@@ -19,7 +19,7 @@
 // mean. Prints every configuration's time and the ratio tuned / best fixed per size.
 //
 // From the model alone, for a machine we do not have:
-//   tutti-tune --topo dgx-h100 [--nodes N] [--ranks N] [-c all_reduce] [-b 8] [-e 1G] [-f 2] [-o table.json]
+//   tutti-tune --topo dgx-h100 [--nodes N] [--ranks N] [--collective all_reduce] [-b 8] [-e 1G] [-f 2] [-o table.json]
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
   bool calibrate = false;
   std::string calibration, compare_table;
   int rounds = 7, tune_rounds = 9;
-  app.add_option("-c,--collective", coll, "collective, or all");
+  app.add_option("--collective", coll, "collective (all_reduce, ...), or all");
   app.add_option("-b", min_s, "smallest size (nccl-tests' size)");
   app.add_option("-e", max_s, "largest size");
   app.add_option("-f", factor, "size factor");
