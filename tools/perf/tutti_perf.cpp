@@ -155,7 +155,7 @@ struct Options {
   bool blocking = true;
   int average = 1;
   int threads = 1;
-  bool alltoall_api = false;  // -A 1: ncclAllToAll (tutti/MSCCL extension) instead of grouped send/recv
+  bool alltoall_api = false;  // -A 1: ncclAlltoAll (NCCL 2.28; MSCCL's ncclAllToAll is the same call) instead of grouped send/recv
   bool registered = false;    // -R 1: buffers from ncclMemAlloc, registered (nccl-tests' user buffer registration)
   bool device = false;        // -G 1: buffers in CUDA device memory, a stream per rank
 };
@@ -410,7 +410,7 @@ class Rank {
         case Coll::kReduce: CHECK_NCCL(ncclReduce(sb, rb, count, (ncclDataType_t)t, op, root, comm, stream)); break;
         case Coll::kAllToAll:
           if (o.alltoall_api) {
-            CHECK_NCCL(ncclAllToAll(sb, rb, count, (ncclDataType_t)t, comm, stream));
+            CHECK_NCCL(ncclAlltoAll(sb, rb, count, (ncclDataType_t)t, comm, stream));  // NCCL 2.28's spelling
             break;
           }
           CHECK_NCCL(ncclGroupStart());
