@@ -92,6 +92,13 @@ void Work::wait() {
 
 namespace {
 
+// An empty Comm (moved from, or split with color < 0) holds no communicator.
+ApiState& state_of(const std::unique_ptr<ApiState>& s, const char* call) {
+  TUTTI_CHECK(s != nullptr, InvalidUsage, "Comm::{}: this Comm holds no communicator (moved from, or split's color < 0)",
+              call);
+  return *s;
+}
+
 CommOptions options_of(const CommConfig& config) {
   CommOptions o = CommOptions::from_env();
   if (config.timeout_s >= 0) o.timeout_s = config.timeout_s;
@@ -176,34 +183,34 @@ CollectiveCall call_of(Collective c, const void* in, void* out, size_t count, Da
 }  // namespace
 
 Work Comm::all_reduce(const void* in, void* out, size_t count, DataType type, RedOp op) {
-  return post_collective(*state_, "all_reduce", call_of(Collective::kAllReduce, in, out, count, type, op, 0), "");
+  return post_collective(state_of(state_, "all_reduce"), "all_reduce", call_of(Collective::kAllReduce, in, out, count, type, op, 0), "");
 }
 
 Work Comm::reduce(const void* in, void* out, size_t count, DataType type, RedOp op, int root) {
   TUTTI_CHECK(root >= 0 && root < size(), InvalidArgument, "rank {}: reduce: root {} is out of range (0..{})", rank(),
               root, size() - 1);
-  return post_collective(*state_, "reduce", call_of(Collective::kReduce, in, out, count, type, op, root), "");
+  return post_collective(state_of(state_, "reduce"), "reduce", call_of(Collective::kReduce, in, out, count, type, op, root), "");
 }
 
 Work Comm::broadcast(const void* in, void* out, size_t count, DataType type, int root) {
   TUTTI_CHECK(root >= 0 && root < size(), InvalidArgument, "rank {}: broadcast: root {} is out of range (0..{})",
               rank(), root, size() - 1);
-  return post_collective(*state_, "broadcast",
+  return post_collective(state_of(state_, "broadcast"), "broadcast",
                          call_of(Collective::kBroadcast, in, out, count, type, RedOp::kSum, root), "");
 }
 
 Work Comm::all_gather(const void* in, void* out, size_t count, DataType type) {
-  return post_collective(*state_, "all_gather", call_of(Collective::kAllGather, in, out, count, type, RedOp::kSum, 0),
+  return post_collective(state_of(state_, "all_gather"), "all_gather", call_of(Collective::kAllGather, in, out, count, type, RedOp::kSum, 0),
                          "");
 }
 
 Work Comm::reduce_scatter(const void* in, void* out, size_t count, DataType type, RedOp op) {
-  return post_collective(*state_, "reduce_scatter",
+  return post_collective(state_of(state_, "reduce_scatter"), "reduce_scatter",
                          call_of(Collective::kReduceScatter, in, out, count, type, op, 0), "");
 }
 
 Work Comm::all_to_all(const void* in, void* out, size_t count, DataType type) {
-  return post_collective(*state_, "all_to_all", call_of(Collective::kAllToAll, in, out, count, type, RedOp::kSum, 0),
+  return post_collective(state_of(state_, "all_to_all"), "all_to_all", call_of(Collective::kAllToAll, in, out, count, type, RedOp::kSum, 0),
                          "");
 }
 
@@ -225,14 +232,15 @@ Work post_transfer(ApiState& s, P2pTransfer t, const char* name) {
 }  // namespace
 
 Work Comm::send(const void* in, size_t count, DataType type, int peer) {
-  return post_transfer(*state_, {true, peer, const_cast<void*>(in), count * size_of(type)}, "send");
+  return post_transfer(state_of(state_, "send"), {true, peer, const_cast<void*>(in), count * size_of(type)}, "send");
 }
 
 Work Comm::recv(void* out, size_t count, DataType type, int peer) {
-  return post_transfer(*state_, {false, peer, out, count * size_of(type)}, "recv");
+  return post_transfer(state_of(state_, "recv"), {false, peer, out, count * size_of(type)}, "recv");
 }
 
 void Comm::group_start() {
+  state_of(state_, "group_start");
   TUTTI_CHECK(!state_->in_group, InvalidUsage, "rank {}: group_start inside a group", rank());
   state_->in_group = true;
   state_->group.clear();
@@ -241,7 +249,7 @@ void Comm::group_start() {
 }
 
 Work Comm::group_end() {
-  ApiState& s = *state_;
+  ApiState& s = state_of(state_, "group_end");
   TUTTI_CHECK(s.in_group, InvalidUsage, "rank {}: group_end without group_start", rank());
   s.in_group = false;
   s.group_work->ticket = s.queue->post([&s, transfers = std::move(s.group)] { run_host_p2p(*s.comm, transfers); });
@@ -250,7 +258,7 @@ Work Comm::group_end() {
 }
 
 Comm Comm::split(int color, int key) {
-  state_->queue->drain();  // the split is collective: every earlier call of this rank first
+  state_of(state_, "split").queue->drain();  // the split is collective: every earlier call of this rank first
   auto child = state_->comm->split(color, key);
   if (!child) return Comm(nullptr);
   return Comm(std::make_unique<ApiState>(std::move(child)));
@@ -261,7 +269,7 @@ void Comm::abort() {
 }
 
 std::string Comm::last_plan() const {
-  std::lock_guard lock(state_->mu);
+  std::lock_guard lock(state_of(state_, "last_plan").mu);
   return state_->last_plan;
 }
 

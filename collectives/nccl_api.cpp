@@ -93,23 +93,30 @@ ncclResult_t to_result(ErrorKind kind) {
   return ncclInternalError;
 }
 
+thread_local int t_group_depth = 0;
+thread_local ncclResult_t t_group_error = ncclSuccess;
+
+// Runs an API call: every tutti error becomes NCCL's result code and ncclGetLastError's text. A
+// call that fails inside a group also fails the group (ncclGroupEnd returns the first failure and
+// runs nothing), as NCCL does, so the peers are not left waiting for a call that was dropped.
 template <class F>
 ncclResult_t guard(const char* fn, F&& f) {
+  ncclResult_t rc = ncclSuccess;
   try {
     return f();
   } catch (const Error& e) {
     t_last_error = fmt::format("{}: {}", fn, e.what());
-    TUTTI_WARN("{}", t_last_error);
-    return to_result(e.kind());
+    rc = to_result(e.kind());
   } catch (const std::bad_alloc&) {
     t_last_error = fmt::format("{}: out of memory", fn);
-    TUTTI_WARN("{}", t_last_error);
-    return ncclSystemError;
+    rc = ncclSystemError;
   } catch (const std::exception& e) {
     t_last_error = fmt::format("{}: internal error: {}", fn, e.what());
-    TUTTI_WARN("{}", t_last_error);
-    return ncclInternalError;
+    rc = ncclInternalError;
   }
+  TUTTI_WARN("{}", t_last_error);
+  if (t_group_depth > 0 && t_group_error == ncclSuccess) t_group_error = rc;
+  return rc;
 }
 
 void register_comm(ncclComm* c) {
@@ -132,38 +139,58 @@ ncclResult_t result_of(std::exception_ptr e, std::string* text) {
   } catch (const std::exception& err) {
     *text = err.what();
     return ncclInternalError;
+  } catch (...) {
+    *text = "an unknown exception";
+    return ncclInternalError;
   }
 }
 
+// Keeps a communicator alive while a call uses it: destroy and abort wait until no call is inside.
+// `need_comm`: the call needs the runtime communicator (made by init, which may still be running or
+// may have failed); calls that only read the handle's state (ncclCommGetAsyncError) do not.
 class Use {
  public:
-  Use(ncclComm* c, const char* fn) : c_(c) {
+  Use(ncclComm* c, const char* fn, bool need_comm = true) : c_(c) {
     {
       std::lock_guard lock(g_comms_mutex);
       TUTTI_CHECK(c && g_comms.count(c) && c->magic == ncclComm::kMagic, InvalidArgument,
                   "{}: the communicator is NULL, freed or aborted", fn);
       c->active.fetch_add(1, std::memory_order_seq_cst);
     }
-    // A non-blocking init still running: what is asked of the communicator needs it.
-    if (!c->comm && c->worker) c->worker->drain();
-    if (!c->comm && c->worker)
-      if (auto e = c->worker->first_error()) {
-        std::string text;
-        c->async = result_of(e, &text);
-      }
-    TUTTI_CHECK(c->comm != nullptr, InvalidUsage, "{}: the communicator failed to initialize: {}", fn,
-                ncclGetErrorString(static_cast<ncclResult_t>(c->async.load())));
-    log::set_thread_rank(c->comm->rank());
-  }
-  ~Use() {
-    if (c_->active.fetch_sub(1, std::memory_order_seq_cst) == 1 && c_->closing.load(std::memory_order_seq_cst)) {
-      std::lock_guard lock(c_->mu);
-      c_->cv.notify_all();
+    if (!need_comm) return;
+    try {
+      // A non-blocking init still running: what is asked of the communicator needs it.
+      if (!c->comm && c->worker) c->worker->drain();
+      if (!c->comm && c->worker)
+        if (auto e = c->worker->first_error()) {
+          std::string text;
+          c->async = result_of(e, &text);
+        }
+      TUTTI_CHECK(c->comm != nullptr, InvalidUsage, "{}: the communicator failed to initialize: {}", fn,
+                  ncclGetErrorString(static_cast<ncclResult_t>(c->async.load())));
+      log::set_thread_rank(c->comm->rank());
+    } catch (...) {
+      leave();  // a constructor that throws runs no destructor
+      throw;
     }
   }
+  ~Use() { leave(); }
+  Use(const Use&) = delete;
+  Use& operator=(const Use&) = delete;
   ncclComm* operator->() const { return c_; }
 
  private:
+  // Once `active` may reach 0, release() may delete the communicator: nothing here touches it after
+  // the decrement unless `mu` is held, which release() needs before it can go on.
+  void leave() {
+    if (c_->closing.load(std::memory_order_seq_cst)) {
+      std::lock_guard lock(c_->mu);
+      c_->active.fetch_sub(1, std::memory_order_seq_cst);
+      c_->cv.notify_all();
+    } else {
+      c_->active.fetch_sub(1, std::memory_order_seq_cst);  // release() re-checks on a timer
+    }
+  }
   ncclComm* c_;
 };
 
@@ -292,7 +319,6 @@ struct PendingOp {
   void* stream = nullptr;
 };
 
-thread_local int t_group_depth = 0;
 thread_local std::vector<PendingOp> t_ops;
 // ncclCommInitRank calls made inside a group: NCCL's documented way for one thread to create
 // several ranks. They connect together at the outermost ncclGroupEnd, one thread each (each waits
@@ -302,8 +328,6 @@ struct PendingInit {
   std::function<void()> init;
 };
 thread_local std::vector<PendingInit> t_inits;
-thread_local ncclResult_t t_group_error = ncclSuccess;
-
 void run_collective(ncclComm* c, const CollectiveCall& call) {
   if (!call.device) c->dispatcher->run(call);
   else if (device::HostStagingExecutor* staged = host_staging(c)) c->dispatcher->run(call, *staged);
@@ -595,6 +619,9 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
                 "ncclCommSplit: color {} must be non-negative or NCCL_SPLIT_NOCOLOR", color);
     Use use(comm, "ncclCommSplit");
     *newcomm = nullptr;
+    // Collective through the bootstrap: this rank's queued calls (non-blocking) first, or their
+    // channel setup could draw bootstrap tags in another order than the peers'.
+    if (use->worker) use->worker->drain();
     auto child = use->comm->split(color, key);
     if (!child) return ncclSuccess;
     auto* c = new ncclComm();
@@ -643,8 +670,9 @@ ncclResult_t release(ncclComm_t comm, bool abort, const char* fn) {
     }
     comm->closing.store(true, std::memory_order_seq_cst);
     {
+      // A call that left just before `closing` was set did not notify: look again now and then.
       std::unique_lock lock(comm->mu);
-      comm->cv.wait(lock, [&] { return comm->active.load(std::memory_order_seq_cst) == 0; });
+      while (comm->active.load(std::memory_order_seq_cst) != 0) comm->cv.wait_for(lock, std::chrono::milliseconds(10));
     }
     comm->worker.reset();  // runs what is queued (failing fast after an abort), then stops
     comm->magic = 0;
@@ -670,14 +698,12 @@ NCCL_API(ncclResult_t, ncclCommAbort, ncclComm_t comm) { return release(comm, tr
 NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asyncError) {
   return guard("ncclCommGetAsyncError", [&] {
     TUTTI_CHECK(asyncError, InvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
-    {
-      std::lock_guard lock(g_comms_mutex);
-      TUTTI_CHECK(comm && g_comms.count(comm), InvalidArgument, "ncclCommGetAsyncError: the communicator is NULL, freed or aborted");
-    }
+    Use use(comm, "ncclCommGetAsyncError", false);  // alive while read, even by a watchdog thread
+    const int others = 1;  // this call's own Use
     ncclResult_t r = static_cast<ncclResult_t>(comm->async.load());
     if (comm->revoked.load()) {
       // In progress until every call that was running has left (they give up promptly).
-      const bool busy = comm->active.load() > 0 || (comm->worker && !comm->worker->idle());
+      const bool busy = comm->active.load() > others || (comm->worker && !comm->worker->idle());
       *asyncError = busy ? ncclInProgress : ncclSuccess;
       return ncclSuccess;
     }
@@ -1079,6 +1105,13 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, i
                 "ncclCommShrink: {} excluded ranks but the list is NULL", excludeRanksCount);
     Use use(comm, "ncclCommShrink");
     std::vector<int> exclude(excludeRanksList, excludeRanksList + excludeRanksCount);
+    const int n = use->comm->size(), me = use->comm->rank();
+    for (int r : exclude) {
+      TUTTI_CHECK(r >= 0 && r < n, InvalidArgument, "ncclCommShrink: rank {}: excluded rank {} is out of range (0..{})",
+                  me, r, n - 1);
+      TUTTI_CHECK(r != me, InvalidArgument,
+                  "ncclCommShrink: rank {} is in its own exclusion list; only the ranks that remain call it", me);
+    }
     auto* c = new ncclComm();
     try {
       apply_config(c, config, "ncclCommShrink");
@@ -1088,9 +1121,11 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, i
       c->device_options = use->device_options;
       if (after_failure) {  // the parent's calls in progress stop first, device launches too
         use->revoked = true;
+        use->comm->revoke();
         std::lock_guard lock(use->device_mu);
         if (use->device) use->device->abort();
       }
+      if (use->worker) use->worker->drain();  // its queued calls first (they give up if revoked)
       c->comm = use->comm->shrink(exclude, after_failure);
       c->dispatcher = std::make_unique<Dispatcher>(*c->comm);
       connect_device(c);
@@ -1107,10 +1142,7 @@ NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
   return guard("ncclCommRevoke", [&] {
     TUTTI_CHECK(revokeFlags == NCCL_REVOKE_DEFAULT, InvalidArgument,
                 "ncclCommRevoke: revokeFlags {} must be NCCL_REVOKE_DEFAULT (0)", revokeFlags);
-    {
-      std::lock_guard lock(g_comms_mutex);
-      TUTTI_CHECK(comm && g_comms.count(comm), InvalidArgument, "ncclCommRevoke: the communicator is NULL, freed or aborted");
-    }
+    Use use(comm, "ncclCommRevoke", false);
     comm->revoked = true;
     // Calls in progress on any thread give up (Aborted, "revoked"); the bootstrap stays, so the
     // ranks can still split, shrink and destroy. Device launches stop on their abort flag.

@@ -279,6 +279,29 @@ TEST(NcclApi, RevokeStopsCallsAndLeavesSplitWorking) {
   for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
 
+// A call that fails inside a group fails the group: ncclGroupEnd returns the first failure and runs
+// nothing, so no peer is left waiting for a call that was dropped.
+TEST(NcclApi, AFailedCallInAGroupFailsTheGroup) {
+  const int n = 2;
+  std::vector<ncclComm_t> comms(n);
+  ASSERT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess);
+  std::vector<float> x(16, 1.0f), y(16, 1.0f);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(x.data(), x.data(), 16, ncclFloat, ncclSum, comms[0], nullptr), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(y.data(), y.data(), 16, static_cast<ncclDataType_t>(99), ncclSum, comms[1], nullptr),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidArgument);
+  EXPECT_EQ(x[0], 1.0f);  // rank 0's all-reduce did not run (it would have waited for rank 1 forever)
+  // The next group starts clean.
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(x.data(), x.data(), 16, ncclFloat, ncclSum, comms[0], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(y.data(), y.data(), 16, ncclFloat, ncclSum, comms[1], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  EXPECT_EQ(x[0], 2.0f);
+  EXPECT_EQ(y[15], 2.0f);
+  for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
 // ncclGroupSimulateEnd: the group ends without running; its time is predicted by the cost model.
 TEST(NcclApi, GroupSimulateEndPredictsWithoutRunning) {
   const int n = 2;

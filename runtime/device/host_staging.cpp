@@ -35,15 +35,16 @@ void HostStagingExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   // Everything enqueued before this call (the dispatcher's premulsum scaling and input copies
   // among it) must have happened before its buffers are read.
   b.synchronize(args.stream);
+  // A buffer the call does not use may be null (a broadcast's non-root input): nothing to stage.
   if (out_within_in) {
     in_.resize(in_bytes);
     b.copy(in_.data(), in, in_bytes, args.stream);
   } else {
     out_.resize(out_bytes);
-    b.copy(out_.data(), out, out_bytes, args.stream);
+    if (out) b.copy(out_.data(), out, out_bytes, args.stream);
     if (!in_within_out) {
       in_.resize(in_bytes);
-      b.copy(in_.data(), in, in_bytes, args.stream);
+      if (in) b.copy(in_.data(), in, in_bytes, args.stream);
     }
   }
   b.synchronize(args.stream);
@@ -59,7 +60,7 @@ void HostStagingExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   host_.run(pp, host);
   // Back to the device: the buffer the plan writes (the whole staged buffer when they are one).
   if (out_within_in) b.copy(const_cast<unsigned char*>(in), in_.data(), in_bytes, args.stream);
-  else b.copy(out, out_.data(), out_bytes, args.stream);
+  else if (out) b.copy(out, out_.data(), out_bytes, args.stream);
   b.synchronize(args.stream);
 }
 
