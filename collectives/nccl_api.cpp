@@ -64,6 +64,10 @@ struct ncclComm {
   std::atomic<int> active{0};
   std::atomic<bool> closing{false};
   std::atomic<bool> revoked{false};  // ncclCommRevoke: only destroy, split and shrink from now on
+  // ncclCommInitRank*: `comm` is set once `ready`; until then abort stops the rendezvous through
+  // `init_state`, the runtime state the communicator will use.
+  std::atomic<bool> ready{true};
+  std::shared_ptr<CommState> init_state;
   struct UserOp {
     DataType type;
     bool immediate;
@@ -547,10 +551,13 @@ NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* newcomm, int nranks, 
     ncclComm* raw = c.release();
     register_comm(raw);
     *newcomm = raw;
+    raw->ready = false;
+    raw->init_state = std::make_shared<CommState>(rank, nranks);
     auto init = [raw, id, nranks, rank] {
-      raw->comm = Communicator::create(id, nranks, rank);
+      raw->comm = Communicator::create(id, nranks, rank, CommOptions::from_env(), 0, raw->init_state);
       raw->dispatcher = std::make_unique<Dispatcher>(*raw->comm);
       connect_device(raw);
+      raw->ready.store(true, std::memory_order_release);
     };
     // A non-blocking communicator's calls run on its worker, started with it.
     if (!raw->blocking) raw->worker = std::make_unique<CallQueue>(CommOptions::from_env().spin);
@@ -663,7 +670,10 @@ ncclResult_t release(ncclComm_t comm, bool abort, const char* fn) {
       TUTTI_CHECK(comm && g_comms.count(comm), InvalidArgument, "{}: the communicator is NULL, freed or aborted", fn);
       g_comms.erase(comm);
     }
-    if (abort && comm->comm) comm->comm->abort();
+    // An init still in the rendezvous gives up on its state's abort flag; a made communicator also
+    // tells its peers.
+    if (abort && comm->ready.load(std::memory_order_acquire) && comm->comm) comm->comm->abort();
+    else if (abort && comm->init_state) comm->init_state->abort();
     if (abort) {
       std::lock_guard lock(comm->device_mu);
       if (comm->device) comm->device->abort();

@@ -63,11 +63,14 @@ CommOptions CommOptions::from_env() {
 }
 
 std::unique_ptr<Communicator> Communicator::create(const UniqueId& id, int nranks, int rank, const CommOptions& options,
-                                                   uint64_t generation) {
+                                                   uint64_t generation, std::shared_ptr<CommState> state) {
   TUTTI_CHECK(nranks >= 1, InvalidArgument, "communicator size {} must be at least 1", nranks);
   TUTTI_CHECK(rank >= 0 && rank < nranks, InvalidArgument, "rank {} is out of range for {} ranks", rank, nranks);
   TUTTI_CHECK(id.valid(), InvalidArgument, "rank {}: the unique id is not valid (not made by tutti?)", rank);
-  return std::unique_ptr<Communicator>(new Communicator(id, nranks, rank, options, generation));
+  TUTTI_CHECK(!state || (state->rank() == rank && state->nranks() == nranks), InternalError,
+              "rank {}: a communicator state for rank {} of {}", rank, state ? state->rank() : -1,
+              state ? state->nranks() : -1);
+  return std::unique_ptr<Communicator>(new Communicator(id, nranks, rank, options, generation, std::move(state)));
 }
 
 std::vector<std::unique_ptr<Communicator>> Communicator::create_local(int nranks, const CommOptions& options) {
@@ -112,8 +115,9 @@ std::unique_ptr<Communicator> Communicator::create_from_env(const CommOptions& o
   return create(id, size, rank, options, g_env_generation.fetch_add(1));
 }
 
-Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommOptions& options, uint64_t generation)
-    : options_(options), state_(std::make_shared<CommState>(rank, nranks)) {
+Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommOptions& options, uint64_t generation,
+                           std::shared_ptr<CommState> state)
+    : options_(options), state_(state ? std::move(state) : std::make_shared<CommState>(rank, nranks)) {
   log::set_thread_rank(rank);
   static std::once_flag once;
   std::call_once(once, [] {

@@ -31,9 +31,12 @@ namespace tutti {
 
 class Communicator {
  public:
+  // `state`: made by the caller beforehand (rank and size as given), so another thread can abort()
+  // it while this call is still in the rendezvous (ncclCommAbort of a non-blocking init); none:
+  // a fresh one.
   static std::unique_ptr<Communicator> create(const UniqueId& id, int nranks, int rank,
                                               const CommOptions& options = CommOptions::from_env(),
-                                              uint64_t generation = 0);
+                                              uint64_t generation = 0, std::shared_ptr<CommState> state = nullptr);
   static std::vector<std::unique_ptr<Communicator>> create_local(int nranks,
                                                                  const CommOptions& options = CommOptions::from_env());
   static std::unique_ptr<Communicator> create_from_env(const CommOptions& options = CommOptions::from_env());
@@ -81,7 +84,8 @@ class Communicator {
   CommState& state() { return *state_; }
 
  private:
-  Communicator(const UniqueId& id, int nranks, int rank, const CommOptions& options, uint64_t generation);
+  Communicator(const UniqueId& id, int nranks, int rank, const CommOptions& options, uint64_t generation,
+               std::shared_ptr<CommState> state);
   void connect_channels(int n);  // collective: connects channels channels()..n-1
   void check_peer(int peer, const char* what) const;
 

@@ -279,6 +279,23 @@ TEST(NcclApi, RevokeStopsCallsAndLeavesSplitWorking) {
   for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
 
+// ncclCommAbort stops a non-blocking init that waits in the rendezvous for a rank that never comes
+// (the init timeout is set far beyond the test's own, so only the abort can end the wait).
+TEST(NcclApi, AbortStopsANonBlockingInitWaitingForItsPeers) {
+  setenv("TUTTI_INIT_TIMEOUT", "3600", 1);
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 0, &cfg), ncclInProgress);  // rank 1 never inits
+  ncclResult_t state = ncclSuccess;
+  ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclInProgress);
+  EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+  unsetenv("TUTTI_INIT_TIMEOUT");
+}
+
 // A call that fails inside a group fails the group: ncclGroupEnd returns the first failure and runs
 // nothing, so no peer is left waiting for a call that was dropped.
 TEST(NcclApi, AFailedCallInAGroupFailsTheGroup) {
