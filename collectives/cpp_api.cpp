@@ -1,5 +1,6 @@
 // tutti's C++ API (include/tutti/tutti.hpp) over the runtime: a communicator, the dispatcher that
 // picks a plan per call, and a CallQueue whose thread runs the calls in order so they return at once.
+#include <atomic>
 #include <cstring>
 #include <mutex>
 
@@ -40,7 +41,8 @@ struct CommState {
 
 struct WorkState {
   std::shared_ptr<CallQueue> queue;
-  uint64_t ticket = 0;  // 0: a group's Work before group_end()
+  // 0: a group's Work before group_end(); set once by the Comm's thread, read by any thread.
+  std::atomic<uint64_t> ticket{0};
 };
 
 }  // namespace api_detail
@@ -76,16 +78,18 @@ CommId CommId::parse(std::string_view text) {
 
 bool Work::test() {
   if (!state_) return true;
-  TUTTI_CHECK(state_->ticket != 0, InvalidUsage, "Work::test: the group of this call has not ended (group_end)");
-  if (!state_->queue->done(state_->ticket)) return false;
-  state_->queue->wait(state_->ticket);  // done: rethrows its failure, if any
+  const uint64_t ticket = state_->ticket.load(std::memory_order_acquire);
+  TUTTI_CHECK(ticket != 0, InvalidUsage, "Work::test: the group of this call has not ended (group_end)");
+  if (!state_->queue->done(ticket)) return false;
+  state_->queue->wait(ticket);  // done: rethrows its failure, if any
   return true;
 }
 
 void Work::wait() {
   if (!state_) return;
-  TUTTI_CHECK(state_->ticket != 0, InvalidUsage, "Work::wait: the group of this call has not ended (group_end)");
-  state_->queue->wait(state_->ticket);
+  const uint64_t ticket = state_->ticket.load(std::memory_order_acquire);
+  TUTTI_CHECK(ticket != 0, InvalidUsage, "Work::wait: the group of this call has not ended (group_end)");
+  state_->queue->wait(ticket);
 }
 
 // --- Comm ----------------------------------------------------------------------------------------
@@ -252,7 +256,9 @@ Work Comm::group_end() {
   ApiState& s = state_of(state_, "group_end");
   TUTTI_CHECK(s.in_group, InvalidUsage, "rank {}: group_end without group_start", rank());
   s.in_group = false;
-  s.group_work->ticket = s.queue->post([&s, transfers = std::move(s.group)] { run_host_p2p(*s.comm, transfers); });
+  s.group_work->ticket.store(
+      s.queue->post([&s, transfers = std::move(s.group)] { run_host_p2p(*s.comm, transfers); }),
+      std::memory_order_release);
   s.group.clear();
   return Work::make(std::move(s.group_work));
 }

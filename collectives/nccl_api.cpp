@@ -375,16 +375,34 @@ ncclResult_t execute(std::vector<PendingOp> ops) {
   bool async = false;
   for (ncclComm* c : order) async |= !c->blocking;
   if (async) {
-    // Each communicator's calls go to its worker (a blocking one in such a group gets one too).
-    for (ncclComm* c : order) {
-      if (!c->worker) c->worker = std::make_unique<CallQueue>(c->comm->options().spin);
-      c->worker->post([c, mine = by_comm[c]] { run_ops(c, mine); });
+    // Non-blocking communicators' calls go to their workers. A blocking communicator in the same
+    // group runs its calls on a thread of this call, side by side with the workers (they may need
+    // each other), and they are done when the group returns, as a blocking communicator's must be.
+    std::vector<std::thread> blocking;
+    std::vector<std::string> errors(order.size());
+    std::vector<ncclResult_t> results(order.size(), ncclSuccess);
+    for (size_t k = 0; k < order.size(); ++k) {
+      ncclComm* c = order[k];
+      if (c->worker) {
+        c->worker->post([c, mine = by_comm[c]] { run_ops(c, mine); });
+        continue;
+      }
+      blocking.emplace_back([&, k, c] {
+        results[k] = guard("ncclGroupEnd", [&] {
+          run_ops(c, by_comm[c]);
+          return ncclSuccess;
+        });
+        if (results[k] != ncclSuccess) errors[k] = t_last_error;
+      });
     }
+    for (auto& t : blocking) t.join();
+    for (size_t k = 0; k < order.size(); ++k)
+      if (results[k] != ncclSuccess) {
+        t_last_error = errors[k];
+        return results[k];
+      }
     return ncclInProgress;
   }
-  // Blocking communicators that were in a non-blocking group have a worker: its calls come first.
-  for (ncclComm* c : order)
-    if (c->worker) c->worker->drain();
   if (order.size() == 1) {
     run_ops(order[0], by_comm[order[0]]);
     return ncclSuccess;
@@ -1176,6 +1194,7 @@ NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t* simInfo) {
     std::map<ncclComm*, double> per_comm;
     for (const PendingOp& op : ops) {
       Use use(op.comm, "ncclGroupSimulateEnd");
+      if (use->worker) use->worker->drain();  // the dispatcher is not shared with a running call
       if (op.kind == PendingOp::kCollective) {
         per_comm[op.comm] += use->dispatcher->predict_us(op.call);
       } else {

@@ -296,6 +296,33 @@ TEST(NcclApi, AbortStopsANonBlockingInitWaitingForItsPeers) {
   unsetenv("TUTTI_INIT_TIMEOUT");
 }
 
+// One thread, one group, a non-blocking and a blocking communicator: the blocking one's call is done
+// when ncclGroupEnd returns, the non-blocking one's when its async state says so.
+TEST(NcclApi, AGroupMixingBlockingAndNonBlockingCommunicators) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<ncclComm_t> comms(2);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ncclConfig_t nonblocking = NCCL_CONFIG_INITIALIZER;
+  nonblocking.blocking = 0;
+  ASSERT_EQ(ncclCommInitRankConfig(&comms[0], 2, id, 0, &nonblocking), ncclSuccess);
+  ASSERT_EQ(ncclCommInitRank(&comms[1], 2, id, 1), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  std::vector<float> a(4096, 1.0f), b(4096, 2.0f);  // above the mailbox: plans, on threads
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(a.data(), a.data(), a.size(), ncclFloat, ncclSum, comms[0], nullptr), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(b.data(), b.data(), b.size(), ncclFloat, ncclSum, comms[1], nullptr), ncclSuccess);
+  ncclResult_t end = ncclGroupEnd();
+  ASSERT_TRUE(end == ncclSuccess || end == ncclInProgress) << end;
+  EXPECT_EQ(b[4095], 3.0f);  // the blocking communicator's call is done
+  ncclResult_t state;
+  do ASSERT_EQ(ncclCommGetAsyncError(comms[0], &state), ncclSuccess);
+  while (state == ncclInProgress);
+  EXPECT_EQ(state, ncclSuccess);
+  EXPECT_EQ(a[4095], 3.0f);
+  for (auto c : comms) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
 // A call that fails inside a group fails the group: ncclGroupEnd returns the first failure and runs
 // nothing, so no peer is left waiting for a call that was dropped.
 TEST(NcclApi, AFailedCallInAGroupFailsTheGroup) {
