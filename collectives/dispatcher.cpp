@@ -397,6 +397,19 @@ std::pair<topo::Topology, plan::CostModel> host_model(Communicator& comm) {
 }
 }  // namespace
 
+Choice Dispatcher::choose_for(const CollectiveCall& call) {
+  const Collective c = call.collective;
+  const int n = comm_.size();
+  const int64_t esize = static_cast<int64_t>(size_of(call.reduction.type));
+  const uint64_t bytes =
+      static_cast<uint64_t>(std::max(input_elems(c, call.count, n), output_elems(c, call.count, n)) * esize);
+  // premulsum reads a scaled copy of the input, so such a call never runs in place (as in run()).
+  const bool inplace = call.reduction.op != RedOp::kPreMulSum &&
+                       is_inplace(c, static_cast<const unsigned char*>(call.input),
+                                  static_cast<const unsigned char*>(call.output), comm_.rank(), call.count * esize);
+  return choose(c, inplace, bytes, call.root, call.count, esize, call.device);
+}
+
 double Dispatcher::predict_transfer_us(int peer, size_t bytes) {
   auto [t, model] = host_model(comm_);
   const topo::Path path = t.path(comm_.rank(), peer);
@@ -407,11 +420,7 @@ double Dispatcher::predict_us(const CollectiveCall& call) {
   const int n = comm_.size();
   const Collective c = call.collective;
   const int64_t esize = static_cast<int64_t>(size_of(call.reduction.type));
-  const uint64_t bytes = static_cast<uint64_t>(
-      std::max(input_elems(c, call.count, n), output_elems(c, call.count, n)) * esize);
-  const bool inplace = is_inplace(c, static_cast<const unsigned char*>(call.input),
-                                  static_cast<const unsigned char*>(call.output), comm_.rank(), call.count * esize);
-  Choice choice = choose(c, inplace, bytes, call.root, call.count, esize, call.device);
+  Choice choice = choose_for(call);
   auto [t, model] = host_model(comm_);
   // The one-shot mailbox has no plan: the model's default algorithm for the call stands in for it.
   plan::Plan fallback;
@@ -432,12 +441,7 @@ std::function<void()> Dispatcher::start(const CollectiveCall& call) {
   if (call.device || check_ || call.reduction.op == RedOp::kPreMulSum || !comm_.mailbox()) return whole;
   const int n = comm_.size(), rank = comm_.rank();
   const Collective c = call.collective;
-  const int64_t esize = static_cast<int64_t>(size_of(call.reduction.type));
-  const uint64_t bytes =
-      static_cast<uint64_t>(std::max(input_elems(c, call.count, n), output_elems(c, call.count, n)) * esize);
-  const bool inplace = is_inplace(c, static_cast<const unsigned char*>(call.input),
-                                  static_cast<const unsigned char*>(call.output), rank, call.count * esize);
-  if (!choose(c, inplace, bytes, call.root, call.count, esize, false).oneshot) return whole;
+  if (!choose_for(call).oneshot) return whole;
   last_plan_ = tuning::kOneShot;
   Mailbox& mb = *comm_.mailbox();
   auto finish = [this, call, &mb, n, rank] {

@@ -111,6 +111,8 @@ class Dispatcher {
  private:
   Choice choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,
                 bool device = false);
+  // choose() for a whole call, as run() would choose for it (start() and predict_us() ask too).
+  Choice choose_for(const CollectiveCall& call);
   std::shared_ptr<const PreparedPlan> builtin(const std::string& name, std::map<std::string, int> params);
   void check_consistent(const CollectiveCall& call);
   void warn_about_settings();

@@ -361,6 +361,34 @@ void run_ops(ncclComm* c, const std::vector<PendingOp>& ops) {
   }
 }
 
+// Runs fn(0..n-1) side by side, one thread each (ranks driven by one thread need each other; one
+// runs inline), and returns each one's result; the first failure's text becomes this thread's
+// ncclGetLastError.
+std::vector<ncclResult_t> side_by_side(size_t n, const char* fn, const std::function<void(size_t)>& body) {
+  std::vector<ncclResult_t> results(n, ncclSuccess);
+  std::vector<std::string> errors(n);
+  auto one = [&](size_t k) {
+    results[k] = guard(fn, [&] {
+      body(k);
+      return ncclSuccess;
+    });
+    if (results[k] != ncclSuccess) errors[k] = t_last_error;
+  };
+  if (n == 1) {
+    one(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < n; ++k) threads.emplace_back(one, k);
+    for (auto& t : threads) t.join();
+  }
+  for (size_t k = 0; k < n; ++k)
+    if (results[k] != ncclSuccess) {
+      t_last_error = errors[k];
+      break;
+    }
+  return results;
+}
+
 ncclResult_t execute(std::vector<PendingOp> ops) {
   // Per communicator, in submission order; several communicators (one thread driving several ranks)
   // run side by side, one thread each, as their ranks need each other.
@@ -372,81 +400,36 @@ ncclResult_t execute(std::vector<PendingOp> ops) {
   }
   std::vector<std::unique_ptr<Use>> uses;
   for (ncclComm* c : order) uses.push_back(std::make_unique<Use>(c, "ncclGroupEnd"));
+  // Non-blocking communicators' calls go to their workers. The others run here, side by side
+  // with those (they may need each other), and are done when the group returns, as a blocking
+  // communicator's calls must be.
   bool async = false;
-  for (ncclComm* c : order) async |= !c->blocking;
-  if (async) {
-    // Non-blocking communicators' calls go to their workers. A blocking communicator in the same
-    // group runs its calls on a thread of this call, side by side with the workers (they may need
-    // each other), and they are done when the group returns, as a blocking communicator's must be.
-    std::vector<std::thread> blocking;
-    std::vector<std::string> errors(order.size());
-    std::vector<ncclResult_t> results(order.size(), ncclSuccess);
-    for (size_t k = 0; k < order.size(); ++k) {
-      ncclComm* c = order[k];
-      if (c->worker) {
-        c->worker->post([c, mine = by_comm[c]] { run_ops(c, mine); });
-        continue;
-      }
-      blocking.emplace_back([&, k, c] {
-        results[k] = guard("ncclGroupEnd", [&] {
-          run_ops(c, by_comm[c]);
-          return ncclSuccess;
-        });
-        if (results[k] != ncclSuccess) errors[k] = t_last_error;
-      });
+  std::vector<ncclComm*> here;
+  for (ncclComm* c : order) {
+    if (c->worker) {
+      c->worker->post([c, mine = by_comm[c]] { run_ops(c, mine); });
+      async = true;
+    } else {
+      here.push_back(c);
     }
-    for (auto& t : blocking) t.join();
-    for (size_t k = 0; k < order.size(); ++k)
-      if (results[k] != ncclSuccess) {
-        t_last_error = errors[k];
-        return results[k];
-      }
-    return ncclInProgress;
   }
-  if (order.size() == 1) {
-    run_ops(order[0], by_comm[order[0]]);
+  if (!async && here.size() == 1) {  // one communicator: its errors reach the caller's guard as they are
+    run_ops(here[0], by_comm[here[0]]);
     return ncclSuccess;
   }
-  std::vector<std::thread> threads;
-  std::vector<ncclResult_t> results(order.size(), ncclSuccess);
-  std::vector<std::string> errors(order.size());
-  for (size_t k = 0; k < order.size(); ++k)
-    threads.emplace_back([&, k] {
-      results[k] = guard("ncclGroupEnd", [&] {
-        run_ops(order[k], by_comm[order[k]]);
-        return ncclSuccess;
-      });
-      if (results[k] != ncclSuccess) errors[k] = t_last_error;
-    });
-  for (auto& t : threads) t.join();
-  for (size_t k = 0; k < order.size(); ++k)
-    if (results[k] != ncclSuccess) {
-      t_last_error = errors[k];
-      return results[k];
-    }
-  return ncclSuccess;
+  auto results = side_by_side(here.size(), "ncclGroupEnd", [&](size_t k) { run_ops(here[k], by_comm[here[k]]); });
+  for (ncclResult_t rc : results)
+    if (rc != ncclSuccess) return rc;
+  return async ? ncclInProgress : ncclSuccess;
 }
 
 // Runs the inits of a group side by side. A communicator whose init fails keeps the error as its
 // async error (ncclCommGetAsyncError) and the group returns the first one, as NCCL does.
 ncclResult_t run_inits(std::vector<PendingInit>& inits) {
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(inits.size());
-  for (size_t k = 0; k < inits.size(); ++k)
-    threads.emplace_back([&, k] {
-      ncclComm* c = inits[k].comm;
-      c->async = guard("ncclCommInitRank (in a group)", [&] {
-        inits[k].init();
-        return ncclSuccess;
-      });
-      if (c->async != ncclSuccess) errors[k] = t_last_error;
-    });
-  for (auto& t : threads) t.join();
-  for (size_t k = 0; k < inits.size(); ++k)
-    if (inits[k].comm->async != ncclSuccess) {
-      t_last_error = errors[k];
-      return static_cast<ncclResult_t>(inits[k].comm->async.load());
-    }
+  auto results = side_by_side(inits.size(), "ncclCommInitRank (in a group)", [&](size_t k) { inits[k].init(); });
+  for (size_t k = 0; k < inits.size(); ++k) inits[k].comm->async = results[k];
+  for (ncclResult_t rc : results)
+    if (rc != ncclSuccess) return rc;
   return ncclSuccess;
 }
 
