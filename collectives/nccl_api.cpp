@@ -182,6 +182,7 @@ class Use {
   Use(const Use&) = delete;
   Use& operator=(const Use&) = delete;
   ncclComm* operator->() const { return c_; }
+  ncclComm* get() const { return c_; }
 
  private:
   // Once `active` may reach 0, release() may delete the communicator: nothing here touches it after
@@ -778,6 +779,7 @@ std::map<void*, ShmSegment> g_mem;
 struct Registration {
   void* buff;
   size_t size;
+  bool device;  // registered with the communicator's device executor (plans read it in place)
 };
 }  // namespace
 
@@ -834,7 +836,14 @@ NCCL_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size
     Use use(comm, "ncclCommRegister");
     TUTTI_CHECK(handle, InvalidArgument, "ncclCommRegister: handle is NULL");
     check_buffer(buff, size, "buff", "ncclCommRegister");
-    *handle = new Registration{buff, size};
+    auto reg = std::make_unique<Registration>(Registration{buff, size, false});
+    // Device memory: same-process peers may read it in place. Host memory: the CPU transports
+    // already read a peer's buffer in place where they can (shared buffers), registration or not.
+    if (buff && size > 0 && on_device(use.get(), {buff}, "ncclCommRegister")) {
+      device_executor(use.get()).register_memory(buff, size);
+      reg->device = true;
+    }
+    *handle = reg.release();
     return ncclSuccess;
   });
 }
@@ -843,7 +852,8 @@ NCCL_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void* handle) 
   return guard("ncclCommDeregister", [&] {
     Use use(comm, "ncclCommDeregister");
     TUTTI_CHECK(handle, InvalidArgument, "ncclCommDeregister: handle is NULL");
-    delete static_cast<Registration*>(handle);
+    std::unique_ptr<Registration> reg(static_cast<Registration*>(handle));
+    if (reg->device) device_executor(use.get()).deregister_memory(reg->buff, reg->size);
     return ncclSuccess;
   });
 }

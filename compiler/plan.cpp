@@ -169,6 +169,7 @@ std::string to_json(const Plan& p) {
         if (s.send_peer >= 0) js["send_peer"] = s.send_peer;
         if (s.recv_peer >= 0) js["recv_peer"] = s.recv_peer;
         if (s.remote) js["remote"] = ref_json(*s.remote);
+        if (s.stable_source) js["stable_source"] = true;
         if (!s.deps.empty()) {
           json deps = json::array();
           for (auto& d : s.deps) deps.push_back(json::array({d.block, d.step}));
@@ -245,7 +246,9 @@ Plan parse_json(const std::string& text) {
       b.channel = field<int>(jb, "channel", bw);
       for (const json& js : jb.at("steps")) {
         std::string sw = fmt::format("{} step {}", bw, b.steps.size());
-        check_keys(js, {"op", "srcs", "dst", "send_peer", "recv_peer", "remote", "deps", "kernel", "kernel_arg"}, sw);
+        check_keys(js, {"op", "srcs", "dst", "send_peer", "recv_peer", "remote", "deps", "kernel", "kernel_arg",
+                         "stable_source"},
+                   sw);
         Instruction in;
         std::string op = field<std::string>(js, "op", sw);
         auto code = parse_opcode(op);
@@ -257,6 +260,7 @@ Plan parse_json(const std::string& text) {
         if (js.contains("send_peer")) in.send_peer = field<int>(js, "send_peer", sw);
         if (js.contains("recv_peer")) in.recv_peer = field<int>(js, "recv_peer", sw);
         if (js.contains("remote")) in.remote = parse_ref(js["remote"], sw);
+        if (js.contains("stable_source")) in.stable_source = field<bool>(js, "stable_source", sw);
         if (js.contains("deps"))
           for (const json& d : js["deps"]) {
             TUTTI_CHECK(d.is_array() && d.size() == 2, InvalidArgument, "plan JSON: {}: a dependency is [block, step]", sw);

@@ -25,7 +25,6 @@
 #include <vector>
 
 #include "tutti/collective.hpp"
-#include "tutti/collective.hpp"
 
 namespace tutti::plan {
 
@@ -72,6 +71,10 @@ struct Instruction {
   std::vector<Dep> deps;
   int kernel = 0;        // compute
   double kernel_arg = 1;  // compute
+  // Stated by plan::certify for a send: every write of this rank to the chunks it sends happens
+  // before it, so a peer may read them in place, from the sender's buffer, until the end of the
+  // call (ncclCommRegister's direct reads) instead of from a copy in its FIFO.
+  bool stable_source = false;
   bool operator==(const Instruction&) const = default;
   int64_t count() const;
 };

@@ -64,7 +64,7 @@ class Checker {
       if (!simulate(hi)) report_deadlock(hi);  // leaves the final state of a completed run
     }
     postcondition();
-    if (opt.check_hazards) hazards();
+    if (opt.check_hazards) rep.stable_sends = hazards();
     return rep;
   }
 
@@ -386,7 +386,8 @@ class Checker {
   }
 
   // --- hazards ------------------------------------------------------------------------------
-  void hazards() {
+  // Fails on the first race; returns the sends whose sources are stable (see VerifyReport).
+  std::vector<VerifyReport::At> hazards() {
     // Vector clocks over all blocks, filled in the order the simulation executed the nodes (which
     // respects program order, dependencies and messages).
     const size_t B = static_cast<size_t>(total_blocks_);
@@ -439,6 +440,25 @@ class Checker {
                                      std::get<2>(loc), at(a), wa ? "writes" : "reads", at(b), wb ? "writes" : "reads", kind));
         }
     }
+    // A send's source is stable when every write to its chunks happens before it. Every write is
+    // ordered with it (no races, above), so one that is not before it comes after, possibly before
+    // the peer has read the message: then the peer must read a copy.
+    std::vector<VerifyReport::At> stable;
+    for (int node = 0; node < static_cast<int>(nodes_.size()); ++node) {
+      const Instruction& in = instr(node);
+      if (in.op != Opcode::kSend || in.srcs.size() != 1) continue;
+      const int rank = nodes_[node].rank;
+      bool ok = true;
+      for (int64_t k = 0; k < in.srcs[0].count && ok; ++k) {
+        Location l = spec_.canonical(rank, in.srcs[0].buffer, static_cast<int>(in.srcs[0].index + k));
+        auto it = access.find({rank, static_cast<int>(l.buffer), l.index});
+        if (it == access.end()) continue;
+        for (auto [other, write] : it->second)
+          if (write && !ordered(other, node)) ok = false;
+      }
+      if (ok) stable.push_back({rank, nodes_[node].block, nodes_[node].step});
+    }
+    return stable;
   }
 
   const Plan& p_;
@@ -471,6 +491,11 @@ VerifyReport certify(Plan& plan, const VerifyOptions& options) {
   VerifyReport report = verify(plan, options);
   plan.fifo_depth = std::max<int64_t>(1, report.fifo_depth_needed);
   plan.any_count = splits_any_count(plan);
+  for (RankPlan& r : plan.ranks)
+    for (Block& b : r.blocks)
+      for (Instruction& in : b.steps) in.stable_source = false;
+  for (const VerifyReport::At& at : report.stable_sends)
+    plan.ranks[at.rank].blocks[at.block].steps[at.step].stable_source = true;
   return report;
 }
 

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "compiler/plan.hpp"
 
@@ -35,13 +36,20 @@ struct VerifyReport {
   int64_t max_chunks = 0;            // largest buffer (chunks) over ranks
   int64_t fifo_depth_needed = 0;     // smallest FIFO depth (messages) without deadlock
   int64_t max_messages_per_connection = 0;
+  // Sends whose source chunks no write of their rank follows (every write to them happens before
+  // the send): (rank, block index, step). Found with the hazard check; empty without it.
+  struct At {
+    int rank, block, step;
+  };
+  std::vector<At> stable_sends;
   std::string summary(const Plan& plan) const;
 };
 
 VerifyReport verify(const Plan& plan, const VerifyOptions& options = {});
 
 // Verifies the plan and states in it what executors rely on: the FIFO depth it was proved for
-// (plan.fifo_depth, at least 1) and whether it splits any element count (plan.any_count). Executors
+// (plan.fifo_depth, at least 1), whether it splits any element count (plan.any_count) and which
+// sends a peer may read in place (Instruction::stable_source). Executors
 // refuse plans that were not certified. Throws as verify() does.
 VerifyReport certify(Plan& plan, const VerifyOptions& options = {});
 

@@ -272,6 +272,41 @@ TEST(Mutations, RacesAreReportedAsHazards) {
       << e;
 }
 
+// certify marks the sends a peer may read in place: those whose source no later write of their
+// rank touches.
+TEST(Certify, SendsAreStableUnlessTheirRankWritesTheSourceAfterwards) {
+  Plan p = compile(algorithms::build("ring_allgather", 3, {{"inplace", 1}})).plan;
+  auto stable_sends = [&] {
+    int stable = 0, sends = 0;
+    for (auto& r : p.ranks)
+      for (auto& b : r.blocks)
+        for (auto& in : b.steps)
+          if (in.op == Opcode::kSend) ++sends, stable += in.stable_source;
+    return std::pair{stable, sends};
+  };
+  auto [stable, sends] = stable_sends();
+  ASSERT_GT(sends, 0);
+  EXPECT_EQ(stable, sends);
+  // Rank 0 rewrites the chunk of its first send (with the same contents) at the end of the block.
+  Block* block = nullptr;
+  Instruction* send = nullptr;
+  for (auto& b : p.ranks[0].blocks)
+    for (auto& in : b.steps)
+      if (!send && in.op == Opcode::kSend) block = &b, send = &in;
+  ASSERT_NE(send, nullptr);
+  Instruction rewrite;
+  rewrite.op = Opcode::kCopy;
+  rewrite.srcs = {send->srcs[0]};
+  rewrite.dst = send->srcs[0];
+  const size_t at = static_cast<size_t>(send - block->steps.data());
+  block->steps.push_back(rewrite);
+  certify(p);
+  EXPECT_FALSE(block->steps[at].stable_source);
+  EXPECT_EQ(stable_sends(), std::pair(sends - 1, sends));
+  // The JSON form carries the marks.
+  EXPECT_EQ(parse_json(to_json(p)), p);
+}
+
 TEST(Mutations, SmallFifosDeadlockWhereLargerOnesDoNot) {
   // Everyone first sends to everyone, then receives: needs FIFOs as deep as the messages in flight.
   Plan p;

@@ -46,6 +46,7 @@ struct Options {
   int64_t fifo_depth = 8;
   int instances = 1;
   double timeout_s = 120;  // a deadlock fails the test instead of hanging it
+  bool registered = false;  // register every rank's buffers (peers may read them in place)
 };
 
 DeviceOptions device_options(const Options& o) {
@@ -60,8 +61,10 @@ DeviceOptions device_options(const Options& o) {
 }
 
 // Runs each plan of `seq` in turn on one emulated-device executor per rank (later plans meet the
-// FIFO counters and epochs earlier ones left) and checks every output element bit for bit.
-void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>& counts, const Options& o) {
+// FIFO counters and epochs earlier ones left) and checks every output element bit for bit. Adds
+// the messages peers read in place to *direct.
+void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>& counts, const Options& o,
+                   uint64_t* direct = nullptr) {
   ASSERT_FALSE(seq.empty());
   const int n = seq[0]->plan.nranks;
   auto comms = Communicator::create_local(n);
@@ -89,6 +92,10 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
           out[r] = in[r];
       }
       test_support::on_ranks(comms, [&](int r, Communicator&) {
+        if (o.registered) {
+          if (!in[r].empty()) executors[r]->register_memory(in[r].data(), in[r].size());
+          if (!out[r].empty()) executors[r]->register_memory(out[r].data(), out[r].size());
+        }
         ExecArgs a;
         a.count = count;
         a.reduction.type = o.type;
@@ -101,6 +108,10 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
           a.output = out[r].data();
         }
         executors[r]->run(*prepared, a);
+        if (o.registered) {
+          if (!in[r].empty()) executors[r]->deregister_memory(in[r].data(), in[r].size());
+          if (!out[r].empty()) executors[r]->deregister_memory(out[r].data(), out[r].size());
+        }
         if (pl.inplace && pl.collective == Collective::kReduceScatter)
           std::memcpy(out[r].data(), in[r].data() + r * count * es, static_cast<size_t>(count * es));
       });
@@ -125,6 +136,8 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
           }
         }
     }
+  if (direct)
+    for (auto& e : executors) *direct += e->direct_messages();
   test_support::on_ranks(comms, [&](int r, Communicator&) { executors[r]->close(); });
 }
 
@@ -206,6 +219,56 @@ TEST(DeviceExecutor, SharedMscclPlansRunAtTheirRankCounts) {
     ++seen;
   }
   EXPECT_GE(seen, 6);
+}
+
+// ncclCommRegister's direct reads: with registered buffers, a send the compiler marked stable lets
+// the peer read the data from the sender's buffer; results stay exact for every built-in and the
+// shared MSCCL plans, in and out of place (where later writes forbid it, the data goes through the
+// FIFO), and FIFOs of the verified depth still finish.
+TEST(DeviceExecutor, RegisteredBuffersAreReadInPlaceWhereThePlanAllows) {
+  Options o;
+  o.registered = true;
+  uint64_t direct = 0;
+  for (const auto& b : algorithms::builtins())
+    for (int n : {2, 3, 4})
+      for (int inplace : {0, 1}) {
+        algorithms::Params prm;
+        bool has_inplace = false;
+        for (auto& p : b.params) has_inplace |= p.name == "inplace";
+        if (has_inplace) prm["inplace"] = inplace;
+        else if (inplace) continue;
+        if (b.name.find("hier") != std::string::npos) prm["local"] = n % 2 == 0 ? 2 : 1;
+        try {
+          algorithms::resolve(b, n, prm);
+        } catch (const InvalidArgument&) {
+          continue;
+        }
+        ASSERT_NO_FATAL_FAILURE(run_and_check({builtin(b.name, n, prm)}, {1, 1000, 30001}, o, &direct));
+      }
+  EXPECT_GT(direct, 0u);
+  for (const auto& entry : std::filesystem::directory_iterator(TUTTI_TESTDATA "/msccl")) {
+    SCOPED_TRACE(entry.path().string());
+    plan::Plan loaded = plan::load_file(entry.path().string());
+    plan::certify(loaded);
+    Prepared p = PreparedPlan::make(std::move(loaded));
+    o.slot_bytes = 64 << 10;
+    ASSERT_NO_FATAL_FAILURE(run_and_check({p}, {p->plan.chunk_factor * 257}, o));
+  }
+  // Every message of an out-of-place all-gather's first hop, and none without registration or in LL.
+  Options one;
+  one.registered = true;
+  one.fifo_depth = 2;  // the verified depth: direct messages still hold their slots until read
+  one.slot_bytes = 256;
+  uint64_t ring = 0, plain = 0, ll = 0;
+  ASSERT_NO_FATAL_FAILURE(run_and_check({builtin("ring_allgather", 4)}, {4099}, one, &ring));
+  EXPECT_GT(ring, 0u);
+  one.registered = false;
+  ASSERT_NO_FATAL_FAILURE(run_and_check({builtin("ring_allgather", 4)}, {4099}, one, &plain));
+  EXPECT_EQ(plain, 0u);
+  one.registered = true;
+  one.protocol = kProtoLL;
+  ASSERT_NO_FATAL_FAILURE(run_and_check({builtin("ring_allgather", 4)}, {4099}, one, &ll));
+  EXPECT_EQ(ll, 0u);
 }
 
 TEST(DeviceExecutor, FifosOfTheVerifiedDepthStillFinish) {

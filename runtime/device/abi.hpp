@@ -10,10 +10,19 @@
 // Memory of one connection (sender s -> receiver r on channel c) lives in the receiver's device
 // memory and is written through peer pointers (runtime/device/fifo.hpp states the ordering
 // contract):
-//   Fifo { tail, head, pad; Simple slots [depth][slot_bytes]; LL slots [depth][ll_slot_bytes] }
+//   Fifo { tail, head, pad; Simple slots [depth][slot_bytes]; LL slots [depth][ll_slot_bytes];
+//          descriptors [depth][2] }
 // tail: messages the sender has posted (Simple); head: messages the receiver has consumed (both
 // protocols). The sender's and receiver's own message counts live in their own memory (FifoView::count)
 // and persist across launches, like NCCL's step counters.
+//
+// Direct reads (registered buffers, peers in one address space): a Simple message may carry no
+// data. Its slot's descriptor then names where the data lies in the sender's memory (the base of
+// the sender's canonical buffer and the first chunk's index; the receiver places the chunks with
+// the geometry both share), and the receiver reads them there. The sender only does so for a send
+// the compiler marked stable_source, from a buffer registered with the communicator, to a peer
+// that can address its memory; it writes descriptor {0, 0} for a message in the slot, and before
+// its launch ends it waits until every message it let a peer read in place has been consumed.
 
 #include <cstdint>
 
@@ -34,6 +43,7 @@ struct DevDep {
 struct DevStep {
   uint8_t op = 0;      // plan::Opcode value (runtime/instruction_semantics.hpp)
   uint8_t signal = 0;  // another block depends on this step: publish progress after it
+  uint8_t stable_src = 0;  // a send whose source a peer may read in place (plan::Instruction::stable_source)
   uint16_t nsrcs = 0;
   int32_t send_conn = -1;  // index into LaunchArgs::send (this rank's outgoing FIFOs of the plan)
   int32_t recv_conn = -1;  // index into LaunchArgs::recv
@@ -58,13 +68,16 @@ struct FifoView {
   uint64_t* tail = nullptr;         // receiver's memory, written by the sender
   uint64_t* head = nullptr;         // receiver's memory, written by the receiver
   uint64_t* count = nullptr;        // this rank's memory: messages this side has sent / received
+  uint64_t* desc = nullptr;         // [depth][2], in the receiver's memory: where a message's data is
   int32_t peer = -1;                // for error reports
+  int32_t direct = 0;               // sender's view: the peer can read this rank's memory in place
 };
 
 // Per rank, in its device memory; survives launches (and CUDA graph replays).
 struct RankState {
   uint64_t epoch;     // launches finished; progress words of launch e are (e << 32) | steps
   uint64_t finished;  // blocks of the current launch that are done (the last one bumps epoch)
+  uint64_t direct_messages;  // messages peers read in place, over all launches (for tests and traces)
 };
 
 // Set by the first wait that gives up; every wait polls it, so one failure stops every block of
@@ -94,6 +107,7 @@ struct LaunchArgs {
   int32_t instances = 1;  // copies of the plan, each with its own FIFOs, taking rounds in turn
   int32_t nsend = 0, nrecv = 0;  // FIFO views per instance (send[instance * nsend + conn])
   int32_t protocol = kProtoSimple;
+  uint32_t registered = 0;  // bit b: bufs[b] lies in memory registered with the communicator
   int32_t op = 0;    // RedOp
   int32_t type = 0;  // DataType
   int64_t esize = 1;

@@ -88,7 +88,7 @@ struct DeviceExecutor::P2pPlan {
 
 DeviceExecutor::DeviceExecutor(Communicator& comm, std::unique_ptr<Backend> backend, const DeviceOptions& options)
     : comm_(comm), backend_(std::move(backend)), options_(options) {
-  fifo_stride_ = round_up(kFifoHeader + options_.fifo_depth * (options_.slot_bytes + options_.ll_slot_bytes), 256);
+  fifo_stride_ = round_up(kFifoHeader + options_.fifo_depth * (options_.slot_bytes + options_.ll_slot_bytes + 16), 256);
   state_ = static_cast<RankState*>(backend_->alloc(sizeof(RankState)));
   p2p_state_ = static_cast<RankState*>(backend_->alloc(sizeof(RankState)));
   void* view = nullptr;
@@ -103,6 +103,8 @@ DeviceExecutor::DeviceExecutor(Communicator& comm, std::unique_ptr<Backend> back
 void DeviceExecutor::close() {
   if (aborted_ || closed_) return;
   backend_->synchronize(nullptr);  // this rank's launches
+  if (log::enabled(log::Level::kInfo, log::kInit))
+    if (uint64_t n = direct_messages()) TUTTI_INFO(log::kInit, "rank {}: peers read {} messages in place", comm_.rank(), n);
   if (!channels_.empty() && comm_.size() > 1) comm_.bootstrap().barrier();
   closed_ = true;
 }
@@ -272,7 +274,7 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
               "which a capture does not allow: run the collective once before capturing it",
               comm_.rank(), pp.plan.name);
   auto u = std::make_unique<Uploaded>();
-  const int me = comm_.rank(), n = comm_.size();
+  const int me = comm_.rank();
   u->plan = flatten(pp, me);
   u->fifo_depth = pp.plan.fifo_depth;
   // Before anything collective: a refused plan must fail on every rank alone, not hang.
@@ -299,23 +301,11 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
   // Device channel 0 is reserved for point-to-point calls; instance i's plan channel c is
   // 1 + i * channels + c.
   ensure_channels(1 + u->instances * u->plan.channels);
-  int instance = 0;
-  auto view = [&](const ConnectionKey& k, bool send) {
-    const Channel& ch = *channels_.at(static_cast<size_t>(1 + instance * u->plan.channels + k.channel));
-    unsigned char* fifo = send ? ch.peer_inbox[k.peer] + fifo_stride_ * me : ch.inbox + fifo_stride_ * k.peer;
-    FifoView v;
-    v.tail = reinterpret_cast<uint64_t*>(fifo);
-    v.head = reinterpret_cast<uint64_t*>(fifo + 64);
-    v.simple = fifo + kFifoHeader;
-    v.ll = fifo + kFifoHeader + options_.fifo_depth * options_.slot_bytes;
-    v.count = ch.counts + (send ? 0 : n) + k.peer;
-    v.peer = k.peer;
-    return v;
-  };
   std::vector<FifoView> sends, recvs;
-  for (instance = 0; instance < u->instances; ++instance) {
-    for (auto& k : u->plan.sends) sends.push_back(view(k, true));
-    for (auto& k : u->plan.recvs) recvs.push_back(view(k, false));
+  for (int instance = 0; instance < u->instances; ++instance) {
+    const size_t base = static_cast<size_t>(1 + instance * u->plan.channels);
+    for (auto& k : u->plan.sends) sends.push_back(view(*channels_.at(base + k.channel), k.peer, true));
+    for (auto& k : u->plan.recvs) recvs.push_back(view(*channels_.at(base + k.channel), k.peer, false));
   }
   // One allocation: the plan's arrays, the FIFO views and the blocks' progress words.
   std::vector<unsigned char> image;
@@ -351,6 +341,54 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
   a.nsend = static_cast<int32_t>(d.sends.size());
   a.nrecv = static_cast<int32_t>(d.recvs.size());
   return *(plans_[pp.id] = std::move(u));
+}
+
+FifoView DeviceExecutor::view(const Channel& ch, int peer, bool send) const {
+  const int me = comm_.rank();
+  unsigned char* fifo = send ? ch.peer_inbox[peer] + fifo_stride_ * me : ch.inbox + fifo_stride_ * peer;
+  FifoView v;
+  v.tail = reinterpret_cast<uint64_t*>(fifo);
+  v.head = reinterpret_cast<uint64_t*>(fifo + 64);
+  v.simple = fifo + kFifoHeader;
+  v.ll = v.simple + options_.fifo_depth * options_.slot_bytes;
+  v.desc = reinterpret_cast<uint64_t*>(v.ll + options_.fifo_depth * options_.ll_slot_bytes);
+  v.count = ch.counts + (send ? 0 : comm_.size()) + peer;
+  v.peer = peer;
+  // Ranks of one process address each other's memory (one GPU, or peer access between GPUs).
+  v.direct = send && peer != me && peer_transport_.at(peer) == &device_transports()[0] ? 1 : 0;
+  return v;
+}
+
+void DeviceExecutor::register_memory(const void* p, size_t bytes) {
+  TUTTI_CHECK(p && bytes > 0, InvalidArgument, "rank {}: registering {} bytes at {}", comm_.rank(), bytes, p);
+  std::lock_guard lock(registered_mu_);
+  registered_.push_back({static_cast<const unsigned char*>(p), bytes});
+}
+
+void DeviceExecutor::deregister_memory(const void* p, size_t bytes) {
+  std::lock_guard lock(registered_mu_);
+  auto it = std::find_if(registered_.begin(), registered_.end(),
+                         [&](const auto& r) { return r.first == p && r.second == bytes; });
+  TUTTI_CHECK(it != registered_.end(), InvalidArgument, "rank {}: {} bytes at {} are not registered", comm_.rank(),
+              bytes, p);
+  registered_.erase(it);
+}
+
+bool DeviceExecutor::registered(const void* p, size_t bytes) const {
+  auto* q = static_cast<const unsigned char*>(p);
+  std::lock_guard lock(registered_mu_);
+  for (const auto& [base, n] : registered_)
+    if (q && bytes > 0 && q >= base && q + bytes <= base + n) return true;
+  return false;
+}
+
+uint64_t DeviceExecutor::direct_messages() {
+  RankState s[2];
+  backend_->synchronize(nullptr);
+  backend_->copy(&s[0], state_, sizeof(RankState), nullptr);
+  backend_->copy(&s[1], p2p_state_, sizeof(RankState), nullptr);
+  backend_->synchronize(nullptr);
+  return s[0].direct_messages + s[1].direct_messages;
 }
 
 const char* DeviceExecutor::transport_to(int peer) const {
@@ -428,6 +466,13 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   a.bufs[kBufInput] = static_cast<unsigned char*>(const_cast<void*>(args.input));
   a.bufs[kBufOutput] = static_cast<unsigned char*>(args.output);
   a.bufs[kBufScratch] = static_cast<unsigned char*>(scratch_);
+  // Registered user buffers may be read in place by peers (scratch is never registered).
+  const exec::Geometry geo{args.count, p.chunk_factor, a.esize};
+  const CollectiveSpec& spec = pp.spec;
+  if (registered(args.input, spec.input_chunks() > 0 ? static_cast<size_t>(geo.bytes(0, spec.input_chunks())) : 0))
+    a.registered |= 1u << kBufInput;
+  if (registered(args.output, spec.output_chunks() > 0 ? static_cast<size_t>(geo.bytes(0, spec.output_chunks())) : 0))
+    a.registered |= 1u << kBufOutput;
   a.state = state_;
   a.status = status_dev_;
   a.abort = abort_dev_;
@@ -488,15 +533,8 @@ void DeviceExecutor::run_p2p(const std::vector<P2pTransfer>& ops, void* stream) 
         step.dst = ref;
         step.recv_conn = 0;
       }
-      const Channel& ch = *channels_[0];
-      unsigned char* fifo = op.send ? ch.peer_inbox[op.peer] + fifo_stride_ * me : ch.inbox + fifo_stride_ * op.peer;
-      FifoView v;
-      v.tail = reinterpret_cast<uint64_t*>(fifo);
-      v.head = reinterpret_cast<uint64_t*>(fifo + 64);
-      v.simple = fifo + kFifoHeader;
-      v.ll = fifo + kFifoHeader + options_.fifo_depth * options_.slot_bytes;
-      v.count = ch.counts + (op.send ? 0 : comm_.size()) + op.peer;
-      v.peer = op.peer;
+      step.stable_src = op.send ? 1 : 0;  // nothing writes a send's buffer during the call
+      FifoView v = view(*channels_[0], op.peer, op.send);
       struct Image {
         DevBlock block;
         DevStep step;
@@ -531,6 +569,7 @@ void DeviceExecutor::run_p2p(const std::vector<P2pTransfer>& ops, void* stream) 
     a.rounds = std::max<int64_t>(1, (a.count + a.round_elems - 1) / a.round_elems);
     a.timeout_ns = static_cast<uint64_t>(options_.timeout_s * 1e9);
     a.bufs[op.send ? kBufInput : kBufOutput] = static_cast<unsigned char*>(op.buffer);
+    if (op.send && registered(op.buffer, op.bytes)) a.registered = 1u << kBufInput;
     a.state = p2p_state_;
     a.status = status_dev_;
     a.abort = abort_dev_;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -87,6 +88,14 @@ class DeviceExecutor final : public Executor {
   // peer touches this rank's FIFOs and the destructor frees them. Not after abort(): then the
   // memory stays allocated.
   void close();
+  // Memory registered with the communicator (ncclCommRegister): a plan's send from a call buffer
+  // that lies wholly inside it, to a rank of this process, lets the peer read the data in place
+  // instead of through the FIFO (abi.hpp, "Direct reads"); the sender's launch then ends only once
+  // the peer has read it. deregister_memory takes what register_memory was given.
+  void register_memory(const void* p, size_t bytes);
+  void deregister_memory(const void* p, size_t bytes);
+  // Messages peers have read in place from this rank's memory (waits for this rank's launches).
+  uint64_t direct_messages();
   Backend& backend() { return *backend_; }
   const DeviceOptions& options() const { return options_; }
 
@@ -96,6 +105,8 @@ class DeviceExecutor final : public Executor {
   struct P2pPlan;
   void ensure_channels(int n);
   Uploaded& upload(const PreparedPlan& plan, void* stream);
+  FifoView view(const Channel& ch, int peer, bool send) const;
+  bool registered(const void* p, size_t bytes) const;
 
   Communicator& comm_;
   std::unique_ptr<Backend> backend_;
@@ -120,6 +131,10 @@ class DeviceExecutor final : public Executor {
   int ranks_on_device_ = 1;  // the most ranks of this communicator on one GPU, known once connected
   bool staged_ = false;      // some pair of ranks shares no GPU memory (the same on every rank)
   std::vector<const TransportInfo*> peer_transport_;  // by rank, once connected
+  // register_memory's; guarded by registered_mu_ (a non-blocking communicator's calls run on a
+  // thread of their own while its user registers).
+  std::vector<std::pair<const unsigned char*, size_t>> registered_;
+  mutable std::mutex registered_mu_;
 };
 
 }  // namespace tutti::device

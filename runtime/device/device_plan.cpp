@@ -49,6 +49,7 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
                     "plan '{}': rank {} depends on block {}, which it does not have", p.name, rank, d.block);
         out.deps.push_back(DevDep{static_cast<int32_t>(d.block), static_cast<int32_t>(d.step)});
       }
+      s.stable_src = in.stable_source ? 1 : 0;
       s.kernel = in.kernel;
       s.kernel_arg = in.kernel_arg;
       out.steps.push_back(s);

@@ -14,6 +14,14 @@
 //   16-byte volatile store and read with one 16-byte volatile load; a line is valid when both flags
 //   equal the message's sequence number, so a torn line is simply not valid yet. The receiver
 //   releases the slot with head as in Simple (after a barrier that orders every thread's reads).
+// Direct reads (Simple, registered buffers, abi.hpp): thread 0 of the sender writes the slot's
+//   descriptor, then st.release.sys tail as above; the data it names was written before (by earlier
+//   work on the stream, or by steps ordered before the send through the barrier and dependency
+//   flags), so the same release orders it. The receiver reads the descriptor (ld.acquire.sys) and
+//   the data in the sender's memory after its acquire of tail, then releases head as usual. The
+//   sender's block ends only after ld.acquire.sys head >= its last message on each connection it
+//   sent in place over, so the call is not complete, and the caller cannot reuse the buffer, before
+//   every peer has read it. (Every message writes a descriptor: {0, 0} when the data is in the slot.)
 // Slot reuse: the sender waits (thread 0, ld.acquire.sys) until head >= seq - depth.
 // Dependencies between blocks of a rank: after a step other blocks depend on, __syncthreads() and
 //   thread 0 st.release.sys progress[block] = (epoch << 32) | steps done; the dependent block's

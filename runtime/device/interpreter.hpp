@@ -105,13 +105,24 @@ struct Round {
   int64_t elems = 0;  // elements of each piece in this round
 };
 
-// Where chunk `index` of a canonical buffer lies in round `r`, and how many bytes it has.
-TUTTI_HD unsigned char* chunk_at(const LaunchArgs& a, const Round& r, uint8_t buf, int64_t index, int64_t* bytes) {
+// Where chunk `index` of a canonical buffer starting at `base` lies in round `r`, and how many
+// bytes it has. Every rank of a call has the same geometry, so this also places a peer's chunks.
+TUTTI_HD unsigned char* chunk_in(unsigned char* base, const LaunchArgs& a, const Round& r, int64_t index, int64_t* bytes) {
   const int64_t C = a.chunk_factor;
   const int64_t piece = index / C, k = index % C;
   const int64_t b = (k * r.elems) / C, e = ((k + 1) * r.elems) / C;
   *bytes = (e - b) * a.esize;
-  return a.bufs[buf] + (piece * a.count + r.begin + b) * a.esize;
+  return base + (piece * a.count + r.begin + b) * a.esize;
+}
+TUTTI_HD unsigned char* chunk_at(const LaunchArgs& a, const Round& r, uint8_t buf, int64_t index, int64_t* bytes) {
+  return chunk_in(a.bufs[buf], a, r, index, bytes);
+}
+
+// Whether this send lets the peer read its source in place (abi.hpp, "Direct reads").
+TUTTI_HD bool sends_direct(const LaunchArgs& a, const DevStep& s, const FifoView* out) {
+  if (!out || !out->direct || !s.stable_src || a.protocol != kProtoSimple || s.nsrcs != 1) return false;
+  const uint8_t buf = a.srcs[s.first_src].buf;
+  return buf < 32 && ((a.registered >> buf) & 1u) != 0;
 }
 
 TUTTI_HD Pack16 load_local(const unsigned char* p, int64_t u, int64_t valid) {
@@ -185,7 +196,7 @@ struct BlockRun {
   TUTTI_HD int64_t bulk(const DevStep& s, int64_t c, const Round& r, int nlocal, int64_t bytes, unsigned char* dst,
                         const unsigned char* src0, const unsigned char* rslot, unsigned char* sslot) {
     auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-    if ((dst && !aligned(dst)) || (src0 && !aligned(src0))) return 0;
+    if ((dst && !aligned(dst)) || (src0 && !aligned(src0)) || (rslot && !aligned(rslot))) return 0;
     const unsigned char* more[3] = {nullptr, nullptr, nullptr};  // further local sources (reduce)
     const int first_more = rslot ? 0 : 1;                         // srcs[0] is acc's start when nothing arrives
     const int nmore = nlocal - first_more;
@@ -251,6 +262,31 @@ struct BlockRun {
     const unsigned char* rslot = in ? (ll ? in->ll : in->simple) + ((recv_seq - 1) % a.depth) * slot_size : nullptr;
     const uint32_t send_flag = static_cast<uint32_t>(send_seq), recv_flag = static_cast<uint32_t>(recv_seq);
 
+    // A direct send moves no data: its descriptor says where the peer reads it.
+    const bool direct = sends_direct(a, s, out);
+    if (out && !ll && team.rank() == 0) {
+      uint64_t* d = out->desc + ((send_seq - 1) % a.depth) * 2;
+      d[0] = direct ? reinterpret_cast<uint64_t>(a.bufs[a.srcs[s.first_src].buf]) : 0;
+      d[1] = direct ? static_cast<uint64_t>(a.srcs[s.first_src].index) : 0;
+    }
+    if (direct) {
+      team.sync();
+      if (team.rank() == 0) {
+        mem::store_release(out->tail, send_seq);
+        *out->count = send_seq;
+        mem::fetch_add(&a.state->direct_messages, 1);
+      }
+      return true;
+    }
+    // A message read in place: the sender's buffer, placed with the call's geometry.
+    unsigned char* remote = nullptr;
+    int64_t remote_index = 0;
+    if (in && !ll) {
+      const uint64_t* d = in->desc + ((recv_seq - 1) % a.depth) * 2;
+      remote = reinterpret_cast<unsigned char*>(mem::load_acquire(d));
+      remote_index = static_cast<int64_t>(mem::load_acquire(d + 1));
+    }
+
     // Operands: which local sources combine, in order.
     const int sources = exec::op_info(s.op).local_sources;
     const int nlocal = sources == exec::kAllSources ? s.nsrcs : sources;
@@ -266,8 +302,10 @@ struct BlockRun {
         continue;
       }
       const int64_t units = (bytes + 15) / 16;
+      int64_t rb = 0;
+      const unsigned char* rdata = remote ? chunk_in(remote, a, r, remote_index + c, &rb) : in ? rslot + offset : nullptr;
       int64_t done = 0;  // units the unrolled path moved
-      if (!ll) done = bulk(s, c, r, nlocal, bytes, dst, src0, in ? rslot + offset : nullptr, out ? sslot + offset : nullptr);
+      if (!ll) done = bulk(s, c, r, nlocal, bytes, dst, src0, rdata, out ? sslot + offset : nullptr);
       for (int64_t u = done + team.rank(); u < units; u += team.size()) {
         const int64_t valid = bytes - u * 16;
         Pack16 acc{{0, 0}};
@@ -296,6 +334,8 @@ struct BlockRun {
             if (failed) break;
             acc.w[0] = lo;
             acc.w[1] = hi;
+          } else if (remote) {
+            acc = load_local(rdata, u, valid);
           } else {
             acc = mem::load_slot(rslot + offset + u * 16);
           }
@@ -359,6 +399,17 @@ struct BlockRun {
         if (s.signal && team.rank() == 0)
           mem::store_release(&progress[block], epoch | static_cast<uint64_t>(k * blk.nsteps + i + 1));
       }
+    }
+    // Peers may still be reading this rank's buffers in place: the call is not over for them until
+    // they have consumed every such message (the block's connections are its own, so its count is
+    // its last message on each).
+    if (team.rank() != 0) return;
+    for (int32_t i = 0; i < blk.nsteps; ++i) {
+      const DevStep& s = a.steps[blk.first_step + i];
+      if (s.send_conn < 0) continue;
+      const FifoView* out = &a.send[instance * a.nsend + s.send_conn];
+      if (sends_direct(a, s, out) && !wait_ge(a, out->head, *out->count, WaitSite{block, i, out->peer, a.rounds}))
+        return;
     }
   }
 };

@@ -58,6 +58,9 @@ want bench && for t in 2 4 8; do
   check "bench_all_reduce_t$t" 120 tutti-perf all_reduce -G 1 -b 8 -e 256M -f 4 -n 20 -w 5 -c 0 -t $t
 done
 
+want bench && check bench_alltoall_t4_registered 120 tutti-perf alltoall -G 1 -b 1M -e 256M -f 4 -n 20 -w 5 -c 0 -R 1 -t 4
+want bench && check bench_alltoall_t4_plain 120 tutti-perf alltoall -G 1 -b 1M -e 256M -f 4 -n 20 -w 5 -c 0 -t 4
+
 want bench && for f in "$logs"/bench_*.log; do
   echo "## $(basename "$f" .log)"
   grep -vE '^#  Rank|^# nThread|^# Using|^#$' "$f" | tail -n 14 | sed 's/^/   /'
@@ -72,6 +75,8 @@ want threads && for c in $colls; do
   for proto in Simple LL; do
     check "threads4_${c}_$proto" 120 env NCCL_PROTO=$proto tutti-perf $c -G 1 -b 1 -e 4M -f 64 -n 1 -w 0 -c 1 -d all -o all -t 4
   done
+  # Registered buffers: peers read stable sends in place (ncclCommRegister).
+  check "threads4_${c}_registered" 120 tutti-perf $c -G 1 -b 1 -e 64M -f 64 -n 1 -w 0 -c 1 -o sum -R 1 -t 4
 done
 # 4. nccl-tests, unmodified, built against NVIDIA's nccl.h, on tutti's libnccl.so.2: one process per
 # rank on GPU 0 (NCCL_TESTS_DEVICE=0; its -t N would put thread t on GPU t).
