@@ -333,8 +333,14 @@ struct PendingInit {
   std::function<void()> init;
 };
 thread_local std::vector<PendingInit> t_inits;
+// Host-buffer calls drive the CPU executor, which host staging's proxy also drives: they wait for
+// the proxy's earlier calls first (staging is made by the thread that runs calls).
+void drain_staging(ncclComm* c) {
+  if (c->staging) c->staging->drain();
+}
+
 void run_collective(ncclComm* c, const CollectiveCall& call) {
-  if (!call.device) c->dispatcher->run(call);
+  if (!call.device) drain_staging(c), c->dispatcher->run(call);
   else if (device::HostStagingExecutor* staged = host_staging(c)) c->dispatcher->run(call, *staged);
   else c->dispatcher->run(call, device_executor(c));
 }
@@ -356,7 +362,7 @@ void run_ops(ncclComm* c, const std::vector<PendingOp>& ops) {
       p2p.push_back(ops[i++]);
     std::vector<P2pTransfer> transfers;
     for (const PendingOp& op : p2p) transfers.push_back({op.kind == PendingOp::kSend, op.peer, op.buffer, op.bytes});
-    if (!dev) run_host_p2p(*c->comm, transfers);
+    if (!dev) drain_staging(c), run_host_p2p(*c->comm, transfers);
     else if (device::HostStagingExecutor* staged = host_staging(c)) staged->run_p2p(transfers, stream);
     else device_executor(c).run_p2p(transfers, stream);
   }
@@ -687,6 +693,7 @@ ncclResult_t release(ncclComm_t comm, bool abort, const char* fn) {
       while (comm->active.load(std::memory_order_seq_cst) != 0) comm->cv.wait_for(lock, std::chrono::milliseconds(10));
     }
     comm->worker.reset();  // runs what is queued (failing fast after an abort), then stops
+    comm->staging.reset();  // its proxy runs what the streams hand it (nothing after an abort), then stops
     comm->magic = 0;
     if (!abort && comm->device) {
       try {
@@ -734,6 +741,7 @@ NCCL_API(ncclResult_t, ncclCommGetAsyncError, ncclComm_t comm, ncclResult_t* asy
     if (r == ncclSuccess && comm->device) {
       try {
         comm->device->check();
+        if (comm->staging) comm->staging->check();
       } catch (const Error& e) {
         t_last_error = fmt::format("ncclCommGetAsyncError: {}", e.what());
         r = e.kind() == ErrorKind::kAborted ? ncclInvalidUsage : ncclRemoteError;

@@ -33,7 +33,8 @@ namespace tutti {
 // A certified plan (plan::certify) prepared for execution: computed once, reused by every call.
 // Everything an executor needs is stated by the Plan itself (dense block ids, fifo_depth,
 // any_count); make() only checks that it was.
-struct PreparedPlan {
+// Shared: work enqueued for later (a host-staging proxy) keeps the plan it runs alive.
+struct PreparedPlan : std::enable_shared_from_this<PreparedPlan> {
   uint64_t id = 0;  // unique per prepared plan in this process (executors cache per id)
   plan::Plan plan;
   CollectiveSpec spec;

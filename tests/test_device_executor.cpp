@@ -429,6 +429,35 @@ TEST(DeviceExecutor, HostStagingIsChosenByEveryRankAndGivesTheReferenceResult) {
   test_support::on_ranks(comms, [&](int r, Communicator&) { dev[r]->close(); });
 }
 
+// A call the staging proxy cannot finish (here: the communicator was aborted) does not
+// hold the stream: the call's wait ends, and the failure is reported by check() and the next call.
+TEST(DeviceExecutor, HostStagingReportsAFailedCallWithoutHoldingTheStream) {
+  const int n = 2;
+  auto comms = Communicator::create_local(n);
+  std::vector<std::unique_ptr<DeviceExecutor>> dev(n);
+  std::vector<std::unique_ptr<CpuExecutor>> cpu(n);
+  std::vector<std::unique_ptr<HostStagingExecutor>> staged(n);
+  test_support::on_ranks(comms, [&](int r, Communicator& c) {
+    DeviceOptions d;
+    d.host_staging = true;
+    dev[r] = std::make_unique<DeviceExecutor>(c, make_emulated_backend(), d);
+    dev[r]->connect();
+    cpu[r] = std::make_unique<CpuExecutor>(c, CpuExecutorOptions{});
+    staged[r] = std::make_unique<HostStagingExecutor>(c, *dev[r], *cpu[r]);
+  });
+  Prepared ar = builtin("ring_allreduce", n);
+  std::vector<float> in(64, 1.0f), out(64, 0.0f);
+  ExecArgs a;
+  a.input = in.data();
+  a.output = out.data();
+  a.count = 64;
+  comms[0]->state().abort();
+  staged[0]->run(*ar, a);  // rank 1 never joins: only the abort ends the proxy's call
+  EXPECT_THROW(staged[0]->check(), Aborted);
+  EXPECT_THROW(staged[0]->run(*ar, a), Aborted);
+  staged[0]->drain();
+}
+
 // NCCL's variables where they mean something here: NCCL_NTHREADS is the interpreter's block size,
 // NCCL_BUFFSIZE the FIFO of a connection (cut into TUTTI_DEVICE_FIFO_DEPTH slots, as NCCL cuts it
 // into steps), NCCL_MIN/MAX_NCHANNELS bound the automatic instance count; tutti's own names win.

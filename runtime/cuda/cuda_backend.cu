@@ -33,6 +33,11 @@ struct RunBlock {
 
 __global__ void interpret(LaunchArgs a) { with_elem(a.type, RunBlock{a}); }
 
+// One thread holds the stream until the host's flag reaches the target (host staging's proxy).
+__global__ void wait_flag_kernel(const uint64_t* flag, uint64_t target, const volatile int32_t* abort) {
+  while (mem::load_acquire(flag) < target && *abort == 0) __nanosleep(2000);
+}
+
 template <class T>
 __global__ void scale_native(T* dst, const T* src, T s, size_t n) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -247,6 +252,15 @@ class Cuda final : public Backend {
     if (stream) check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
     else check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
+  void host_callback(void* stream, void (*fn)(void*), void* arg) override {
+    OnDevice on(dev_);
+    check(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), fn, arg), "cudaLaunchHostFunc");
+  }
+  void wait_flag(void* stream, const uint64_t* flag, uint64_t target, const volatile int32_t* abort) override {
+    OnDevice on(dev_);
+    wait_flag_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(flag, target, abort);
+    check(cudaGetLastError(), "host staging's wait");
+  }
   bool capturing(void* stream) override {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st), "cudaStreamIsCapturing");
@@ -275,6 +289,7 @@ class Cuda final : public Backend {
       cudaFuncAttributes attr;
       auto load = [&](const void* f) { check(cudaFuncGetAttributes(&attr, f), "loading the kernels"); };
       load(reinterpret_cast<const void*>(&interpret));
+      load(reinterpret_cast<const void*>(&wait_flag_kernel));
       auto native = [&](auto t) {
         using T = decltype(t);
         load(reinterpret_cast<const void*>(&scale_native<T>));

@@ -55,6 +55,14 @@ class Backend {
   virtual void scale(DataType type, void* dst, const void* src, const void* scalar, size_t count, void* stream) = 0;
   virtual void divide(DataType type, void* dst, const void* src, uint64_t divisor, size_t count, void* stream) = 0;
   virtual void synchronize(void* stream) = 0;
+  // Runs fn(arg) on a host thread once the work `stream` holds before it is done
+  // (cudaLaunchHostFunc; the emulated device calls it at once). fn must neither block nor call the
+  // device API.
+  virtual void host_callback(void* stream, void (*fn)(void*), void* arg) = 0;
+  // Holds the work `stream` gets after this until *flag >= target or *abort != 0 (both device views
+  // of alloc_host memory; the host writes the flag with a release store). The emulated device
+  // waits in the caller.
+  virtual void wait_flag(void* stream, const uint64_t* flag, uint64_t target, const volatile int32_t* abort) = 0;
   // Whether `stream` is being captured into a CUDA graph (where uploads from host memory and freeing
   // memory from outside the graph are not allowed).
   virtual bool capturing(void* stream) = 0;

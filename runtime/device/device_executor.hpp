@@ -97,6 +97,8 @@ class DeviceExecutor final : public Executor {
   // Messages peers have read in place from this rank's memory (waits for this rank's launches).
   uint64_t direct_messages();
   Backend& backend() { return *backend_; }
+  // The device view of the flag abort() sets (waits of other device work honour it too).
+  const volatile int32_t* abort_flag() const { return abort_dev_; }
   const DeviceOptions& options() const { return options_; }
 
  private:

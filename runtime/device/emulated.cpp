@@ -80,6 +80,14 @@ class Emulated final : public Backend {
     tutti::divide(type, dst, src, divisor, count);
   }
   void synchronize(void*) override {}
+  void host_callback(void*, void (*fn)(void*), void* arg) override { fn(arg); }
+  void wait_flag(void*, const uint64_t* flag, uint64_t target, const volatile int32_t* abort) override {
+    for (int spins = 1;; ++spins) {
+      const uint64_t v = mem::load_acquire(flag);
+      if (v >= target || mem::load_volatile(abort) != 0) return;
+      mem::pause(flag, static_cast<uint32_t>(v), spins);
+    }
+  }
   bool capturing(void*) override { return false; }
   int resident_blocks(int) override { return 1 << 20; }
   int processors() override { return 1; }

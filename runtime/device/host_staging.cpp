@@ -1,23 +1,159 @@
 #include "runtime/device/host_staging.hpp"
 
+#include <cstring>
+
 #include "core/datatype.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
+#include "runtime/device/fifo.hpp"
 #include "runtime/instruction_semantics.hpp"
 
 namespace tutti::device {
 
+// One call's work for the proxy: what it runs on host copies, and the host memory it holds until
+// the copies back are done.
+struct HostStagingExecutor::Job {
+  HostStagingExecutor* owner = nullptr;
+  uint64_t seq = 0;  // the counter's value once it is done
+  std::shared_ptr<const PreparedPlan> plan;  // null: point-to-point
+  ExecArgs args;                             // host pointers into `buffers`
+  std::vector<P2pTransfer> ops;              // host pointers into `buffers`
+  std::vector<HostBuffer> buffers;
+  bool ready = false;  // its inputs are in host memory; guarded by owner->mu_
+};
+
 HostStagingExecutor::HostStagingExecutor(Communicator& comm, DeviceExecutor& device, CpuExecutor& host)
-    : comm_(comm), device_(device), host_(host) {}
+    : comm_(comm), device_(device), host_(host) {
+  void* view = nullptr;
+  done_host_ = static_cast<uint64_t*>(device_.backend().alloc_host(sizeof(uint64_t), &view));
+  done_dev_ = static_cast<uint64_t*>(view);
+  *done_host_ = 0;
+  proxy_ = std::thread([this] { proxy_loop(); });
+}
+
+HostStagingExecutor::~HostStagingExecutor() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  proxy_.join();
+  std::lock_guard lock(mu_);
+  if (!live_.empty()) {
+    // An aborted communicator's streams may still call back into these jobs: they stay allocated.
+    TUTTI_WARN("rank {}: host staging stopped with {} call(s) unfinished; their host memory stays allocated",
+               comm_.rank(), live_.size());
+    for (auto& [job, owned] : live_) owned.release();
+    return;
+  }
+  for (unsigned char* p : pinned_) device_.backend().release_host(p);
+  device_.backend().release_host(done_host_);
+}
 
 void HostStagingExecutor::refuse_capture(void* stream, const char* what) const {
   TUTTI_CHECK(!device_.backend().capturing(stream), InvalidUsage,
               "rank {}: {} on device buffers goes through host memory on this communicator (some ranks share no GPU "
-              "memory, or TUTTI_DEVICE_STAGING=1), which waits for the stream and cannot be captured in a CUDA graph",
+              "memory, or TUTTI_DEVICE_STAGING=1), whose proxy takes each call once, so it cannot be captured in a "
+              "CUDA graph and replayed",
               comm_.rank(), what);
+}
+
+void HostStagingExecutor::check() {
+  std::lock_guard lock(mu_);
+  if (error_) std::rethrow_exception(error_);
+}
+
+void HostStagingExecutor::drain() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty(); });
+}
+
+HostStagingExecutor::HostBuffer HostStagingExecutor::take(size_t bytes) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = free_.lower_bound(bytes);
+    if (it != free_.end()) {
+      HostBuffer b{it->second, it->first};
+      free_.erase(it);
+      return b;
+    }
+  }
+  // Pinned, so the copies are asynchronous; rounded up to a power of two so a sweep of sizes
+  // allocates a few times, not once per size.
+  size_t size = 4096;
+  while (size < bytes) size *= 2;
+  void* view = nullptr;
+  auto* p = static_cast<unsigned char*>(device_.backend().alloc_host(size, &view));
+  pinned_.push_back(p);
+  return HostBuffer{p, size};
+}
+
+void HostStagingExecutor::on_ready(void* arg) {
+  auto* job = static_cast<Job*>(arg);
+  {
+    std::lock_guard lock(job->owner->mu_);
+    job->ready = true;
+  }
+  job->owner->cv_.notify_all();
+}
+
+void HostStagingExecutor::on_recycle(void* arg) {
+  auto* job = static_cast<Job*>(arg);
+  HostStagingExecutor* self = job->owner;
+  std::lock_guard lock(self->mu_);
+  for (const HostBuffer& b : job->buffers) self->free_.emplace(b.bytes, b.data);
+  self->live_.erase(job);
+}
+
+void HostStagingExecutor::proxy_loop() {
+  log::set_thread_rank(comm_.rank());
+  for (;;) {
+    Job* job = nullptr;
+    {
+      std::unique_lock lock(mu_);
+      // In call order: the first job enqueued runs first, once its inputs are in host memory.
+      cv_.wait(lock, [&] {
+        const bool runnable = !queue_.empty() && queue_.front()->ready;
+        return runnable || (stop_ && (queue_.empty() || comm_.state().aborted()));
+      });
+      if (queue_.empty() || !queue_.front()->ready) return;
+      job = queue_.front();
+    }
+    std::exception_ptr failure;
+    try {
+      if (job->plan) host_.run(*job->plan, job->args);
+      else run_host_p2p(comm_, job->ops);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (failure && !error_) error_ = failure;
+      queue_.pop_front();
+    }
+    mem::store_release(done_host_, job->seq);  // the stream goes on: copies back, then the caller's work
+    cv_.notify_all();
+  }
+}
+
+void HostStagingExecutor::enqueue(std::unique_ptr<Job> job, void* stream) {
+  Backend& b = device_.backend();
+  Job* raw = job.get();
+  raw->owner = this;
+  raw->seq = ++enqueued_;
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(raw);
+    live_.emplace(raw, std::move(job));
+  }
+  cv_.notify_all();
+  b.host_callback(stream, &HostStagingExecutor::on_ready, raw);
+  b.wait_flag(stream, done_dev_, raw->seq, device_.abort_flag());
 }
 
 void HostStagingExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   refuse_capture(args.stream, "a collective");
+  check();
   check_call(pp, comm_.size(), args.count);
   Backend& b = device_.backend();
   const exec::Geometry g{args.count, pp.plan.chunk_factor, static_cast<int64_t>(size_of(args.reduction.type))};
@@ -32,36 +168,43 @@ void HostStagingExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   };
   const bool in_within_out = holds(out, out_bytes, in, in_bytes);
   const bool out_within_in = !in_within_out && holds(in, in_bytes, out, out_bytes);
-  // Everything enqueued before this call (the dispatcher's premulsum scaling and input copies
-  // among it) must have happened before its buffers are read.
-  b.synchronize(args.stream);
+
+  auto job = std::make_unique<Job>();
+  job->plan = pp.weak_from_this().lock();
+  if (!job->plan) job->plan = std::make_shared<const PreparedPlan>(pp);  // not made by make(): keep a copy
+  ExecArgs& host = job->args;
+  host = args;
+  host.stream = nullptr;
   // A buffer the call does not use may be null (a broadcast's non-root input): nothing to stage.
+  // Everything enqueued before this call (the dispatcher's premulsum scaling and input copies among
+  // it) is before these copies on the stream.
   if (out_within_in) {
-    in_.resize(in_bytes);
-    b.copy(in_.data(), in, in_bytes, args.stream);
+    HostBuffer hin = take(in_bytes);
+    job->buffers.push_back(hin);
+    b.copy(hin.data, in, in_bytes, args.stream);
+    host.input = hin.data;
+    host.output = hin.data + (out - in);
   } else {
-    out_.resize(out_bytes);
-    if (out) b.copy(out_.data(), out, out_bytes, args.stream);
-    if (!in_within_out) {
-      in_.resize(in_bytes);
-      if (in) b.copy(in_.data(), in, in_bytes, args.stream);
+    HostBuffer hout = take(out_bytes);
+    job->buffers.push_back(hout);
+    if (out) b.copy(hout.data, out, out_bytes, args.stream);
+    host.output = hout.data;
+    if (in_within_out) {
+      host.input = hout.data + (in - out);
+    } else {
+      HostBuffer hin = take(in_bytes);
+      job->buffers.push_back(hin);
+      if (in) b.copy(hin.data, in, in_bytes, args.stream);
+      host.input = hin.data;
     }
   }
-  b.synchronize(args.stream);
-  ExecArgs host = args;
-  host.stream = nullptr;
-  if (out_within_in) {
-    host.input = in_.data();
-    host.output = in_.data() + (out - in);
-  } else {
-    host.output = out_.data();
-    host.input = in_within_out ? out_.data() + (in - out) : in_.data();
-  }
-  host_.run(pp, host);
+  unsigned char* result = job->buffers[0].data;
+  Job* raw = job.get();
+  enqueue(std::move(job), args.stream);
   // Back to the device: the buffer the plan writes (the whole staged buffer when they are one).
-  if (out_within_in) b.copy(const_cast<unsigned char*>(in), in_.data(), in_bytes, args.stream);
-  else if (out) b.copy(out, out_.data(), out_bytes, args.stream);
-  b.synchronize(args.stream);
+  if (out_within_in) b.copy(const_cast<unsigned char*>(in), result, in_bytes, args.stream);
+  else if (out) b.copy(out, result, out_bytes, args.stream);
+  b.host_callback(args.stream, &HostStagingExecutor::on_recycle, raw);
 }
 
 void* HostStagingExecutor::temp(int slot, size_t bytes, void* stream) { return device_.temp(slot, bytes, stream); }
@@ -80,20 +223,21 @@ void HostStagingExecutor::divide(DataType t, void* dst, const void* src, uint64_
 
 void HostStagingExecutor::run_p2p(const std::vector<P2pTransfer>& ops, void* stream) {
   refuse_capture(stream, "a point-to-point group");
+  check();
   Backend& b = device_.backend();
-  b.synchronize(stream);
-  p2p_.resize(ops.size());
-  std::vector<P2pTransfer> host = ops;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    p2p_[i].resize(ops[i].bytes);
-    host[i].buffer = p2p_[i].data();
-    if (ops[i].send && ops[i].bytes) b.copy(p2p_[i].data(), ops[i].buffer, ops[i].bytes, stream);
+  auto job = std::make_unique<Job>();
+  job->ops = ops;
+  for (P2pTransfer& op : job->ops) {
+    HostBuffer h = take(op.bytes);
+    job->buffers.push_back(h);
+    if (op.send && op.bytes) b.copy(h.data, op.buffer, op.bytes, stream);
+    op.buffer = h.data;
   }
-  b.synchronize(stream);
-  run_host_p2p(comm_, host);
+  Job* raw = job.get();
+  enqueue(std::move(job), stream);
   for (size_t i = 0; i < ops.size(); ++i)
-    if (!ops[i].send && ops[i].bytes) b.copy(ops[i].buffer, p2p_[i].data(), ops[i].bytes, stream);
-  b.synchronize(stream);
+    if (!ops[i].send && ops[i].bytes) b.copy(ops[i].buffer, raw->buffers[i].data, ops[i].bytes, stream);
+  b.host_callback(stream, &HostStagingExecutor::on_recycle, raw);
 }
 
 }  // namespace tutti::device
