@@ -3,6 +3,7 @@
 # The CUDA toolkit is not a Debian package here; it is used when found under /usr/local/cuda.
 set -euo pipefail
 packages=(cmake ninja-build g++ make pkg-config libfmt-dev libhwloc-dev libhwy-dev nlohmann-json3-dev
+          libopenblas-dev zlib1g-dev jargon-text gnuplot-nox
           libpugixml-dev libcli11-dev libibverbs-dev libgtest-dev libgmock-dev libbenchmark-dev iproute2)
 missing=()
 for p in "${packages[@]}"; do

@@ -37,3 +37,8 @@ if(NOT TUTTI_WITH_IBVERBS STREQUAL "OFF")
     message(FATAL_ERROR "TUTTI_WITH_IBVERBS=ON but libibverbs was not found")
   endif()
 endif()
+
+# The trainer: OpenBLAS (GEMMs), OpenMP (its other loops), zlib (the Jargon File ships gzipped).
+pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_package(ZLIB REQUIRED)

@@ -1,0 +1,69 @@
+#include "trainer/config.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "tutti/types.hpp"
+
+namespace tutti::train {
+
+void ModelConfig::validate() const {
+  auto positive = [](const char* what, int v) {
+    if (v < 1) throw InvalidArgument(fmt::format("model: {} must be at least 1, not {}", what, v));
+  };
+  positive("vocab", vocab);
+  positive("seq", seq);
+  positive("layers", layers);
+  positive("heads", heads);
+  positive("channels", channels);
+  if (channels % heads != 0)
+    throw InvalidArgument(fmt::format("model: {} channels do not split into {} heads", channels, heads));
+}
+
+std::string ModelConfig::describe() const {
+  return fmt::format("L{} C{} NH{} T{} V{}", layers, channels, heads, seq, vocab);
+}
+
+int64_t ModelConfig::parameters() const {
+  const int64_t V = vocab, T = seq, C = channels, L = layers;
+  const int64_t per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C;
+  return V * C + T * C + L * per_layer + 2 * C;
+}
+
+double ModelConfig::flops_per_token() const {
+  return 6.0 * static_cast<double>(parameters()) + 12.0 * layers * channels * static_cast<double>(seq);
+}
+
+std::string Layout::describe() const {
+  std::string s = fmt::format("tp{} dp{}", tp, dp);
+  if (sp) s += " sp";
+  if (zero) s += fmt::format(" zero{}", zero);
+  return s;
+}
+
+void Layout::validate(const ModelConfig& m, int world, int batch) const {
+  m.validate();
+  if (tp < 1 || dp < 1) throw InvalidArgument(fmt::format("layout: --tp {} and --dp {} must be at least 1", tp, dp));
+  if (tp * dp != world)
+    throw InvalidArgument(fmt::format("layout: {} ranks, but --tp {} x --dp {} = {}", world, tp, dp, tp * dp));
+  if (m.heads % tp != 0) throw InvalidArgument(fmt::format("layout: --tp {} does not divide {} heads", tp, m.heads));
+  if (m.vocab % tp != 0)
+    throw InvalidArgument(fmt::format("layout: --tp {} does not divide the vocabulary of {} tokens", tp, m.vocab));
+  if (sp && tp == 1) throw InvalidArgument("layout: --sp needs --tp of 2 or more");
+  if (sp && m.seq % tp != 0)
+    throw InvalidArgument(fmt::format("layout: --sp: --tp {} does not divide the sequence length {}", tp, m.seq));
+  if (zero < 0 || zero > 3) throw InvalidArgument(fmt::format("layout: --zero {} is not 0, 1, 2 or 3", zero));
+  if (zero > 0 && dp == 1) throw InvalidArgument(fmt::format("layout: --zero {} needs --dp of 2 or more", zero));
+  if (batch < 1 || batch % dp != 0)
+    throw InvalidArgument(fmt::format("layout: the batch of {} sequences does not split over --dp {}", batch, dp));
+}
+
+float OptimConfig::lr_at(int step) const {
+  if (warmup > 0 && step < warmup) return lr * static_cast<float>(step + 1) / static_cast<float>(warmup);
+  if (steps <= warmup) return lr;
+  const double progress = std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(steps - warmup));
+  return min_lr + static_cast<float>(0.5 * (1.0 + std::cos(M_PI * progress))) * (lr - min_lr);
+}
+
+}  // namespace tutti::train

@@ -1,0 +1,49 @@
+#pragma once
+// The shape of a GPT and the layout it is trained in. Plain structs; validate() throws
+// tutti::InvalidArgument naming the field and the rule it breaks, before any work is done.
+
+#include <cstdint>
+#include <string>
+
+namespace tutti::train {
+
+// GPT-2-style decoder (trainer/gpt.hpp).
+struct ModelConfig {
+  int vocab = 256;     // V: byte-level tokens by default
+  int seq = 64;        // T: tokens per sequence
+  int layers = 4;      // L
+  int heads = 4;       // NH
+  int channels = 128;  // C: the residual stream's width (a multiple of heads)
+  void validate() const;
+  std::string describe() const;  // "L4 C128 NH4 T64 V256"
+  int64_t parameters() const;    // of the whole model (the LM head is the tied token embedding)
+  // Floating-point operations of one training step per token (forward and backward), as in the
+  // PaLM paper's appendix B: 6 * parameters + 12 * L * C * T (attention).
+  double flops_per_token() const;
+};
+
+// How the world's ranks are arranged (trainer/groups.hpp documents the order: tp, then dp).
+struct Layout {
+  int tp = 1;         // tensor-parallel ranks (Megatron: heads, MLP columns and the vocabulary split)
+  int dp = 1;         // data-parallel ranks
+  bool sp = false;    // sequence parallel on top of tp: LayerNorm regions split along the sequence
+  int zero = 0;       // 0: all-reduce of gradients; 1, 2, 3: ZeRO stages over the dp ranks
+  int world() const { return tp * dp; }
+  std::string describe() const;  // "tp2 dp2 sp zero1"
+  // Throws InvalidArgument when the layout cannot split this model over `world` ranks (tp not
+  // dividing heads or vocabulary, sp with a sequence tp does not divide, world != tp * dp, ...).
+  void validate(const ModelConfig& model, int world, int batch) const;
+};
+
+struct OptimConfig {
+  float lr = 3e-4f;          // peak learning rate
+  float min_lr = 3e-5f;      // the cosine schedule's floor
+  int warmup = 0;            // steps of linear warmup from lr / warmup
+  int steps = 100;           // the schedule's length
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0.1f;  // decoupled (AdamW), on 2-D tensors only (matrices and embeddings; as nanoGPT)
+  float grad_clip = 1.0f;     // the global gradient norm is scaled down to this (0: no clipping)
+  float lr_at(int step) const;  // warmup, then cosine from lr to min_lr over `steps`
+};
+
+}  // namespace tutti::train

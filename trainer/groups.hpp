@@ -1,0 +1,69 @@
+#pragma once
+// Process groups carved from the world, in one documented order: tensor parallel innermost, then
+// data parallel (Megatron-LM's order; context, expert and pipeline parallel will slot in as
+// tp-cp-ep-dp-pp, each dimension outside the previous ones):
+//
+//   world rank w = tp_rank + tp * dp_rank
+//   tp group of w: the tp ranks with w's dp_rank    (consecutive world ranks: one host's GPUs)
+//   dp group of w: the dp ranks with w's tp_rank    (stride tp)
+//
+// Collectives wraps a group's tutti::Comm for the trainer's blocking and asynchronous calls on float
+// buffers and counts the time spent waiting for them.
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "trainer/config.hpp"
+#include "tutti/tutti.hpp"
+
+namespace tutti::train {
+
+struct Coordinates {
+  int tp_rank = 0, dp_rank = 0;
+};
+// The rank -> group table of a layout (checked by tests; also printed by tutti-train --verbose).
+Coordinates coordinates_of(const Layout& layout, int world_rank);
+int world_rank_of(const Layout& layout, Coordinates c);
+
+class Collectives {
+ public:
+  Collectives() = default;  // a group of one: every call is a no-op (or a copy)
+  explicit Collectives(tutti::Comm comm) : comm_(std::move(comm)) {}
+  int size() const { return comm_ && comm_->valid() ? comm_->size() : 1; }
+  int rank() const { return comm_ && comm_->valid() ? comm_->rank() : 0; }
+
+  // Blocking, in place.
+  void all_reduce(float* data, int64_t n, RedOp op = RedOp::kSum);
+  // in: n floats per rank; out: size() * n in rank order.
+  void all_gather(const float* in, float* out, int64_t n);
+  // in: size() * n floats; out: this rank's n (the sum over ranks of its block).
+  void reduce_scatter(const float* in, float* out, int64_t n, RedOp op = RedOp::kSum);
+
+  // One double over the group (losses and norms), blocking.
+  double all_reduce_value(double v, RedOp op = RedOp::kSum);
+
+  // Asynchronous forms: the buffers are the caller's until wait() of the returned Work.
+  tutti::Work all_reduce_async(float* data, int64_t n, RedOp op);
+  tutti::Work reduce_scatter_async(const float* in, float* out, int64_t n, RedOp op);
+  tutti::Work all_gather_async(const float* in, float* out, int64_t n);
+  void wait(tutti::Work& work);  // counts the time it blocks
+
+  double wait_seconds() const { return wait_s_; }
+
+ private:
+  std::optional<tutti::Comm> comm_;
+  double wait_s_ = 0;
+};
+
+// This rank's groups, made collectively from the world communicator (every rank calls it).
+struct Groups {
+  Layout layout;
+  Coordinates at;
+  Collectives tp, dp;
+  static Groups make(tutti::Comm& world, const Layout& layout);
+  // For a single rank without a communicator.
+  static Groups single(const Layout& layout);
+};
+
+}  // namespace tutti::train

@@ -1,0 +1,128 @@
+#include "trainer/params.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "tutti/types.hpp"
+
+namespace tutti::train {
+
+ParamLayout::ParamLayout(const ModelConfig& model, int tp, int tp_rank, int dp)
+    : model_(model), tp_(tp), tp_rank_(tp_rank) {
+  model.validate();
+  if (tp < 1 || tp_rank < 0 || tp_rank >= tp || dp < 1)
+    throw InvalidArgument(fmt::format("parameter layout: tp rank {} of {}, dp {}", tp_rank, tp, dp));
+  const int64_t V = model.vocab, T = model.seq, C = model.channels;
+  int group = 0;
+  auto add = [&](std::string name, int64_t rows, int64_t cols, Split split) {
+    Tensor t;
+    t.name = std::move(name);
+    t.rows = rows;
+    t.cols = cols;
+    t.split = split;
+    t.group = group;
+    t.decay = cols > 1;
+    t.replicated = split == Split::kWhole;
+    t.local_rows = split == Split::kRows || split == Split::kHeadRows ? rows / tp : rows;
+    t.local_cols = split == Split::kColumns ? cols / tp : cols;
+    tensors_.push_back(std::move(t));
+  };
+  add("wpe", T, C, Split::kWhole);
+  add("wte", V, C, Split::kRows);
+  for (int l = 0; l < model.layers; ++l) {
+    ++group;
+    const std::string h = fmt::format("h.{}.", l);
+    add(h + "ln1.weight", C, 1, Split::kWhole);
+    add(h + "ln1.bias", C, 1, Split::kWhole);
+    add(h + "attn.proj.bias", C, 1, Split::kWhole);
+    add(h + "ln2.weight", C, 1, Split::kWhole);
+    add(h + "ln2.bias", C, 1, Split::kWhole);
+    add(h + "mlp.proj.bias", C, 1, Split::kWhole);
+    add(h + "attn.qkv.weight", 3 * C, C, Split::kHeadRows);
+    add(h + "attn.qkv.bias", 3 * C, 1, Split::kHeadRows);
+    add(h + "attn.proj.weight", C, C, Split::kColumns);
+    add(h + "mlp.fc.weight", 4 * C, C, Split::kRows);
+    add(h + "mlp.fc.bias", 4 * C, 1, Split::kRows);
+    add(h + "mlp.proj.weight", C, 4 * C, Split::kColumns);
+  }
+  ++group;
+  add("lnf.weight", C, 1, Split::kWhole);
+  add("lnf.bias", C, 1, Split::kWhole);
+  // Groups: contiguous, each padded to a multiple of 16 * dp floats (equal dp shards, 64-byte
+  // aligned starts).
+  const int64_t quantum = 16 * static_cast<int64_t>(dp);
+  groups_.assign(static_cast<size_t>(group + 1), Group{});
+  int64_t at = 0;
+  for (int g = 0; g <= group; ++g) {
+    Group& gr = groups_[g];
+    gr.offset = at;
+    gr.dp = dp;
+    for (Tensor& t : tensors_)
+      if (t.group == g) {
+        t.offset = at;
+        at += t.size();
+        if (t.replicated) gr.replicated = at - gr.offset;
+      }
+    at = (at + quantum - 1) / quantum * quantum;
+    gr.size = at - gr.offset;
+  }
+  size_ = at;
+}
+
+const Tensor& ParamLayout::find(const std::string& name) const {
+  for (const Tensor& t : tensors_)
+    if (t.name == name) return t;
+  throw InvalidArgument(fmt::format("the model has no parameter '{}'", name));
+}
+
+namespace {
+// Calls f(whole_index, local_index) for every element this rank holds.
+template <class F>
+void each_local(const Tensor& t, int tp, int p, F f) {
+  for (int64_t r = 0; r < t.local_rows; ++r) {
+    int64_t whole_row = r;
+    if (t.split == Split::kRows) whole_row = p * t.local_rows + r;
+    if (t.split == Split::kHeadRows) {
+      const int64_t block = t.rows / 3, per = block / tp;  // q, k and v blocks, each split by head
+      whole_row = (r / per) * block + p * per + r % per;
+    }
+    const int64_t col0 = t.split == Split::kColumns ? p * t.local_cols : 0;
+    for (int64_t c = 0; c < t.local_cols; ++c) f(whole_row * t.cols + col0 + c, r * t.local_cols + c);
+  }
+}
+}  // namespace
+
+void ParamLayout::shard(const Tensor& t, std::span<const float> whole, std::span<float> local) const {
+  if (static_cast<int64_t>(whole.size()) != t.rows * t.cols || static_cast<int64_t>(local.size()) != t.size())
+    throw InvalidArgument(fmt::format("sharding '{}': {} whole and {} local values, expected {} and {}", t.name,
+                                      whole.size(), local.size(), t.rows * t.cols, t.size()));
+  each_local(t, tp_, tp_rank_, [&](int64_t w, int64_t l) { local[l] = whole[w]; });
+}
+
+void ParamLayout::unshard(const Tensor& t, std::span<const float> local, std::span<float> whole) const {
+  if (static_cast<int64_t>(whole.size()) != t.rows * t.cols || static_cast<int64_t>(local.size()) != t.size())
+    throw InvalidArgument(fmt::format("unsharding '{}': {} whole and {} local values, expected {} and {}", t.name,
+                                      whole.size(), local.size(), t.rows * t.cols, t.size()));
+  each_local(t, tp_, tp_rank_, [&](int64_t w, int64_t l) { whole[w] = local[l]; });
+}
+
+ParamView bind(const ParamLayout& layout, float* arena) {
+  auto at = [&](const std::string& name) { return arena + layout.find(name).offset; };
+  ParamView v;
+  v.wte = at("wte");
+  v.wpe = at("wpe");
+  for (int l = 0; l < layout.model().layers; ++l) {
+    const std::string h = fmt::format("h.{}.", l);
+    v.layers.push_back(LayerView{at(h + "ln1.weight"), at(h + "ln1.bias"), at(h + "attn.qkv.weight"),
+                                 at(h + "attn.qkv.bias"), at(h + "attn.proj.weight"), at(h + "attn.proj.bias"),
+                                 at(h + "ln2.weight"), at(h + "ln2.bias"), at(h + "mlp.fc.weight"),
+                                 at(h + "mlp.fc.bias"), at(h + "mlp.proj.weight"), at(h + "mlp.proj.bias")});
+  }
+  v.lnf_w = at("lnf.weight");
+  v.lnf_b = at("lnf.bias");
+  return v;
+}
+
+}  // namespace tutti::train
