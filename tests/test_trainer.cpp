@@ -13,12 +13,14 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "trainer/data.hpp"
 #include "trainer/gpt.hpp"
 #include "trainer/groups.hpp"
 #include "trainer/trainer.hpp"
+#include "support/trainer_run.hpp"
 
 using namespace tutti;
 using namespace tutti::train;
@@ -53,11 +55,12 @@ std::map<std::string, std::vector<float>> read_golden() {
   return out;
 }
 
-// |a - b| <= rel * max |b| element by element.
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel, const std::string& what) {
+// |a - b| <= rel * scale element by element; scale: max |b| unless given.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel, const std::string& what,
+                  double scale = 0) {
   ASSERT_EQ(got.size(), want.size()) << what;
-  double scale = 0;
-  for (float w : want) scale = std::max(scale, std::fabs(static_cast<double>(w)));
+  if (scale == 0)
+    for (float w : want) scale = std::max(scale, std::fabs(static_cast<double>(w)));
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_LE(std::fabs(static_cast<double>(got[i]) - want[i]), rel * scale)
         << what << " element " << i << ": " << got[i] << " vs " << want[i] << " (largest " << scale << ")";
@@ -128,6 +131,116 @@ TEST(Golden, OneRankMatchesPyTorch) {
       for (int64_t i = mc.channels; i < 2 * mc.channels; ++i) got[static_cast<size_t>(i)] = want[static_cast<size_t>(i)];
     expect_close(got, want, kRel, "after 10 steps: " + t.name);
   }
+}
+
+// --- every layout equals the one-rank run --------------------------------------------------------
+
+using test_support::kSteps;
+using test_support::make_layout;
+using test_support::RunResult;
+
+// Trains the tiny model in `layout`, its ranks as threads of this process.
+RunResult run_layout(const Layout& layout, float grad_clip = 1.0f) {
+  if (layout.world() == 1) return test_support::train_rank(nullptr, layout, grad_clip);
+  std::vector<Comm> comms = Comm::create_local(layout.world());
+  std::vector<RunResult> parts(comms.size());
+  std::vector<std::exception_ptr> errors(comms.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < comms.size(); ++r)
+    threads.emplace_back([&, r] {
+      try {
+        parts[r] = test_support::train_rank(&comms[r], layout, grad_clip);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  RunResult whole;
+  for (const RunResult& p : parts) test_support::add_parts(whole, p);
+  return whole;
+}
+
+// Losses relative to themselves. Parameters relative to the model's largest (the LayerNorm weights,
+// near 1): per tensor is too strict for the zero-initialised biases, whose values are nothing but
+// their updates. Their gradients are sums over rows with cancellation, so reordering them changes
+// the gradient by a relative amount far above 1e-5, and AdamW's m / sqrt(v) hands that relative
+// error straight to the update. A real fault (a missing reduction, a wrong shard) moves a
+// parameter by the learning rate, 1e-3 per step: two orders of magnitude above this bound.
+TEST(Parity, EveryLayoutTrainsLikeOneRank) {
+  const RunResult one = run_layout(make_layout(1, 1));
+  ASSERT_EQ(one.losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_LT(one.losses.back(), one.losses.front());  // it learns
+  for (Layout l : {make_layout(1, 2), make_layout(1, 4), make_layout(2, 1), make_layout(4, 1), make_layout(2, 1, true),
+                   make_layout(4, 1, true), make_layout(2, 2), make_layout(2, 2, true), make_layout(1, 2, false, 1),
+                   make_layout(1, 2, false, 2), make_layout(1, 2, false, 3), make_layout(1, 4, false, 1),
+                   make_layout(1, 4, false, 2), make_layout(1, 4, false, 3), make_layout(2, 2, false, 1)})
+    EXPECT_EQ(test_support::compare_training(run_layout(l), one), "") << l.describe();
+}
+
+// ZeRO changes where the optimizer runs, not the arithmetic: with two dp ranks the reduce-scatter
+// and the all-reduce add the same two values (one order), so every stage equals plain data
+// parallelism bit for bit. (Clipping is off: the norm is summed over shards in another order.)
+TEST(Parity, ZeroStagesEqualPlainDataParallelBitForBit) {
+  const RunResult dp = run_layout(make_layout(1, 2), 0.0f);
+  for (int zero : {1, 2, 3}) {
+    const RunResult z = run_layout(make_layout(1, 2, false, zero), 0.0f);
+    EXPECT_EQ(z.losses, dp.losses) << "zero " << zero;
+    for (const auto& [name, w] : dp.params) EXPECT_EQ(z.params.at(name), w) << "zero " << zero << ": " << name;
+  }
+}
+
+// Megatron's order: tp innermost, then dp. Checked in the table and in the groups' members.
+TEST(Groups, RanksAreTensorParallelInnermostThenDataParallel) {
+  const Layout l = make_layout(2, 3);
+  const int want[6][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 2}, {1, 2}};
+  for (int w = 0; w < 6; ++w) {
+    const Coordinates c = coordinates_of(l, w);
+    EXPECT_EQ(c.tp_rank, want[w][0]) << "world rank " << w;
+    EXPECT_EQ(c.dp_rank, want[w][1]) << "world rank " << w;
+    EXPECT_EQ(world_rank_of(l, c), w);
+  }
+  EXPECT_THROW(coordinates_of(l, 6), InvalidArgument);
+  // Each group's members, by gathering world ranks in them.
+  std::vector<Comm> comms = Comm::create_local(6);
+  std::vector<std::vector<float>> tp_members(6), dp_members(6);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 6; ++r)
+    threads.emplace_back([&, r] {
+      Groups g = Groups::make(comms[static_cast<size_t>(r)], l);
+      const float me = static_cast<float>(r);
+      tp_members[r].resize(2);
+      dp_members[r].resize(3);
+      g.tp.all_gather(&me, tp_members[r].data(), 1);
+      g.dp.all_gather(&me, dp_members[r].data(), 1);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 6; ++r) {
+    const int tp0 = r - r % 2, d = r % 2;
+    EXPECT_EQ(tp_members[r], (std::vector<float>{static_cast<float>(tp0), static_cast<float>(tp0 + 1)})) << "rank " << r;
+    EXPECT_EQ(dp_members[r], (std::vector<float>{static_cast<float>(d), static_cast<float>(d + 2), static_cast<float>(d + 4)}))
+        << "rank " << r;
+  }
+}
+
+TEST(Layouts, ImpossibleLayoutsAreRefusedBeforeAnyWork) {
+  const ModelConfig m = test_support::tiny();  // 4 heads, vocabulary 64, sequence 16
+  auto message = [&](const Layout& l, int world, int batch) {
+    try {
+      l.validate(m, world, batch);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message(make_layout(3, 1), 3, 8).find("does not divide 4 heads"), std::string::npos);
+  EXPECT_NE(message(make_layout(2, 2), 8, 8).find("8 ranks, but --tp 2 x --dp 2 = 4"), std::string::npos);
+  EXPECT_NE(message(make_layout(1, 3), 3, 8).find("does not split over --dp 3"), std::string::npos);
+  EXPECT_NE(message(make_layout(1, 1, true), 1, 8).find("--sp needs --tp"), std::string::npos);
+  EXPECT_NE(message(make_layout(1, 1, false, 1), 1, 8).find("--zero 1 needs --dp"), std::string::npos);
+  EXPECT_NE(message(make_layout(1, 2, false, 4), 2, 8).find("--zero 4"), std::string::npos);
+  EXPECT_EQ(message(make_layout(2, 2, true, 1), 4, 8), "");
 }
 
 }  // namespace

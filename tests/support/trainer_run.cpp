@@ -1,0 +1,106 @@
+#include "support/trainer_run.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "trainer/groups.hpp"
+#include "trainer/trainer.hpp"
+
+namespace tutti::train::test_support {
+
+ModelConfig tiny() {
+  ModelConfig m;
+  m.vocab = 64;
+  m.seq = 16;
+  m.layers = 2;
+  m.heads = 4;
+  m.channels = 32;
+  return m;
+}
+
+TokenStream synthetic_tokens(int vocab, int64_t n) {
+  TokenStream s;
+  s.vocab = vocab;
+  s.source = "synthetic";
+  uint64_t x = 12345;
+  for (int64_t i = 0; i < n; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    s.tokens.push_back(static_cast<uint16_t>((i / 3 + ((x >> 60) == 0 ? (x >> 40) : 0)) % vocab));
+  }
+  return s;
+}
+
+Layout make_layout(int tp, int dp, bool sp, int zero) {
+  Layout l;
+  l.tp = tp;
+  l.dp = dp;
+  l.sp = sp;
+  l.zero = zero;
+  return l;
+}
+
+RunResult train_rank(tutti::Comm* world, const Layout& layout, float grad_clip) {
+  const ModelConfig mc = tiny();
+  OptimConfig oc;
+  oc.lr = 1e-3f;
+  oc.min_lr = 1e-4f;
+  oc.warmup = 2;
+  oc.steps = kSteps;
+  oc.grad_clip = grad_clip;
+  const TokenStream data = synthetic_tokens(mc.vocab, 20000);
+  Groups groups = world ? Groups::make(*world, layout) : Groups::single(layout);
+  auto ops = make_cpu_ops(1);
+  Trainer trainer(mc, oc, groups, *ops, kBatch, 7);
+  const int per = kBatch / layout.dp;
+  std::vector<int32_t> seqs(static_cast<size_t>(per * (mc.seq + 1)));
+  RunResult out;
+  for (int s = 0; s < kSteps; ++s) {
+    cut_batch(data, s, kBatch, groups.at.dp_rank * per, per, mc.seq, seqs.data());
+    out.losses.push_back(trainer.step(seqs.data()).loss);
+  }
+  trainer.gather_all();
+  Gpt& m = trainer.model();
+  for (const Tensor& t : m.layout().tensors()) {
+    auto& w = out.params[t.name];
+    w.assign(static_cast<size_t>(t.rows * t.cols), 0.0f);
+    if (groups.at.dp_rank == 0 && (!t.replicated || groups.at.tp_rank == 0)) m.get_whole(t.name, m.params(), w.data());
+  }
+  return out;
+}
+
+void add_parts(RunResult& sum, const RunResult& part) {
+  if (sum.losses.empty()) sum.losses = part.losses;
+  for (const auto& [name, w] : part.params) {
+    auto& s = sum.params[name];
+    if (s.empty()) s.assign(w.size(), 0.0f);
+    for (size_t i = 0; i < w.size(); ++i) s[i] += w[i];
+  }
+}
+
+std::string compare_training(const RunResult& got, const RunResult& want) {
+  constexpr double kRel = 1e-5;
+  if (got.losses.size() != want.losses.size())
+    return fmt::format("{} losses, expected {}", got.losses.size(), want.losses.size());
+  for (size_t s = 0; s < got.losses.size(); ++s)
+    if (std::fabs(got.losses[s] - want.losses[s]) > kRel * want.losses[s])
+      return fmt::format("loss of step {}: {} vs {}", s, got.losses[s], want.losses[s]);
+  double scale = 0;
+  for (const auto& [name, w] : want.params)
+    for (float x : w) scale = std::max(scale, std::fabs(static_cast<double>(x)));
+  const int64_t C = tiny().channels;
+  for (const auto& [name, w] : want.params) {
+    auto it = got.params.find(name);
+    if (it == got.params.end() || it->second.size() != w.size()) return fmt::format("{}: missing or resized", name);
+    for (size_t i = 0; i < w.size(); ++i) {
+      const bool key_bias = name.ends_with("attn.qkv.bias") && static_cast<int64_t>(i) >= C &&
+                            static_cast<int64_t>(i) < 2 * C;
+      if (!key_bias && std::fabs(static_cast<double>(it->second[i]) - w[i]) > kRel * scale)
+        return fmt::format("{} element {} after {} steps: {} vs {} (bound {})", name, i, kSteps, it->second[i], w[i],
+                           kRel * scale);
+    }
+  }
+  return "";
+}
+
+}  // namespace tutti::train::test_support

@@ -1,0 +1,39 @@
+#pragma once
+// Training runs of the tiny GPT for the trainer's parity tests, shared by the in-process test
+// (tests/test_trainer.cpp, ranks as threads) and the one run under tutti-run (tests/trainer_parity.cpp,
+// ranks as processes).
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "trainer/config.hpp"
+#include "trainer/data.hpp"
+#include "tutti/tutti.hpp"
+
+namespace tutti::train::test_support {
+
+constexpr int kBatch = 8;
+constexpr int kSteps = 10;
+
+ModelConfig tiny();  // L2 C32 NH4 T16 V64
+// A token stream with some structure to learn (a noisy counter), the same everywhere.
+TokenStream synthetic_tokens(int vocab, int64_t n);
+Layout make_layout(int tp, int dp, bool sp = false, int zero = 0);
+
+struct RunResult {
+  std::vector<double> losses;  // mean over the global batch, per step
+  // Whole tensors after the last step. A rank fills only the parts it alone holds (dp rank 0; whole
+  // tensors on tp rank 0), zeros elsewhere, so the ranks' results add up to the model exactly.
+  std::map<std::string, std::vector<float>> params;
+};
+
+// Trains kSteps steps as one rank of `layout` (world: null for a single rank).
+RunResult train_rank(tutti::Comm* world, const Layout& layout, float grad_clip = 1.0f);
+// Adds `part` into `sum` (the ranks' parts make the whole model).
+void add_parts(RunResult& sum, const RunResult& part);
+// "" when `got` trained like `want` (losses within 1e-5 of themselves; parameters within 1e-5 of
+// the model's largest value, key biases aside: test_trainer.cpp says why), else what differs first.
+std::string compare_training(const RunResult& got, const RunResult& want);
+
+}  // namespace tutti::train::test_support

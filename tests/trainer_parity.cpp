@@ -1,0 +1,55 @@
+// The trainer's parity check with ranks as processes: run under tutti-run with a layout's flags,
+// every rank trains the tiny GPT; the ranks' parameter parts are summed into the whole model; rank 0
+// trains the one-rank reference in-process and compares (tests/support/trainer_run.hpp).
+//   tutti-run -n 4 trainer-parity --tp 2 --dp 2 [--sp] [--zero N]
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "support/trainer_run.hpp"
+
+using namespace tutti;
+using namespace tutti::train;
+
+int main(int argc, char** argv) {
+  Layout layout;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&] {
+      if (i + 1 >= argc) {
+        fmt::print(stderr, "{} needs a value\n", a);
+        std::exit(2);
+      }
+      return std::atoi(argv[++i]);
+    };
+    if (a == "--tp") layout.tp = value();
+    else if (a == "--dp") layout.dp = value();
+    else if (a == "--zero") layout.zero = value();
+    else if (a == "--sp") layout.sp = true;
+    else {
+      fmt::print(stderr, "unknown argument {}\n", a);
+      return 2;
+    }
+  }
+  try {
+    Comm world = Comm::from_env();
+    test_support::RunResult mine = test_support::train_rank(&world, layout);
+    for (auto& [name, w] : mine.params)
+      world.all_reduce(w.data(), w.data(), w.size(), DataType::kFloat32, RedOp::kSum).wait();
+    if (world.rank() != 0) return 0;
+    const test_support::RunResult one = test_support::train_rank(nullptr, test_support::make_layout(1, 1));
+    const std::string diff = test_support::compare_training(mine, one);
+    if (!diff.empty()) {
+      fmt::print(stderr, "{} as {} processes differs from one rank: {}\n", layout.describe(), world.size(), diff);
+      return 1;
+    }
+    fmt::print("{} as {} processes trains like one rank: losses {:.6f} -> {:.6f}\n", layout.describe(), world.size(),
+               mine.losses.front(), mine.losses.back());
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "trainer-parity: {}\n", e.what());
+    return 1;
+  }
+}
