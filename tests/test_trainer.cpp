@@ -8,7 +8,10 @@
 // 1e-5 * max |b|. Where the order cannot change the comparison is bit for bit (said at the test).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -16,6 +19,7 @@
 #include <optional>
 #include <thread>
 
+#include "trainer/checkpoint.hpp"
 #include "trainer/data.hpp"
 #include "trainer/gpt.hpp"
 #include "trainer/groups.hpp"
@@ -140,8 +144,8 @@ using test_support::make_layout;
 using test_support::RunResult;
 
 // Trains the tiny model in `layout`, its ranks as threads of this process.
-RunResult run_layout(const Layout& layout, float grad_clip = 1.0f) {
-  if (layout.world() == 1) return test_support::train_rank(nullptr, layout, grad_clip);
+RunResult run_layout(const Layout& layout, const test_support::RunOptions& options = {}) {
+  if (layout.world() == 1) return test_support::train_rank(nullptr, layout, options);
   std::vector<Comm> comms = Comm::create_local(layout.world());
   std::vector<RunResult> parts(comms.size());
   std::vector<std::exception_ptr> errors(comms.size());
@@ -149,7 +153,7 @@ RunResult run_layout(const Layout& layout, float grad_clip = 1.0f) {
   for (size_t r = 0; r < comms.size(); ++r)
     threads.emplace_back([&, r] {
       try {
-        parts[r] = test_support::train_rank(&comms[r], layout, grad_clip);
+        parts[r] = test_support::train_rank(&comms[r], layout, options);
       } catch (...) {
         errors[r] = std::current_exception();
       }
@@ -183,12 +187,110 @@ TEST(Parity, EveryLayoutTrainsLikeOneRank) {
 // and the all-reduce add the same two values (one order), so every stage equals plain data
 // parallelism bit for bit. (Clipping is off: the norm is summed over shards in another order.)
 TEST(Parity, ZeroStagesEqualPlainDataParallelBitForBit) {
-  const RunResult dp = run_layout(make_layout(1, 2), 0.0f);
+  test_support::RunOptions no_clip;
+  no_clip.grad_clip = 0;
+  const RunResult dp = run_layout(make_layout(1, 2), no_clip);
   for (int zero : {1, 2, 3}) {
-    const RunResult z = run_layout(make_layout(1, 2, false, zero), 0.0f);
+    const RunResult z = run_layout(make_layout(1, 2, false, zero), no_clip);
     EXPECT_EQ(z.losses, dp.losses) << "zero " << zero;
     for (const auto& [name, w] : dp.params) EXPECT_EQ(z.params.at(name), w) << "zero " << zero << ": " << name;
   }
+}
+
+// --- checkpoints ------------------------------------------------------------------------------
+
+std::string temp_dir(const std::string& name) {
+  std::string d = testing::TempDir() + "tutti_ckpt_" + name + "_" + std::to_string(getpid());
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+// Saved at step 5 in one layout, resumed in another: the remaining steps' losses and the final
+// parameters are those of an uninterrupted run.
+TEST(Checkpoint, ResumesUnderAnotherLayoutWithTheSameLosses) {
+  const RunResult one = run_layout(make_layout(1, 1));
+  const std::string dir = temp_dir("tp2dp2");
+  test_support::RunOptions save;
+  save.save_dir = dir;
+  save.save_at = 5;
+  run_layout(make_layout(2, 2), save);
+  ASSERT_TRUE(std::filesystem::exists(dir + "/manifest.json"));
+  for (Layout l : {make_layout(1, 4), make_layout(1, 1), make_layout(2, 1, true), make_layout(1, 2, false, 3),
+                   make_layout(4, 1)}) {
+    test_support::RunOptions resume;
+    resume.resume_dir = dir;
+    RunResult r = run_layout(l, resume);
+    ASSERT_EQ(r.losses.size(), static_cast<size_t>(kSteps - 5)) << l.describe();
+    RunResult want = one;
+    want.losses.erase(want.losses.begin(), want.losses.begin() + 5);
+    EXPECT_EQ(test_support::compare_training(r, want), "") << "resumed at " << l.describe();
+  }
+  // And from a ZeRO-3 checkpoint, whose files hold dp shards.
+  const std::string zdir = temp_dir("zero3");
+  save.save_dir = zdir;
+  run_layout(make_layout(1, 4, false, 3), save);
+  test_support::RunOptions resume;
+  resume.resume_dir = zdir;
+  RunResult r = run_layout(make_layout(2, 1), resume);
+  RunResult want = one;
+  want.losses.erase(want.losses.begin(), want.losses.begin() + 5);
+  EXPECT_EQ(test_support::compare_training(r, want), "") << "zero3 dp4 -> tp2";
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(zdir);
+}
+
+TEST(Checkpoint, DamagedOrMismatchedCheckpointsNameTheFileAndField) {
+  const std::string dir = temp_dir("bad");
+  test_support::RunOptions save;
+  save.save_dir = dir;
+  save.save_at = 2;
+  run_layout(make_layout(1, 2, false, 1), save);
+  auto load_error = [&](const ModelConfig& mc) {
+    try {
+      Groups g = Groups::single(Layout{});
+      auto ops = make_cpu_ops(1);
+      Trainer t(mc, OptimConfig{}, g, *ops, test_support::kBatch, 1);
+      load_checkpoint(dir, t);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(load_error(test_support::tiny()), "");
+  ModelConfig other = test_support::tiny();
+  other.layers = 3;
+  EXPECT_NE(load_error(other).find("manifest.json: model.layers is 2, this run's is 3"), std::string::npos)
+      << load_error(other);
+  // A flipped byte in a rank file.
+  {
+    std::fstream f(dir + "/rank_00001.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x40);
+    f.seekp(100);
+    f.write(&c, 1);
+  }
+  EXPECT_NE(load_error(test_support::tiny()).find("rank_00001.bin does not match its CRC-32"), std::string::npos)
+      << load_error(test_support::tiny());
+  // A truncated rank file.
+  std::filesystem::resize_file(dir + "/rank_00000.bin", 64);
+  EXPECT_NE(load_error(test_support::tiny()).find("rank_00000.bin has 64 bytes"), std::string::npos)
+      << load_error(test_support::tiny());
+  // A manifest field gone.
+  {
+    std::ifstream in(dir + "/manifest.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("\"heads\"");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 7, "\"hedas\"");
+    std::ofstream(dir + "/manifest.json") << text;
+  }
+  EXPECT_NE(load_error(test_support::tiny()).find("manifest.json: model.heads is missing"), std::string::npos)
+      << load_error(test_support::tiny());
+  std::filesystem::remove(dir + "/manifest.json");
+  EXPECT_NE(load_error(test_support::tiny()).find("manifest.json is missing"), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 // Megatron's order: tp innermost, then dp. Checked in the table and in the groups' members.

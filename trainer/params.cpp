@@ -77,35 +77,47 @@ const Tensor& ParamLayout::find(const std::string& name) const {
   throw InvalidArgument(fmt::format("the model has no parameter '{}'", name));
 }
 
-namespace {
-// Calls f(whole_index, local_index) for every element this rank holds.
-template <class F>
-void each_local(const Tensor& t, int tp, int p, F f) {
-  for (int64_t r = 0; r < t.local_rows; ++r) {
-    int64_t whole_row = r;
-    if (t.split == Split::kRows) whole_row = p * t.local_rows + r;
-    if (t.split == Split::kHeadRows) {
-      const int64_t block = t.rows / 3, per = block / tp;  // q, k and v blocks, each split by head
-      whole_row = (r / per) * block + p * per + r % per;
-    }
-    const int64_t col0 = t.split == Split::kColumns ? p * t.local_cols : 0;
-    for (int64_t c = 0; c < t.local_cols; ++c) f(whole_row * t.cols + col0 + c, r * t.local_cols + c);
-  }
-}
-}  // namespace
 
 void ParamLayout::shard(const Tensor& t, std::span<const float> whole, std::span<float> local) const {
   if (static_cast<int64_t>(whole.size()) != t.rows * t.cols || static_cast<int64_t>(local.size()) != t.size())
     throw InvalidArgument(fmt::format("sharding '{}': {} whole and {} local values, expected {} and {}", t.name,
                                       whole.size(), local.size(), t.rows * t.cols, t.size()));
-  each_local(t, tp_, tp_rank_, [&](int64_t w, int64_t l) { local[l] = whole[w]; });
+  for (int64_t l = 0; l < t.size(); ++l) local[l] = whole[whole_index(t, l)];
 }
 
 void ParamLayout::unshard(const Tensor& t, std::span<const float> local, std::span<float> whole) const {
   if (static_cast<int64_t>(whole.size()) != t.rows * t.cols || static_cast<int64_t>(local.size()) != t.size())
     throw InvalidArgument(fmt::format("unsharding '{}': {} whole and {} local values, expected {} and {}", t.name,
                                       whole.size(), local.size(), t.rows * t.cols, t.size()));
-  each_local(t, tp_, tp_rank_, [&](int64_t w, int64_t l) { whole[w] = local[l]; });
+  for (int64_t l = 0; l < t.size(); ++l) whole[whole_index(t, l)] = local[l];
+}
+
+const Tensor* ParamLayout::tensor_at(int64_t offset) const {
+  // Tensors are stored in arena order.
+  auto it = std::upper_bound(tensors_.begin(), tensors_.end(), offset,
+                             [](int64_t o, const Tensor& t) { return o < t.offset; });
+  if (it == tensors_.begin()) return nullptr;
+  const Tensor& t = *(it - 1);
+  return offset < t.offset + t.size() ? &t : nullptr;
+}
+
+int64_t ParamLayout::whole_index(const Tensor& t, int64_t local) const {
+  const int64_t r = local / t.local_cols, c = local % t.local_cols;
+  int64_t whole_row = r;
+  if (t.split == Split::kRows) whole_row = tp_rank_ * t.local_rows + r;
+  if (t.split == Split::kHeadRows) {
+    const int64_t block = t.rows / 3, per = block / tp_;
+    whole_row = (r / per) * block + tp_rank_ * per + r % per;
+  }
+  const int64_t col0 = t.split == Split::kColumns ? tp_rank_ * t.local_cols : 0;
+  return whole_row * t.cols + col0 + c;
+}
+
+std::vector<std::pair<int64_t, int64_t>> ParamLayout::optimizer_ranges(int zero, int dp_rank) const {
+  if (zero == 0) return {{0, size_}};
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const Group& g : groups_) out.emplace_back(g.offset + dp_rank * g.shard(), g.shard());
+  return out;
 }
 
 ParamView bind(const ParamLayout& layout, float* arena) {

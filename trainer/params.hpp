@@ -65,6 +65,13 @@ class ParamLayout {
   void shard(const Tensor& t, std::span<const float> whole, std::span<float> local) const;
   // The inverse, for the parts this rank holds (the rest of `whole` is left alone).
   void unshard(const Tensor& t, std::span<const float> local, std::span<float> whole) const;
+  // The tensor holding arena element `offset` (null for group padding) and the index in the whole
+  // tensor of the tensor's local element `local`.
+  const Tensor* tensor_at(int64_t offset) const;
+  int64_t whole_index(const Tensor& t, int64_t local) const;
+  // The arena ranges (offset, length) whose optimizer state a rank keeps, in the order it stores
+  // them: the whole arena without ZeRO, its dp shard of every group with.
+  std::vector<std::pair<int64_t, int64_t>> optimizer_ranges(int zero, int dp_rank) const;
 
  private:
   ModelConfig model_;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "trainer/checkpoint.hpp"
 #include "trainer/groups.hpp"
 #include "trainer/trainer.hpp"
 
@@ -40,14 +41,14 @@ Layout make_layout(int tp, int dp, bool sp, int zero) {
   return l;
 }
 
-RunResult train_rank(tutti::Comm* world, const Layout& layout, float grad_clip) {
+RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions& options) {
   const ModelConfig mc = tiny();
   OptimConfig oc;
   oc.lr = 1e-3f;
   oc.min_lr = 1e-4f;
   oc.warmup = 2;
   oc.steps = kSteps;
-  oc.grad_clip = grad_clip;
+  oc.grad_clip = options.grad_clip;
   const TokenStream data = synthetic_tokens(mc.vocab, 20000);
   Groups groups = world ? Groups::make(*world, layout) : Groups::single(layout);
   auto ops = make_cpu_ops(1);
@@ -55,9 +56,22 @@ RunResult train_rank(tutti::Comm* world, const Layout& layout, float grad_clip) 
   const int per = kBatch / layout.dp;
   std::vector<int32_t> seqs(static_cast<size_t>(per * (mc.seq + 1)));
   RunResult out;
-  for (int s = 0; s < kSteps; ++s) {
+  int first = 0;
+  if (!options.resume_dir.empty()) first = load_checkpoint(options.resume_dir, trainer).step;
+  for (int s = first; s < kSteps; ++s) {
     cut_batch(data, s, kBatch, groups.at.dp_rank * per, per, mc.seq, seqs.data());
     out.losses.push_back(trainer.step(seqs.data()).loss);
+    if (s + 1 == options.save_at) {
+      CheckpointInfo info;
+      info.model = mc;
+      info.layout = layout;
+      info.optim = oc;
+      info.step = s + 1;
+      info.seed = 7;
+      info.batch = kBatch;
+      info.data = data.source;
+      save_checkpoint(options.save_dir, trainer, world, info);
+    }
   }
   trainer.gather_all();
   Gpt& m = trainer.model();

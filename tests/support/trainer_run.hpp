@@ -28,8 +28,14 @@ struct RunResult {
   std::map<std::string, std::vector<float>> params;
 };
 
-// Trains kSteps steps as one rank of `layout` (world: null for a single rank).
-RunResult train_rank(tutti::Comm* world, const Layout& layout, float grad_clip = 1.0f);
+struct RunOptions {
+  float grad_clip = 1.0f;
+  std::string save_dir;  // save a checkpoint here after step `save_at` steps
+  int save_at = -1;
+  std::string resume_dir;  // start from this checkpoint (losses then cover the steps run)
+};
+// Trains up to kSteps steps as one rank of `layout` (world: null for a single rank).
+RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions& options = {});
 // Adds `part` into `sum` (the ranks' parts make the whole model).
 void add_parts(RunResult& sum, const RunResult& part);
 // "" when `got` trained like `want` (losses within 1e-5 of themselves; parameters within 1e-5 of
