@@ -3,6 +3,7 @@ find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(hwy REQUIRED)
 find_package(CLI11 REQUIRED)
+find_package(nlohmann_json REQUIRED)
 find_package(PkgConfig REQUIRED)
 
 # CUDA: AUTO turns it on when nvcc is found (under /usr/local/cuda on our machines). The code must
