@@ -1,0 +1,279 @@
+// tutti-train: trains a GPT on tutti's collectives, alone or under a launcher.
+//
+//   tutti-train [--steps 200] [--layers 4 --heads 4 --channels 128 --seq 64] [--batch 16]
+//               [--tp 1 --dp 1 --sp --zero 0] [--data FILE] [--out DIR] ...
+//   tutti-run -n 4 build/bin/tutti-train --tp 2 --dp 2 --zero 1 --steps 200
+//   tutti-train sample --checkpoint DIR [--tokens 300] [--prompt TEXT] [--temperature 0.8]
+//
+// Prints a line per step (loss, learning rate, gradient norm, tokens/s, MFU against a GEMM peak
+// measured at start, time blocked on communication), the validation loss every --eval-every steps,
+// and writes metrics.jsonl, loss.png (gnuplot) and checkpoints into --out.
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "trainer/checkpoint.hpp"
+#include "trainer/data.hpp"
+#include "trainer/groups.hpp"
+#include "trainer/trainer.hpp"
+
+using namespace tutti;
+using namespace tutti::train;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+bool launched() {
+  for (const char* v : {"TUTTI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+// FLOP/s of this rank's GEMMs at the model's widths: the peak MFU is measured against.
+double gemm_peak(Ops& ops, int channels) {
+  const int64_t n = 512, c = std::max(channels, 256), oc = 4 * c;
+  float* a = ops.alloc(n * c);
+  float* w = ops.alloc(oc * c);
+  float* out = ops.alloc(n * oc);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    ops.matmul(out, a, w, nullptr, n, c, oc);
+    const double s = seconds_since(t0);
+    if (s > 0) best = std::max(best, 2.0 * n * c * oc / s);
+  }
+  ops.release(a);
+  ops.release(w);
+  ops.release(out);
+  return best;
+}
+
+// The loss curve from metrics.jsonl (the whole run, resumed parts included) through gnuplot.
+void plot(const fs::path& metrics, const fs::path& png) {
+  const fs::path train_dat = png.parent_path() / "loss.dat", val_dat = png.parent_path() / "val_loss.dat";
+  {
+    std::ifstream in(metrics);
+    std::ofstream train(train_dat), val(val_dat);
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("step")) continue;
+      if (j.contains("loss")) train << j["step"] << " " << j["loss"] << "\n";
+      if (j.contains("val_loss")) val << j["step"] << " " << j["val_loss"] << "\n";
+    }
+  }
+  FILE* p = popen("gnuplot 2>/dev/null", "w");
+  if (!p) {
+    fmt::print(stderr, "tutti-train: gnuplot not found; no {}\n", png.string());
+    return;
+  }
+  fmt::print(p,
+             "set terminal pngcairo size 900,500\nset output '{}'\nset xlabel 'step'\nset ylabel 'loss'\nset grid\n"
+             "plot '{}' with lines title 'train', '{}' with linespoints title 'validation'\n",
+             png.string(), train_dat.string(), val_dat.string());
+  if (pclose(p) != 0 || !fs::exists(png))
+    fmt::print(stderr, "tutti-train: gnuplot failed; no {} (apt-get install gnuplot-nox)\n", png.string());
+}
+
+int sample(const std::string& dir, int tokens, const std::string& prompt, float temperature, uint64_t seed,
+           int threads) {
+  const CheckpointInfo info = read_checkpoint_manifest(dir);
+  auto ops = make_cpu_ops(threads);
+  Groups groups = Groups::single(Layout{});
+  Trainer trainer(info.model, info.optim, groups, *ops, 1, info.seed);
+  load_checkpoint(dir, trainer);
+  Gpt& m = trainer.model();
+  const int T = info.model.seq, V = info.model.vocab;
+  std::vector<int32_t> text;
+  for (unsigned char c : prompt) text.push_back(c % V);
+  if (text.empty()) text.push_back('\n' % V);
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> seq(static_cast<size_t>(T + 1));
+  std::vector<float> row(static_cast<size_t>(V));
+  fmt::print("{}", prompt);
+  for (int k = 0; k < tokens; ++k) {
+    // The last T tokens of the text (the model's window), the rest of the window unused.
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(text.size()) - T);
+    const int64_t len = static_cast<int64_t>(text.size()) - start;
+    std::fill(seq.begin(), seq.end(), 0);
+    std::copy(text.begin() + start, text.end(), seq.begin());
+    m.forward(seq.data());
+    ops->download(row.data(), m.logits() + (len - 1) * V, V);  // rows t * B + b with B = 1
+    const float mx = *std::max_element(row.begin(), row.end());
+    double sum = 0;
+    for (float& x : row) sum += (x = std::exp((x - mx) / std::max(temperature, 1e-3f)));
+    double pick = std::uniform_real_distribution<double>(0, sum)(rng);
+    int next = V - 1;
+    for (int v = 0; v < V; ++v)
+      if ((pick -= row[static_cast<size_t>(v)]) <= 0) {
+        next = v;
+        break;
+      }
+    text.push_back(next);
+    std::fputc(next < 256 ? next : '?', stdout);
+    std::fflush(stdout);
+  }
+  fmt::print("\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tutti-train: train a GPT on tutti's collectives (alone, or under tutti-run / mpirun)"};
+  app.require_subcommand(0, 1);
+  ModelConfig model;
+  Layout layout;
+  OptimConfig optim;
+  int batch = 16, eval_every = 50, eval_batches = 4, ckpt_every = 0, threads = 0;
+  uint64_t seed = 1337;
+  std::string data_path = kJargonFile, out_dir = "runs/tutti-train", resume;
+  optim.steps = 200;
+  optim.warmup = 10;
+  optim.lr = 1e-3f;  // small models on bytes (nanoGPT's character-level settings)
+  optim.min_lr = 1e-4f;
+  app.add_option("--steps", optim.steps, "training steps")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--layers", model.layers, "transformer blocks")->capture_default_str();
+  app.add_option("--heads", model.heads, "attention heads")->capture_default_str();
+  app.add_option("--channels", model.channels, "width of the residual stream")->capture_default_str();
+  app.add_option("--seq", model.seq, "tokens per sequence")->capture_default_str();
+  app.add_option("--vocab", model.vocab, "vocabulary size (byte data: 256; llm.c .bin: 50257 or more)")
+      ->capture_default_str();
+  app.add_option("--batch", batch, "sequences per step, over all dp ranks")->capture_default_str();
+  app.add_option("--lr", optim.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--min-lr", optim.min_lr, "final learning rate of the cosine schedule")->capture_default_str();
+  app.add_option("--warmup", optim.warmup, "steps of linear warmup")->capture_default_str();
+  app.add_option("--weight-decay", optim.weight_decay, "AdamW's decoupled weight decay (2-D tensors)")
+      ->capture_default_str();
+  app.add_option("--grad-clip", optim.grad_clip, "clip the global gradient norm to this (0: off)")
+      ->capture_default_str();
+  app.add_option("--seed", seed, "initialisation seed")->capture_default_str();
+  app.add_option("--tp", layout.tp, "tensor-parallel ranks")->capture_default_str();
+  app.add_option("--dp", layout.dp, "data-parallel ranks")->capture_default_str();
+  app.add_flag("--sp", layout.sp, "sequence parallel (with --tp)");
+  app.add_option("--zero", layout.zero, "ZeRO stage over the dp ranks (0-3)")->capture_default_str();
+  app.add_option("--threads", threads, "compute threads per rank (0: this host's cores over its ranks)");
+  app.add_option("--data", data_path, "text (bytes, gzip or plain) or llm.c .bin tokens")->capture_default_str();
+  app.add_option("--eval-every", eval_every, "validation loss every K steps (0: never)")->capture_default_str();
+  app.add_option("--eval-batches", eval_batches, "batches of validation data per evaluation")->capture_default_str();
+  app.add_option("--checkpoint-every", ckpt_every, "save a checkpoint every K steps (0: only at the end)");
+  app.add_option("--resume", resume, "continue from this checkpoint directory (any layout)");
+  app.add_option("--out", out_dir, "metrics.jsonl, loss.png and checkpoints go here")->capture_default_str();
+  CLI::App* samp = app.add_subcommand("sample", "print text generated from a checkpoint");
+  std::string ckpt, prompt;
+  int gen_tokens = 300;
+  float temperature = 0.8f;
+  samp->add_option("--checkpoint", ckpt, "checkpoint directory")->required();
+  samp->add_option("--tokens", gen_tokens, "tokens to generate")->capture_default_str();
+  samp->add_option("--prompt", prompt, "text to start from");
+  samp->add_option("--temperature", temperature, "softmax temperature")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (samp->parsed()) return sample(ckpt, gen_tokens, prompt, temperature, seed, threads);
+
+    // Everything that can be refused is refused before any work.
+    std::optional<Comm> world;
+    int world_size = 1, me = 0;
+    if (launched()) {
+      world.emplace(Comm::from_env());
+      world_size = world->size();
+      me = world->rank();
+    }
+    layout.validate(model, world_size, batch);
+    if (eval_batches < 1) throw InvalidArgument("--eval-batches must be at least 1");
+    if (threads == 0)
+      threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, world_size));
+    TokenStream all = load_tokens(data_path);
+    if (all.vocab > model.vocab)
+      throw InvalidArgument(fmt::format("--vocab {} is smaller than the data's vocabulary of {} ({})", model.vocab,
+                                        all.vocab, data_path));
+    TokenStream train, val;
+    split_train_val(all, train, val);
+
+    Groups groups = world ? Groups::make(*world, layout) : Groups::single(layout);
+    auto ops = make_cpu_ops(threads);
+    Trainer trainer(model, optim, groups, *ops, batch, seed);
+    int first = 0;
+    if (!resume.empty()) first = load_checkpoint(resume, trainer).step;
+    const double peak = gemm_peak(*ops, model.channels);
+    const fs::path out(out_dir), metrics = out / "metrics.jsonl";
+    if (me == 0) {
+      fs::create_directories(out);
+      fmt::print("tutti-train: {} ({:.2f} M parameters), {} on {} rank(s) x {} thread(s); batch {} x {} tokens; data {} "
+                 "({} train, {} validation tokens); GEMM peak {:.1f} GFLOP/s per rank\n",
+                 model.describe(), model.parameters() / 1e6, layout.describe(), world_size, threads, batch, model.seq,
+                 data_path, train.tokens.size(), val.tokens.size(), peak / 1e9);
+    }
+    std::ofstream jsonl;
+    if (me == 0) jsonl.open(metrics, first > 0 ? std::ios::app : std::ios::trunc);
+    const int per = batch / layout.dp;
+    std::vector<int32_t> seqs(static_cast<size_t>(per) * (model.seq + 1));
+    auto save = [&](int step) {
+      CheckpointInfo info{model, layout, optim, step, seed, batch, data_path};
+      const std::string dir = (out / fmt::format("checkpoint_{:06d}", step)).string();
+      save_checkpoint(dir, trainer, world ? &*world : nullptr, info);
+      if (me == 0) fmt::print("saved {}\n", dir);
+    };
+    double first_loss = 0, last_loss = 0;
+    for (int step = first; step < optim.steps; ++step) {
+      const auto t0 = Clock::now();
+      cut_batch(train, step, batch, groups.at.dp_rank * per, per, model.seq, seqs.data());
+      const StepResult r = trainer.step(seqs.data());
+      const double dt = seconds_since(t0);
+      const double tok_s = batch * static_cast<double>(model.seq) / dt;
+      const double mfu = peak > 0 ? model.flops_per_token() * tok_s / (peak * world_size) : 0;
+      if (step == first) first_loss = r.loss;
+      last_loss = r.loss;
+      if (me == 0) {
+        fmt::print("step {:5d}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:8.0f} tok/s | MFU {:5.1f}% | comm {:.1f} ms "
+                   "({:.0f}%)\n",
+                   step + 1, optim.steps, r.loss, r.lr, r.grad_norm, tok_s, 100 * mfu, 1e3 * r.comm_wait_s,
+                   100 * r.comm_wait_s / dt);
+        jsonl << fmt::format("{{\"step\":{},\"loss\":{:.6f},\"lr\":{:.6e},\"grad_norm\":{:.6f},\"tokens_per_s\":{:.1f},"
+                             "\"mfu\":{:.5f},\"comm_wait_s\":{:.6f},\"step_s\":{:.6f}}}\n",
+                             step + 1, r.loss, r.lr, r.grad_norm, tok_s, mfu, r.comm_wait_s, dt);
+        jsonl.flush();
+      }
+      const bool last = step + 1 == optim.steps;
+      if ((eval_every > 0 && (step + 1) % eval_every == 0) || last) {
+        double v = 0;
+        for (int k = 0; k < eval_batches; ++k) {
+          cut_batch(val, k, batch, groups.at.dp_rank * per, per, model.seq, seqs.data());
+          v += trainer.evaluate(seqs.data());
+        }
+        v /= eval_batches;
+        if (me == 0) {
+          fmt::print("step {:5d} | validation loss {:.4f}\n", step + 1, v);
+          jsonl << fmt::format("{{\"step\":{},\"val_loss\":{:.6f}}}\n", step + 1, v);
+          jsonl.flush();
+        }
+      }
+      if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || last) save(step + 1);
+    }
+    if (me == 0) {
+      jsonl.close();
+      plot(metrics, out / "loss.png");
+      fmt::print("done: loss {:.4f} -> {:.4f}; {} and {}\n", first_loss, last_loss, metrics.string(),
+                 (out / "loss.png").string());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tutti-train: {}\n", e.what());
+    return 1;
+  }
+}
