@@ -24,8 +24,11 @@ constexpr float kLayerNormEps = 1e-5f;
 
 class CpuOps final : public Ops {
  public:
+  // One threading runtime: OpenBLAS runs single-threaded inside OpenMP's threads, each GEMM cut
+  // into row blocks. (OpenBLAS's own threads beside OpenMP's spinning ones fought over the cores:
+  // 2 ranks of 1 thread ran faster than 1 rank of 2.)
   explicit CpuOps(int threads) : threads_(threads > 0 ? threads : omp_get_max_threads()) {
-    openblas_set_num_threads(threads_);
+    openblas_set_num_threads(1);
   }
   const char* name() const override { return "cpu"; }
 
@@ -62,18 +65,26 @@ class CpuOps final : public Ops {
 
   void matmul(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
               int64_t OC) override {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas(N), blas(OC), blas(C), 1.0f, inp, blas(C), w, blas(C),
-                0.0f, out, blas(OC));
+    // Rows of out in blocks, one GEMM each.
+    blocks(N, [&](int64_t r0, int64_t n) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas(n), blas(OC), blas(C), 1.0f, inp + r0 * C, blas(C), w,
+                  blas(C), 0.0f, out + r0 * OC, blas(OC));
+    });
     if (bias) add_bias(out, bias, N, OC);
   }
 
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                        int64_t N, int64_t C, int64_t OC) override {
     if (dinp)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas(N), blas(C), blas(OC), 1.0f, dout, blas(OC), w,
-                  blas(C), 0.0f, dinp, blas(C));
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas(OC), blas(C), blas(N), 1.0f, dout, blas(OC), inp,
-                blas(C), 1.0f, dw, blas(C));
+      blocks(N, [&](int64_t r0, int64_t n) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas(n), blas(C), blas(OC), 1.0f, dout + r0 * OC,
+                    blas(OC), w, blas(C), 0.0f, dinp + r0 * C, blas(C));
+      });
+    // dw's rows (output features) in blocks: each block reads its columns of dout.
+    blocks(OC, [&](int64_t o0, int64_t n) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas(n), blas(C), blas(N), 1.0f, dout + o0, blas(OC), inp,
+                  blas(C), 1.0f, dw + o0 * C, blas(C));
+    });
     if (dbias) bias_backward(dbias, dout, N, OC);
   }
 
@@ -355,6 +366,16 @@ class CpuOps final : public Ops {
   }
 
  private:
+  // f(first, count) over `threads_` contiguous blocks of [0, n), in parallel.
+  template <class F>
+  void blocks(int64_t n, F f) {
+    const int64_t k = std::max<int64_t>(1, std::min<int64_t>(threads_, n / 16));
+#pragma omp parallel for num_threads(static_cast<int>(k))
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t b = n * i / k, e = n * (i + 1) / k;
+      if (e > b) f(b, e - b);
+    }
+  }
   static size_t round64(int64_t bytes) { return static_cast<size_t>(std::max<int64_t>(64, (bytes + 63) / 64 * 64)); }
   // OpenBLAS takes 32-bit dimensions: refuse what does not fit rather than wrap.
   static blasint blas(int64_t n) {
