@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <cstring>
 #include <fstream>
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -291,6 +292,98 @@ TEST(Checkpoint, DamagedOrMismatchedCheckpointsNameTheFileAndField) {
   std::filesystem::remove(dir + "/manifest.json");
   EXPECT_NE(load_error(test_support::tiny()).find("manifest.json is missing"), std::string::npos);
   std::filesystem::remove_all(dir);
+}
+
+// Data parallelism overlaps the reduction of a group's gradients with the rest of backward: the
+// model reports each group as soon as it is complete, the final LayerNorm first, then the layers
+// from the last, the embeddings (which the tied LM head also writes) last, all before backward
+// returns.
+TEST(Gpt, BackwardHandsOverEachGroupAsSoonAsItIsComplete) {
+  const ModelConfig mc = test_support::tiny();
+  auto ops = make_cpu_ops(1);
+  Collectives none;
+  Gpt m(mc, Layout{}, 0, 2, *ops, none);
+  m.init(3);
+  std::vector<int32_t> seqs(2 * (mc.seq + 1));
+  for (size_t i = 0; i < seqs.size(); ++i) seqs[i] = static_cast<int32_t>((i * 7) % mc.vocab);
+  std::vector<int> order;
+  std::vector<float> snapshot;
+  GroupHooks hooks;
+  const Group last = m.layout().groups().back();
+  hooks.grads_ready = [&](int g) {
+    order.push_back(g);
+    // What was handed over stays as it is while backward goes on: the final LayerNorm's gradients
+    // at the moment they were reported equal those at the end.
+    if (g == mc.layers + 1) snapshot.assign(m.grads() + last.offset, m.grads() + last.offset + last.size);
+  };
+  m.forward(seqs.data());
+  m.zero_grads();
+  m.backward(&hooks);
+  std::vector<int> want;
+  for (int g = mc.layers + 1; g >= 0; --g) want.push_back(g);
+  EXPECT_EQ(order, want);
+  EXPECT_EQ(snapshot, std::vector<float>(m.grads() + last.offset, m.grads() + last.offset + last.size));
+}
+
+// --- data ----------------------------------------------------------------------------------------
+
+std::string write_bin(const std::string& name, int32_t magic, int32_t version, int32_t count,
+                      const std::vector<uint16_t>& tokens) {
+  const std::string path = testing::TempDir() + name;
+  std::ofstream out(path, std::ios::binary);
+  int32_t header[256] = {};
+  header[0] = magic;
+  header[1] = version;
+  header[2] = count;
+  out.write(reinterpret_cast<const char*>(header), sizeof header);
+  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+  return path;
+}
+
+TEST(Data, LlmcTokenFilesAreReadAndBadOnesNamed) {
+  std::vector<uint16_t> toks = {1, 2, 3, 50256, 7};
+  TokenStream s = load_tokens(write_bin("ok.bin", 20240520, 1, 5, toks));
+  EXPECT_EQ(s.tokens, toks);
+  auto error = [](const std::string& path) {
+    try {
+      load_tokens(path);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error(write_bin("magic.bin", 1234, 1, 5, toks)).find("magic.bin': header magic is 1234"), std::string::npos);
+  EXPECT_NE(error(write_bin("version.bin", 20240520, 2, 5, toks)).find("header version is 2"), std::string::npos);
+  EXPECT_NE(error(write_bin("count.bin", 20240520, 1, 9, toks)).find("the header says 9 tokens"), std::string::npos);
+  EXPECT_NE(error(write_bin("vocab.bin", 20240520, 1, 2, {3, 60000})).find("token 1 is 60000"), std::string::npos);
+  EXPECT_NE(error(testing::TempDir() + "missing.bin").find("cannot open"), std::string::npos);
+}
+
+// Batches depend only on the step: dp ranks cut disjoint parts of the same global batch, and a run
+// resumed at step s reads what an uninterrupted one would.
+TEST(Data, BatchesAreAFunctionOfTheStepSplitOverRanks) {
+  const TokenStream s = test_support::synthetic_tokens(64, 5000);
+  const int T = 16, batch = 8;
+  std::vector<int32_t> whole(static_cast<size_t>(batch * (T + 1))), part(whole.size() / 4);
+  for (int64_t step : {0, 3, 1000}) {
+    cut_batch(s, step, batch, 0, batch, T, whole.data());
+    for (int d = 0; d < 4; ++d) {
+      cut_batch(s, step, batch, d * 2, 2, T, part.data());
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin() + d * static_cast<int64_t>(part.size())))
+          << "step " << step << " rank " << d;
+    }
+  }
+  std::vector<int32_t> next(whole.size());
+  cut_batch(s, 1, batch, 0, batch, T, whole.data());
+  cut_batch(s, 2, batch, 0, batch, T, next.data());
+  EXPECT_NE(whole, next);
+  TokenStream train, val;
+  split_train_val(s, train, val);
+  EXPECT_EQ(train.tokens.size() + val.tokens.size(), s.tokens.size());
+  EXPECT_EQ(val.tokens.size(), s.tokens.size() / 10);
+  TokenStream tiny_stream;
+  tiny_stream.tokens = {1, 2, 3};
+  EXPECT_THROW(cut_batch(tiny_stream, 0, 1, 0, 1, T, whole.data()), InvalidArgument);
 }
 
 // Megatron's order: tp innermost, then dp. Checked in the table and in the groups' members.
