@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <vector>
 
 namespace tutti::train {
 
@@ -15,15 +16,38 @@ Coordinates coordinates_of(const Layout& layout, int w) {
 
 int world_rank_of(const Layout& layout, Coordinates c) { return c.tp_rank + layout.tp * c.dp_rank; }
 
+template <class F>
+void Collectives::staged(const float* in, int64_t n_in, float* out, int64_t n_out, F call) {
+  std::vector<float> hin(static_cast<size_t>(n_in)), hout(static_cast<size_t>(n_out));
+  stage_->download(hin.data(), in, n_in);
+  const bool same = in == out;
+  call(hin.data(), same ? hin.data() : hout.data());
+  stage_->upload(out, same ? hin.data() : hout.data(), n_out);
+}
+
 void Collectives::all_reduce(float* data, int64_t n, RedOp op) {
   if (size() == 1 || n == 0) return;
+  if (stage_) {
+    staged(data, n, data, n, [&](float* hin, float*) {
+      tutti::Work w = comm_->all_reduce(hin, hin, static_cast<size_t>(n), DataType::kFloat32, op);
+      wait(w);
+    });
+    return;
+  }
   tutti::Work w = all_reduce_async(data, n, op);
   wait(w);
 }
 
 void Collectives::all_gather(const float* in, float* out, int64_t n) {
   if (size() == 1) {
-    if (n > 0 && in != out) std::memmove(out, in, static_cast<size_t>(n) * sizeof(float));
+    if (n > 0 && in != out) copy(in, out, n);
+    return;
+  }
+  if (stage_) {
+    staged(in, n, out, n * size(), [&](float* hin, float* hout) {
+      tutti::Work w = comm_->all_gather(hin, hout, static_cast<size_t>(n), DataType::kFloat32);
+      wait(w);
+    });
     return;
   }
   tutti::Work w = all_gather_async(in, out, n);
@@ -32,7 +56,16 @@ void Collectives::all_gather(const float* in, float* out, int64_t n) {
 
 void Collectives::reduce_scatter(const float* in, float* out, int64_t n, RedOp op) {
   if (size() == 1) {
-    if (n > 0 && in != out) std::memmove(out, in, static_cast<size_t>(n) * sizeof(float));
+    if (n > 0 && in != out) copy(in, out, n);
+    return;
+  }
+  if (stage_) {
+    // The output may lie inside the input (in place): stage the input, write back the output.
+    std::vector<float> hin(static_cast<size_t>(n * size())), hout(static_cast<size_t>(n));
+    stage_->download(hin.data(), in, n * size());
+    tutti::Work w = comm_->reduce_scatter(hin.data(), hout.data(), static_cast<size_t>(n), DataType::kFloat32, op);
+    wait(w);
+    stage_->upload(out, hout.data(), n);
     return;
   }
   tutti::Work w = reduce_scatter_async(in, out, n, op);
@@ -49,23 +82,23 @@ double Collectives::all_reduce_value(double v, RedOp op) {
 
 tutti::Work Collectives::all_reduce_async(float* data, int64_t n, RedOp op) {
   if (size() == 1 || n == 0) return {};
+  if (stage_) return all_reduce(data, n, op), tutti::Work{};
   return comm_->all_reduce(data, data, static_cast<size_t>(n), DataType::kFloat32, op);
 }
 
 tutti::Work Collectives::reduce_scatter_async(const float* in, float* out, int64_t n, RedOp op) {
-  if (size() == 1) {
-    if (n > 0 && in != out) std::memmove(out, in, static_cast<size_t>(n) * sizeof(float));
-    return {};
-  }
+  if (size() == 1 || stage_) return reduce_scatter(in, out, n, op), tutti::Work{};
   return comm_->reduce_scatter(in, out, static_cast<size_t>(n), DataType::kFloat32, op);
 }
 
 tutti::Work Collectives::all_gather_async(const float* in, float* out, int64_t n) {
-  if (size() == 1) {
-    if (n > 0 && in != out) std::memmove(out, in, static_cast<size_t>(n) * sizeof(float));
-    return {};
-  }
+  if (size() == 1 || stage_) return all_gather(in, out, n), tutti::Work{};
   return comm_->all_gather(in, out, static_cast<size_t>(n), DataType::kFloat32);
+}
+
+void Collectives::copy(const float* in, float* out, int64_t n) {
+  if (stage_) stage_->copy(out, in, n);
+  else std::memmove(out, in, static_cast<size_t>(n) * sizeof(float));
 }
 
 void Collectives::wait(tutti::Work& work) {

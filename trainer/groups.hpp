@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "trainer/config.hpp"
+#include "trainer/ops.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::train {
@@ -50,9 +51,18 @@ class Collectives {
   void wait(tutti::Work& work);  // counts the time it blocks
 
   double wait_seconds() const { return wait_s_; }
+  // Buffers in `ops`'s memory when it is not the host's (the C++ API takes host buffers): calls go
+  // through host copies, and the asynchronous forms complete before they return. Correct first;
+  // device buffers in the C++ API are the fast path to come.
+  void stage_through_host(Ops* ops) { stage_ = ops; }
 
  private:
+  // Runs `call` on host copies of [in, in + n_in) and [out, out + n_out) when staging.
+  void copy(const float* in, float* out, int64_t n);  // in the buffers' memory
+  template <class F>
+  void staged(const float* in, int64_t n_in, float* out, int64_t n_out, F call);
   std::optional<tutti::Comm> comm_;
+  Ops* stage_ = nullptr;
   double wait_s_ = 0;
 };
 

@@ -91,7 +91,8 @@ class Ops {
 
 // threads: OpenMP threads and OpenBLAS threads of this process (0: OpenMP's default).
 std::unique_ptr<Ops> make_cpu_ops(int threads);
-// Only in CUDA builds; throws InvalidUsage without a device.
-std::unique_ptr<Ops> make_cuda_ops(int device);
+// Only in CUDA builds; throws InvalidUsage without a device. bf16: the linear layers multiply
+// bfloat16-rounded operands on the tensor cores (float32 accumulation, float32 master weights).
+std::unique_ptr<Ops> make_cuda_ops(int device, bool bf16 = false);
 
 }  // namespace tutti::train

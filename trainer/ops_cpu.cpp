@@ -14,6 +14,7 @@
 #include <new>
 
 #include "trainer/ops.hpp"
+#include "tutti/types.hpp"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -389,5 +390,11 @@ class CpuOps final : public Ops {
 }  // namespace
 
 std::unique_ptr<Ops> make_cpu_ops(int threads) { return std::make_unique<CpuOps>(threads); }
+
+#ifndef TUTTI_TRAINER_CUDA
+std::unique_ptr<Ops> make_cuda_ops(int, bool) {
+  throw InvalidUsage("tutti-train: this build has no CUDA (configure with the CUDA toolkit for --device cuda)");
+}
+#endif
 
 }  // namespace tutti::train

@@ -12,6 +12,11 @@ Trainer::Trainer(const ModelConfig& model, const OptimConfig& optim, Groups& gro
     : model_config_(model), optim_(optim), groups_(groups), ops_(ops), batch_(batch) {
   const Layout& lay = groups.layout;
   lay.validate(model, lay.world(), batch);
+  // The C++ API's collectives take host buffers: a device's go through host copies.
+  if (std::string(ops.name()) != "cpu") {
+    groups.tp.stage_through_host(&ops);
+    groups.dp.stage_through_host(&ops);
+  }
   model_ = std::make_unique<Gpt>(model, lay, groups.at.tp_rank, batch / lay.dp, ops, groups.tp);
   model_->init(seed);
   const auto& gs = model_->layout().groups();

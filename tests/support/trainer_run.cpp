@@ -51,7 +51,7 @@ RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions&
   oc.grad_clip = options.grad_clip;
   const TokenStream data = synthetic_tokens(mc.vocab, 20000);
   Groups groups = world ? Groups::make(*world, layout) : Groups::single(layout);
-  auto ops = make_cpu_ops(1);
+  auto ops = options.cuda ? make_cuda_ops(0) : make_cpu_ops(1);
   Trainer trainer(mc, oc, groups, *ops, kBatch, 7);
   const int per = kBatch / layout.dp;
   std::vector<int32_t> seqs(static_cast<size_t>(per * (mc.seq + 1)));

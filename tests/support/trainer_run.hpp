@@ -33,6 +33,7 @@ struct RunOptions {
   std::string save_dir;  // save a checkpoint here after step `save_at` steps
   int save_at = -1;
   std::string resume_dir;  // start from this checkpoint (losses then cover the steps run)
+  bool cuda = false;       // the CUDA kernels on device 0 instead of the CPU's
 };
 // Trains up to kSteps steps as one rank of `layout` (world: null for a single rank).
 RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions& options = {});

@@ -167,6 +167,12 @@ int main(int argc, char** argv) {
   app.add_flag("--sp", layout.sp, "sequence parallel (with --tp)");
   app.add_option("--zero", layout.zero, "ZeRO stage over the dp ranks (0-3)")->capture_default_str();
   app.add_option("--threads", threads, "compute threads per rank (0: this host's cores over its ranks)");
+  std::string device = "cpu";
+  app.add_option("--device", device, "cpu, or cuda (GPU 0; ranks share it)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  bool bf16 = false;
+  app.add_flag("--bf16", bf16, "with --device cuda: bfloat16 GEMMs on the tensor cores, float32 master weights");
   app.add_option("--data", data_path, "text (bytes, gzip or plain) or llm.c .bin tokens")->capture_default_str();
   app.add_option("--eval-every", eval_every, "validation loss every K steps (0: never)")->capture_default_str();
   app.add_option("--eval-batches", eval_batches, "batches of validation data per evaluation")->capture_default_str();
@@ -206,7 +212,8 @@ int main(int argc, char** argv) {
     split_train_val(all, train, val);
 
     Groups groups = world ? Groups::make(*world, layout) : Groups::single(layout);
-    auto ops = make_cpu_ops(threads);
+    if (bf16 && device != "cuda") throw InvalidArgument("--bf16 needs --device cuda");
+    auto ops = device == "cuda" ? make_cuda_ops(0, bf16) : make_cpu_ops(threads);
     Trainer trainer(model, optim, groups, *ops, batch, seed);
     int first = 0;
     if (!resume.empty()) first = load_checkpoint(resume, trainer).step;
@@ -215,9 +222,9 @@ int main(int argc, char** argv) {
     if (me == 0) {
       fs::create_directories(out);
       fmt::print("tutti-train: {} ({:.2f} M parameters), {} on {} rank(s) x {} thread(s); batch {} x {} tokens; data {} "
-                 "({} train, {} validation tokens); GEMM peak {:.1f} GFLOP/s per rank\n",
+                 "({} train, {} validation tokens); {} GEMM peak {:.1f} GFLOP/s per rank\n",
                  model.describe(), model.parameters() / 1e6, layout.describe(), world_size, threads, batch, model.seq,
-                 data_path, train.tokens.size(), val.tokens.size(), peak / 1e9);
+                 data_path, train.tokens.size(), val.tokens.size(), ops->name(), peak / 1e9);
     }
     std::ofstream jsonl;
     if (me == 0) jsonl.open(metrics, first > 0 ? std::ios::app : std::ios::trunc);
