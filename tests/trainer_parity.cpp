@@ -1,7 +1,7 @@
 // The trainer's parity check with ranks as processes: run under tutti-run with a layout's flags,
 // every rank trains the tiny GPT; the ranks' parameter parts are summed into the whole model; rank 0
 // trains the one-rank reference in-process and compares (tests/support/trainer_run.hpp).
-//   tutti-run -n 4 trainer-parity --tp 2 --dp 2 [--sp] [--zero N]
+//   tutti-run -n 4 trainer-parity --tp 2 --dp 2 [--sp] [--zero N] [--cuda]
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -15,6 +15,7 @@ using namespace tutti::train;
 
 int main(int argc, char** argv) {
   Layout layout;
+  bool cuda = false;  // every rank's kernels on GPU 0 (the reference stays on the CPU)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&] {
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
     else if (a == "--dp") layout.dp = value();
     else if (a == "--zero") layout.zero = value();
     else if (a == "--sp") layout.sp = true;
+    else if (a == "--cuda") cuda = true;
     else {
       fmt::print(stderr, "unknown argument {}\n", a);
       return 2;
@@ -35,7 +37,9 @@ int main(int argc, char** argv) {
   }
   try {
     Comm world = Comm::from_env();
-    test_support::RunResult mine = test_support::train_rank(&world, layout);
+    test_support::RunOptions options;
+    options.cuda = cuda;
+    test_support::RunResult mine = test_support::train_rank(&world, layout, options);
     for (auto& [name, w] : mine.params)
       world.all_reduce(w.data(), w.data(), w.size(), DataType::kFloat32, RedOp::kSum).wait();
     if (world.rank() != 0) return 0;

@@ -13,7 +13,8 @@ out=.gpu/pack
 grep -qs '^/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/nccl-tests"
 
-for b in tutti-run tutti-perf tutti-compile tutti-device-reduce-bench test_cuda test_cuda_graph test_device_executor; do
+for b in tutti-run tutti-perf tutti-compile tutti-device-reduce-bench test_cuda test_cuda_graph test_device_executor \
+         tutti-train test_trainer trainer-parity; do
   [ -x "$build/bin/$b" ] && strip -o "$out/bin/$b" "$build/bin/$b"
 done
 strip -o "$out/lib/libtutti.so" "$build/lib/libtutti.so"
@@ -21,8 +22,14 @@ strip -o "$out/lib/libnccl.so.2" "$(readlink -f "$build/lib/libnccl.so.2")"
 # Debian libraries the binaries link (the GPU image has glibc, libstdc++ and CUDA, not these).
 for f in "$out"/bin/* "$out"/lib/*.so*; do
   ldd "$f" | awk '/=> \// {print $3}'
-done | sort -u | grep -E 'lib(fmt|hwy|pugixml|hwloc|udev|ibverbs|nl-3|nl-route-3|gtest|gmock|benchmark)' |
+done | sort -u | grep -E 'lib(fmt|hwy|pugixml|hwloc|udev|ibverbs|nl-3|nl-route-3|gtest|gmock|benchmark|openblas|gfortran|quadmath|gomp|z)\.' |
   while read -r lib; do cp -L "$lib" "$out/lib/"; done
+# OpenBLAS is 35 MB of kernels for every CPU: carried compressed (the check scripts unpack it).
+[ -f "$out/lib/libopenblas.so.0" ] && xz -T2 -6 "$out/lib/libopenblas.so.0"
+# The trainer's inputs: the golden state, and the Jargon File (the GPU image has no Debian packages).
+mkdir -p "$out/data" && cp tests/data/gpt_golden.bin "$out/data/"
+[ -f /usr/share/doc/jargon-text/jargon.txt.gz ] && cp /usr/share/doc/jargon-text/jargon.txt.gz "$out/data/"
+cp tools/trainer/bench_gpu.py "$out/"
 
 # nccl-tests with MPI, built once into .gpu/nccl-tests (about 3 minutes on 2 cores).
 ompi=.gpu/ompi
