@@ -82,7 +82,13 @@ void cut_batch(const TokenStream& s, int64_t step, int batch, int first, int cou
     throw InvalidArgument(fmt::format("data: {} has {} tokens, fewer than one sequence of {} + 1", s.source, n, T));
   const int64_t usable = n - T;  // a sequence may start at [0, usable)
   for (int i = 0; i < count; ++i) {
-    const int64_t start = ((step * batch + first + i) * static_cast<int64_t>(T)) % usable;
+    // SplitMix64 of the run-wide sequence number: batches spread over the whole stream (consecutive
+    // windows would give each step one section of a document, and a loss that follows the sections).
+    uint64_t z = static_cast<uint64_t>(step * batch + first + i) * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const int64_t start = static_cast<int64_t>(z % static_cast<uint64_t>(usable));
     for (int t = 0; t <= T; ++t) out[static_cast<int64_t>(i) * (T + 1) + t] = s.tokens[static_cast<size_t>(start + t)];
   }
 }

@@ -6,8 +6,8 @@
 // token count; then uint16 tokens, e.g. GPT-2-tokenized text). The last 10 % of a source is held
 // out for validation.
 //
-// Batches are a function of the step: sequence i of step s starts at token ((s * batch + i) * T)
-// modulo the stream's usable length, so every dp rank cuts its own sequences [d * batch / dp, ...)
+// Batches are a function of the step: sequence i of step s starts at a position hashed from
+// s * batch + i (spread over the whole stream), so every dp rank cuts its own sequences [d * batch / dp, ...)
 // without talking to the others, and a run resumed at step s sees exactly what an uninterrupted
 // run would have.
 
