@@ -460,6 +460,7 @@ ncclResult_t submit(PendingOp op) {
     // whose peers are already there (a loop of small calls) completes without a hand-off; only
     // the waiting, if any, goes to the worker.
     if (!use->blocking && use->worker && !op.call.device && use->worker->idle()) {
+      drain_staging(use.get());  // the staging proxy drives the same CPU executor
       std::function<void()> rest = use->dispatcher->start(op.call);
       if (!rest) return ncclSuccess;
       use->worker->post(std::move(rest));

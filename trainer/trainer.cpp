@@ -124,6 +124,16 @@ double Trainer::grad_norm() {
 
 StepResult Trainer::step(const int32_t* sequences) {
   const Layout& lay = groups_.layout;
+  // A step that failed may have left reductions in flight: they finish (or fail) before anything
+  // else touches the gradients.
+  for (tutti::Work& w : pending_) {
+    try {
+      w.wait();
+    } catch (...) {  // reported by the step that launched it
+    }
+  }
+  pending_.clear();
+  pending_group_.clear();
   const double wait0 = groups_.tp.wait_seconds() + groups_.dp.wait_seconds();
   const ParamLayout& pl = model_->layout();
   const auto& gs = pl.groups();

@@ -231,6 +231,8 @@ void DeviceExecutor::ensure_channels(int n) {
       std::map<std::pair<uint64_t, int32_t>, int> per_device;  // (host, device) -> ranks
       for (const Peer& q : peers) ++per_device[{q.host, q.dev}];
       peer_transport_.assign(static_cast<size_t>(nranks), nullptr);
+      peer_device_.assign(static_cast<size_t>(nranks), -1);
+      for (int r = 0; r < nranks; ++r) peer_device_[r] = peers[r].dev;
       const auto& table = device_transports();  // cuda-p2p, cuda-ipc, host-staged
       for (int r = 0; r < nranks && !staged_; ++r) {
         if (r == me) continue;
@@ -354,8 +356,12 @@ FifoView DeviceExecutor::view(const Channel& ch, int peer, bool send) const {
   v.desc = reinterpret_cast<uint64_t*>(v.ll + options_.fifo_depth * options_.ll_slot_bytes);
   v.count = ch.counts + (send ? 0 : comm_.size()) + peer;
   v.peer = peer;
-  // Ranks of one process address each other's memory (one GPU, or peer access between GPUs).
-  v.direct = send && peer != me && peer_transport_.at(peer) == &device_transports()[0] ? 1 : 0;
+  // Ranks of one process on one GPU address each other's memory whatever allocated it (peer access
+  // between GPUs does not reach stream-ordered pools or cuMem allocations, which user buffers may be).
+  v.direct = send && peer != me && peer_transport_.at(peer) == &device_transports()[0] &&
+                     peer_device_.at(peer) == backend_->device()
+                 ? 1
+                 : 0;
   return v;
 }
 
@@ -469,10 +475,18 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   // Registered user buffers may be read in place by peers (scratch is never registered).
   const exec::Geometry geo{args.count, p.chunk_factor, a.esize};
   const CollectiveSpec& spec = pp.spec;
-  if (registered(args.input, spec.input_chunks() > 0 ? static_cast<size_t>(geo.bytes(0, spec.input_chunks())) : 0))
-    a.registered |= 1u << kBufInput;
-  if (registered(args.output, spec.output_chunks() > 0 ? static_cast<size_t>(geo.bytes(0, spec.output_chunks())) : 0))
-    a.registered |= 1u << kBufOutput;
+  const size_t in_bytes = spec.input_chunks() > 0 ? static_cast<size_t>(geo.bytes(0, spec.input_chunks())) : 0;
+  const size_t out_bytes = spec.output_chunks() > 0 ? static_cast<size_t>(geo.bytes(0, spec.output_chunks())) : 0;
+  // The compiler proved a send's source stable for the plan's own aliasing: an out-of-place plan
+  // given overlapping buffers (an in-place rooted call) may write a sent chunk through the other
+  // buffer, so its peers read copies.
+  const auto* ib = static_cast<const unsigned char*>(args.input);
+  const auto* ob = static_cast<const unsigned char*>(args.output);
+  const bool overlap = ib && ob && in_bytes && out_bytes && ib < ob + out_bytes && ob < ib + in_bytes;
+  if (p.inplace || !overlap) {
+    if (registered(args.input, in_bytes)) a.registered |= 1u << kBufInput;
+    if (registered(args.output, out_bytes)) a.registered |= 1u << kBufOutput;
+  }
   a.state = state_;
   a.status = status_dev_;
   a.abort = abort_dev_;

@@ -89,9 +89,12 @@ class DeviceExecutor final : public Executor {
   // memory stays allocated.
   void close();
   // Memory registered with the communicator (ncclCommRegister): a plan's send from a call buffer
-  // that lies wholly inside it, to a rank of this process, lets the peer read the data in place
-  // instead of through the FIFO (abi.hpp, "Direct reads"); the sender's launch then ends only once
-  // the peer has read it. deregister_memory takes what register_memory was given.
+  // that lies wholly inside it, to a rank of this process on the same GPU, lets the peer read the
+  // data in place instead of through the FIFO (abi.hpp, "Direct reads"); the sender's launch then
+  // ends only once the peer has read it, so a send from a registered buffer completes with its
+  // receive (as NCCL's large sends do: pair them in a group). After a failed call (abort,
+  // timeout) peers may still read the buffers until their own calls fail: keep them until then.
+  // deregister_memory takes what register_memory was given.
   void register_memory(const void* p, size_t bytes);
   void deregister_memory(const void* p, size_t bytes);
   // Messages peers have read in place from this rank's memory (waits for this rank's launches).
@@ -133,6 +136,7 @@ class DeviceExecutor final : public Executor {
   int ranks_on_device_ = 1;  // the most ranks of this communicator on one GPU, known once connected
   bool staged_ = false;      // some pair of ranks shares no GPU memory (the same on every rank)
   std::vector<const TransportInfo*> peer_transport_;  // by rank, once connected
+  std::vector<int> peer_device_;                      // by rank, once connected
   // register_memory's; guarded by registered_mu_ (a non-blocking communicator's calls run on a
   // thread of their own while its user registers).
   std::vector<std::pair<const unsigned char*, size_t>> registered_;

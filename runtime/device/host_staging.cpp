@@ -12,18 +12,28 @@ namespace tutti::device {
 
 // One call's work for the proxy: what it runs on host copies, and the host memory it holds until
 // the copies back are done.
+struct HostStagingExecutor::Shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Job*> queue;                       // enqueued, not yet run
+  std::map<Job*, std::unique_ptr<Job>> live;    // enqueued, not yet recycled
+  std::multimap<size_t, unsigned char*> free;   // pinned buffers by size
+  std::exception_ptr error;
+  bool stop = false;
+};
+
 struct HostStagingExecutor::Job {
-  HostStagingExecutor* owner = nullptr;
+  std::shared_ptr<Shared> shared;
   uint64_t seq = 0;  // the counter's value once it is done
   std::shared_ptr<const PreparedPlan> plan;  // null: point-to-point
   ExecArgs args;                             // host pointers into `buffers`
   std::vector<P2pTransfer> ops;              // host pointers into `buffers`
   std::vector<HostBuffer> buffers;
-  bool ready = false;  // its inputs are in host memory; guarded by owner->mu_
+  bool ready = false;  // its inputs are in host memory; guarded by shared->mu
 };
 
 HostStagingExecutor::HostStagingExecutor(Communicator& comm, DeviceExecutor& device, CpuExecutor& host)
-    : comm_(comm), device_(device), host_(host) {
+    : comm_(comm), device_(device), host_(host), shared_(std::make_shared<Shared>()) {
   void* view = nullptr;
   done_host_ = static_cast<uint64_t*>(device_.backend().alloc_host(sizeof(uint64_t), &view));
   done_dev_ = static_cast<uint64_t*>(view);
@@ -32,18 +42,23 @@ HostStagingExecutor::HostStagingExecutor(Communicator& comm, DeviceExecutor& dev
 }
 
 HostStagingExecutor::~HostStagingExecutor() {
+  Shared& sh = *shared_;
   {
-    std::lock_guard lock(mu_);
-    stop_ = true;
+    std::lock_guard lock(sh.mu);
+    sh.stop = true;
   }
-  cv_.notify_all();
+  sh.cv.notify_all();
   proxy_.join();
-  std::lock_guard lock(mu_);
-  if (!live_.empty()) {
-    // An aborted communicator's streams may still call back into these jobs: they stay allocated.
+  std::unique_lock lock(sh.mu);
+  if (!comm_.state().aborted()) {
+    // The streams still hold the copies back and the recycling callbacks of the last jobs: they
+    // finish on their own (the proxy has run every job), after which nothing refers to this.
+    sh.cv.wait(lock, [&] { return sh.live.empty(); });
+  } else if (!sh.live.empty()) {
+    // An aborted communicator's streams may still call back into these jobs, which keep what they
+    // touch (shared_) alive; their pinned memory and the counter stay allocated.
     TUTTI_WARN("rank {}: host staging stopped with {} call(s) unfinished; their host memory stays allocated",
-               comm_.rank(), live_.size());
-    for (auto& [job, owned] : live_) owned.release();
+               comm_.rank(), sh.live.size());
     return;
   }
   for (unsigned char* p : pinned_) device_.backend().release_host(p);
@@ -59,22 +74,22 @@ void HostStagingExecutor::refuse_capture(void* stream, const char* what) const {
 }
 
 void HostStagingExecutor::check() {
-  std::lock_guard lock(mu_);
-  if (error_) std::rethrow_exception(error_);
+  std::lock_guard lock(shared_->mu);
+  if (shared_->error) std::rethrow_exception(shared_->error);
 }
 
 void HostStagingExecutor::drain() {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return queue_.empty(); });
+  std::unique_lock lock(shared_->mu);
+  shared_->cv.wait(lock, [&] { return shared_->queue.empty(); });
 }
 
 HostStagingExecutor::HostBuffer HostStagingExecutor::take(size_t bytes) {
   {
-    std::lock_guard lock(mu_);
-    auto it = free_.lower_bound(bytes);
-    if (it != free_.end()) {
+    std::lock_guard lock(shared_->mu);
+    auto it = shared_->free.lower_bound(bytes);
+    if (it != shared_->free.end()) {
       HostBuffer b{it->second, it->first};
-      free_.erase(it);
+      shared_->free.erase(it);
       return b;
     }
   }
@@ -88,36 +103,39 @@ HostStagingExecutor::HostBuffer HostStagingExecutor::take(size_t bytes) {
   return HostBuffer{p, size};
 }
 
+// Both run on a CUDA callback thread (or in the caller, emulated); they notify under the lock, so
+// a waiter cannot see the state change and destroy the condition variable first.
 void HostStagingExecutor::on_ready(void* arg) {
   auto* job = static_cast<Job*>(arg);
-  {
-    std::lock_guard lock(job->owner->mu_);
-    job->ready = true;
-  }
-  job->owner->cv_.notify_all();
+  Shared& sh = *job->shared;
+  std::lock_guard lock(sh.mu);
+  job->ready = true;
+  sh.cv.notify_all();
 }
 
 void HostStagingExecutor::on_recycle(void* arg) {
   auto* job = static_cast<Job*>(arg);
-  HostStagingExecutor* self = job->owner;
-  std::lock_guard lock(self->mu_);
-  for (const HostBuffer& b : job->buffers) self->free_.emplace(b.bytes, b.data);
-  self->live_.erase(job);
+  const std::shared_ptr<Shared> keep = job->shared;  // erasing the job drops its reference
+  std::lock_guard lock(keep->mu);
+  for (const HostBuffer& b : job->buffers) keep->free.emplace(b.bytes, b.data);
+  keep->live.erase(job);
+  keep->cv.notify_all();
 }
 
 void HostStagingExecutor::proxy_loop() {
   log::set_thread_rank(comm_.rank());
+  Shared& sh = *shared_;
   for (;;) {
     Job* job = nullptr;
     {
-      std::unique_lock lock(mu_);
+      std::unique_lock lock(sh.mu);
       // In call order: the first job enqueued runs first, once its inputs are in host memory.
-      cv_.wait(lock, [&] {
-        const bool runnable = !queue_.empty() && queue_.front()->ready;
-        return runnable || (stop_ && (queue_.empty() || comm_.state().aborted()));
+      sh.cv.wait(lock, [&] {
+        const bool runnable = !sh.queue.empty() && sh.queue.front()->ready;
+        return runnable || (sh.stop && (sh.queue.empty() || comm_.state().aborted()));
       });
-      if (queue_.empty() || !queue_.front()->ready) return;
-      job = queue_.front();
+      if (sh.queue.empty() || !sh.queue.front()->ready) return;
+      job = sh.queue.front();
     }
     std::exception_ptr failure;
     try {
@@ -126,27 +144,25 @@ void HostStagingExecutor::proxy_loop() {
     } catch (...) {
       failure = std::current_exception();
     }
-    {
-      std::lock_guard lock(mu_);
-      if (failure && !error_) error_ = failure;
-      queue_.pop_front();
-    }
+    std::lock_guard lock(sh.mu);
+    if (failure && !sh.error) sh.error = failure;
+    sh.queue.pop_front();
     mem::store_release(done_host_, job->seq);  // the stream goes on: copies back, then the caller's work
-    cv_.notify_all();
+    sh.cv.notify_all();
   }
 }
 
 void HostStagingExecutor::enqueue(std::unique_ptr<Job> job, void* stream) {
   Backend& b = device_.backend();
   Job* raw = job.get();
-  raw->owner = this;
+  raw->shared = shared_;
   raw->seq = ++enqueued_;
   {
-    std::lock_guard lock(mu_);
-    queue_.push_back(raw);
-    live_.emplace(raw, std::move(job));
+    std::lock_guard lock(shared_->mu);
+    shared_->queue.push_back(raw);
+    shared_->live.emplace(raw, std::move(job));
+    shared_->cv.notify_all();
   }
-  cv_.notify_all();
   b.host_callback(stream, &HostStagingExecutor::on_ready, raw);
   b.wait_flag(stream, done_dev_, raw->seq, device_.abort_flag());
 }

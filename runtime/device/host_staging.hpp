@@ -64,6 +64,7 @@ class HostStagingExecutor final : public Executor {
 
  private:
   struct Job;
+  struct Shared;
   struct HostBuffer {
     unsigned char* data = nullptr;
     size_t bytes = 0;
@@ -81,14 +82,10 @@ class HostStagingExecutor final : public Executor {
   uint64_t* done_host_ = nullptr;  // jobs the proxy finished (host-mapped; the stream waits on it)
   uint64_t* done_dev_ = nullptr;
   uint64_t enqueued_ = 0;          // jobs enqueued (the caller's thread)
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job*> queue_;                                 // enqueued, not yet run; guarded by mu_
-  std::map<Job*, std::unique_ptr<Job>> live_;              // enqueued, not yet recycled; guarded by mu_
-  std::multimap<size_t, unsigned char*> free_;             // pinned buffers by size; guarded by mu_
-  std::vector<unsigned char*> pinned_;                     // every pinned buffer, freed at the end
-  std::exception_ptr error_;                               // guarded by mu_
-  bool stop_ = false;                                      // guarded by mu_
+  // What the stream's callbacks touch lives apart from this object, held by every job: after an
+  // abort the streams may call back after the executor is gone.
+  std::shared_ptr<Shared> shared_;
+  std::vector<unsigned char*> pinned_;  // every pinned buffer, freed at the end
   std::thread proxy_;
 };
 

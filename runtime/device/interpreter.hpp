@@ -334,8 +334,9 @@ struct BlockRun {
             if (failed) break;
             acc.w[0] = lo;
             acc.w[1] = hi;
-          } else if (remote) {
-            acc = load_local(rdata, u, valid);
+          } else if (remote) {  // as a slot: never a stale cached line of the peer's memory
+            const unsigned char* q = rdata + u * 16;
+            acc = valid >= 16 && (reinterpret_cast<uintptr_t>(q) & 15) == 0 ? mem::load_slot(q) : load_local(rdata, u, valid);
           } else {
             acc = mem::load_slot(rslot + offset + u * 16);
           }

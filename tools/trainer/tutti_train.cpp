@@ -51,11 +51,13 @@ double gemm_peak(Ops& ops, int channels) {
   float* w = ops.alloc(oc * c);
   float* out = ops.alloc(n * oc);
   double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
+  float sink = 0;
+  for (int rep = 0; rep < 6; ++rep) {
     const auto t0 = Clock::now();
     ops.matmul(out, a, w, nullptr, n, c, oc);
+    ops.download(&sink, out, 1);  // a device's GEMM is asynchronous: wait for it
     const double s = seconds_since(t0);
-    if (s > 0) best = std::max(best, 2.0 * n * c * oc / s);
+    if (rep > 0 && s > 0) best = std::max(best, 2.0 * n * c * oc / s);  // the first one warms up
   }
   ops.release(a);
   ops.release(w);
@@ -216,7 +218,14 @@ int main(int argc, char** argv) {
     auto ops = device == "cuda" ? make_cuda_ops(0, bf16) : make_cpu_ops(threads);
     Trainer trainer(model, optim, groups, *ops, batch, seed);
     int first = 0;
-    if (!resume.empty()) first = load_checkpoint(resume, trainer).step;
+    if (!resume.empty()) {
+      const CheckpointInfo saved = read_checkpoint_manifest(resume);
+      // Batches are cut by step * batch: another batch size would not continue the same data.
+      if (saved.batch != batch)
+        throw InvalidArgument(fmt::format("--resume {}: the checkpoint was trained with --batch {}, this run asks for {}",
+                                          resume, saved.batch, batch));
+      first = load_checkpoint(resume, trainer).step;
+    }
     const double peak = gemm_peak(*ops, model.channels);
     const fs::path out(out_dir), metrics = out / "metrics.jsonl";
     if (me == 0) {
