@@ -271,6 +271,48 @@ TEST(DeviceExecutor, RegisteredBuffersAreReadInPlaceWhereThePlanAllows) {
   EXPECT_EQ(ll, 0u);
 }
 
+// An out-of-place plan given one buffer as input and output (an in-place rooted call) may write a
+// chunk it sent through the other name: the compiler's stable-source proof assumed two buffers, so
+// such a call moves its data through the FIFOs even when registered.
+TEST(DeviceExecutor, OverlappingBuffersOfAnOutOfPlacePlanAreNotReadInPlace) {
+  const int n = 3;
+  Prepared bc = builtin("chain_broadcast", n, {{"inplace", 0}, {"root", 0}});
+  ASSERT_FALSE(bc->plan.inplace);
+  auto comms = Communicator::create_local(n);
+  std::vector<std::unique_ptr<DeviceExecutor>> ex;
+  for (int r = 0; r < n; ++r)
+    ex.push_back(std::make_unique<DeviceExecutor>(*comms[r], make_emulated_backend(), device_options(Options{})));
+  const int64_t count = 5000;
+  std::vector<std::vector<float>> buf(n, std::vector<float>(count));
+  for (int r = 0; r < n; ++r)
+    for (int64_t i = 0; i < count; ++i) buf[r][i] = r == 0 ? static_cast<float>(i % 1000) : -1.0f;
+  test_support::on_ranks(comms, [&](int r, Communicator&) {
+    ex[r]->register_memory(buf[r].data(), buf[r].size() * sizeof(float));
+    ExecArgs a;
+    a.input = buf[r].data();
+    a.output = buf[r].data();
+    a.count = count;
+    ex[r]->run(*bc, a);
+  });
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(buf[r][i], static_cast<float>(i % 1000)) << "rank " << r;
+    EXPECT_EQ(ex[r]->direct_messages(), 0u) << "rank " << r;
+  }
+  // The same buffers, now two of them: the root's sends are read in place.
+  std::vector<std::vector<float>> out(n, std::vector<float>(count, -1.0f));
+  test_support::on_ranks(comms, [&](int r, Communicator&) {
+    ex[r]->register_memory(out[r].data(), out[r].size() * sizeof(float));
+    ExecArgs a;
+    a.input = buf[r].data();
+    a.output = out[r].data();
+    a.count = count;
+    ex[r]->run(*bc, a);
+  });
+  EXPECT_GT(ex[0]->direct_messages(), 0u);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(out[r], buf[0]) << "rank " << r;
+  test_support::on_ranks(comms, [&](int r, Communicator&) { ex[r]->close(); });
+}
+
 TEST(DeviceExecutor, FifosOfTheVerifiedDepthStillFinish) {
   for (int64_t depth : {2, 3}) {
     Options o;
