@@ -134,8 +134,8 @@ class Lowering {
       auto data = read(a, src);
       if (op.kind == dsl::OpKind::kCompute) {
         Instruction in = make(Opcode::kCompute, {src}, dst);
-        in.kernel = static_cast<int>(op.kernel);
-        in.kernel_arg = op.kernel_arg;
+        in.kernel = op.kernel;
+        in.scalars = op.scalars;
         for (auto& c : data) c.kernels.push_back(in.kernel);
         emit(a, in, data);
         write(a, dst, data);

@@ -176,8 +176,8 @@ std::string to_json(const Plan& p) {
           js["deps"] = deps;
         }
         if (s.op == Opcode::kCompute) {
-          js["kernel"] = s.kernel;
-          js["kernel_arg"] = s.kernel_arg;
+          js["kernel"] = kernel_def(s.kernel).name;  // by name: ids depend on registration order
+          if (!s.scalars.empty()) js["scalars"] = s.scalars;
         }
         steps.push_back(js);
       }
@@ -246,7 +246,7 @@ Plan parse_json(const std::string& text) {
       b.channel = field<int>(jb, "channel", bw);
       for (const json& js : jb.at("steps")) {
         std::string sw = fmt::format("{} step {}", bw, b.steps.size());
-        check_keys(js, {"op", "srcs", "dst", "send_peer", "recv_peer", "remote", "deps", "kernel", "kernel_arg",
+        check_keys(js, {"op", "srcs", "dst", "send_peer", "recv_peer", "remote", "deps", "kernel", "scalars",
                          "stable_source"},
                    sw);
         Instruction in;
@@ -266,8 +266,22 @@ Plan parse_json(const std::string& text) {
             TUTTI_CHECK(d.is_array() && d.size() == 2, InvalidArgument, "plan JSON: {}: a dependency is [block, step]", sw);
             in.deps.push_back({d[0].get<int64_t>(), d[1].get<int64_t>()});
           }
-        if (js.contains("kernel")) in.kernel = field<int>(js, "kernel", sw);
-        if (js.contains("kernel_arg")) in.kernel_arg = field<double>(js, "kernel_arg", sw);
+        if (js.contains("kernel")) {
+          const std::string name = field<std::string>(js, "kernel", sw);
+          const std::optional<KernelId> id = find_kernel(name);
+          TUTTI_CHECK(id.has_value(), InvalidArgument,
+                      "plan JSON: {}: unknown kernel '{}' (register it with tutti::register_kernel before loading the "
+                      "plan)",
+                      sw, name);
+          in.kernel = *id;
+        }
+        if (js.contains("scalars")) in.scalars = field<std::vector<double>>(js, "scalars", sw);
+        if (in.op == Opcode::kCompute) {
+          const KernelDef& def = kernel_def(in.kernel);
+          TUTTI_CHECK(in.scalars.size() == def.scalars.size(), InvalidArgument,
+                      "plan JSON: {}: kernel '{}' takes {} scalar(s), the step gives {}", sw, def.name,
+                      def.scalars.size(), in.scalars.size());
+        }
         b.steps.push_back(std::move(in));
       }
       rp.blocks.push_back(std::move(b));

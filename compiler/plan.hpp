@@ -13,7 +13,7 @@
 //   recv_reduce_send      send (data from recv_peer (+) srcs[0]) to send_peer, store nothing
 //   recv_reduce_copy      dst = data from recv_peer (+) srcs[0]
 //   recv_reduce_copy_send dst = data from recv_peer (+) srcs[0]; send dst to send_peer
-//   compute               dst = kernel(srcs[0])
+//   compute               dst = kernel(srcs[0]; scalars)   (a registered kernel, tutti/kernel.hpp)
 //   nop                   nothing (carries dependencies)
 // Messages on one connection (sender, receiver, channel) are matched in order: the k-th send meets
 // the k-th receive. `remote` records where the data comes from or goes to on the peer; it is
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tutti/collective.hpp"
+#include "tutti/kernel.hpp"
 
 namespace tutti::plan {
 
@@ -69,8 +70,8 @@ struct Instruction {
   int recv_peer = -1;
   std::optional<Ref> remote;
   std::vector<Dep> deps;
-  int kernel = 0;        // compute
-  double kernel_arg = 1;  // compute
+  KernelId kernel = kernels::kIdentity;  // compute: the kernel (tutti/kernel.hpp; JSON names it)
+  std::vector<double> scalars;           // compute: its scalars' values
   // Stated by plan::certify for a send: every write of this rank to the chunks it sends happens
   // before it, so a peer may read them in place, from the sender's buffer, until the end of the
   // call (ncclCommRegister's direct reads) instead of from a copy in its FIFO.

@@ -243,7 +243,8 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
             received[key] = k + 1;
           }
           double msg = static_cast<double>(in.count()) * chunk_bytes;
-          if (in.op == Opcode::kCopy || in.op == Opcode::kCompute) local = msg / mem[r];
+          if (in.op == Opcode::kCopy) local = msg / mem[r];
+          if (in.op == Opcode::kCompute) local = kernel_def(in.kernel).copy_cost * msg / mem[r];  // its registered cost
           if (in.op == Opcode::kReduce) local = msg / red[r];
           if (in.op == Opcode::kRecvReduceCopy || in.op == Opcode::kRecvReduceSend || in.op == Opcode::kRecvReduceCopySend) {
             // A reduction instead of the copy out: measured under load where the path has a

@@ -61,13 +61,7 @@ const char* to_string(Protocol p) {
   return "?";
 }
 
-const char* to_string(Kernel k) {
-  switch (k) {
-    case Kernel::kIdentity: return "identity";
-    case Kernel::kScale: return "scale";
-  }
-  return "?";
-}
+
 
 void Content::merge(const Content& other) {
   std::vector<Contribution> merged;

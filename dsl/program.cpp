@@ -20,10 +20,14 @@ ChunkRef ChunkRef::reduce(const ChunkRef& src, Annotations a) const {
   return program_->record(Op{OpKind::kReduce, src.loc_, loc_, a});
 }
 
-ChunkRef ChunkRef::apply(Kernel kernel, double arg, Annotations a) const {
+ChunkRef ChunkRef::apply(KernelId kernel, std::vector<double> scalars, Annotations a) const {
+  const KernelDef& def = kernel_def(kernel);
+  TUTTI_CHECK(scalars.size() == def.scalars.size(), InvalidArgument,
+              "apply: kernel '{}' takes {} scalar(s), {} given (rank {} {}[{}])", def.name, def.scalars.size(),
+              scalars.size(), loc_.rank, loc_.buffer.describe(), loc_.index);
   Op op{OpKind::kCompute, loc_, loc_, a};
   op.kernel = kernel;
-  op.kernel_arg = arg;
+  op.scalars = std::move(scalars);
   return program_->record(op);
 }
 
@@ -164,7 +168,7 @@ ChunkRef Program::record(Op op) {
       d.merge(incoming[k]);
     }
   } else if (op.kind == OpKind::kCompute) {
-    for (int k = 0; k < op.dst.count; ++k) slot(op.dst.rank, op.dst.buffer, op.dst.index + k).kernels.push_back(static_cast<int>(op.kernel));
+    for (int k = 0; k < op.dst.count; ++k) slot(op.dst.rank, op.dst.buffer, op.dst.index + k).kernels.push_back(op.kernel);
   } else {
     for (int k = 0; k < op.dst.count; ++k) slot(op.dst.rank, op.dst.buffer, op.dst.index + k) = incoming[k];
   }

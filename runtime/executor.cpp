@@ -1,5 +1,7 @@
 #include "runtime/executor.hpp"
 
+#include "tutti/kernel.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -241,14 +243,8 @@ bool BlockMachine::start(size_t b) {
       return true;
     }
     case plan::Opcode::kCompute: {
-      const void* src = pointer(in.srcs[0]);
-      if (in.kernel == static_cast<int>(Kernel::kScale)) {
-        unsigned char scalar[8] = {};
-        store_value(type, scalar, in.kernel_arg);
-        scale(type, r.dst, src, scalar, static_cast<size_t>(r.bytes / esize));
-      } else if (r.bytes) {
-        std::memmove(r.dst, src, static_cast<size_t>(r.bytes));
-      }
+      const KernelDef& k = kernel_def(in.kernel);
+      k.cpu(KernelArgs{pointer(in.srcs[0]), r.dst, r.bytes / esize, type, in.scalars.data()});
       return true;
     }
     default: break;

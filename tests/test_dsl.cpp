@@ -98,11 +98,11 @@ TEST(Dsl, ComputeKernelsAreTracked) {
   s.custom_output_chunks = 1;
   s.custom_post = [](int, int) {
     Content c = Content::of(0, 0);
-    c.kernels = {static_cast<int>(Kernel::kScale)};
+    c.kernels = {kernels::kScale};
     return std::optional<Content>(c);
   };
   Program p("scaled copy", s);
-  p.chunk(0, Buffer::input(), 0).copy(0, Buffer::output(), 0).apply(Kernel::kScale, 0.5);
+  p.chunk(0, Buffer::input(), 0).copy(0, Buffer::output(), 0).apply(kernels::kScale, {0.5});
   EXPECT_NO_THROW(p.check_postcondition());
 }
 

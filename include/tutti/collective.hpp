@@ -36,9 +36,6 @@ const char* to_string(BufferKind b);
 enum class Protocol { kAuto, kSimple, kLL, kLL128 };
 const char* to_string(Protocol p);
 
-// Built-in compute kernels a plan's compute instruction names (issue 20 opens this to a registry).
-enum class Kernel : int { kIdentity = 0, kScale = 1 };
-const char* to_string(Kernel k);
 
 struct Contribution {
   int rank;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tutti/collective.hpp"
+#include "tutti/kernel.hpp"
 
 namespace tutti::dsl {
 
@@ -53,8 +54,8 @@ struct Op {
   ChunkLoc src;  // kReduce: the incoming operand
   ChunkLoc dst;  // kReduce: the operand that receives the result
   Annotations annotations;
-  Kernel kernel = Kernel::kIdentity;
-  double kernel_arg = 1.0;
+  KernelId kernel = kernels::kIdentity;
+  std::vector<double> scalars = {};  // the kernel's scalars (tutti/kernel.hpp)
   int id = 0;  // position in program order
 };
 
@@ -73,8 +74,9 @@ class ChunkRef {
   ChunkRef copy(int dst_rank, const Buffer& buffer, int index, Annotations a = {}) const;
   // this = this (+) src, element-wise over the chunks; returns this. src may be on another rank.
   ChunkRef reduce(const ChunkRef& src, Annotations a = {}) const;
-  // Applies a registered kernel in place; returns this.
-  ChunkRef apply(Kernel kernel, double arg = 1.0, Annotations a = {}) const;
+  // Applies a registered kernel (tutti/kernel.hpp) in place with its scalars' values; returns
+  // this. Throws InvalidArgument for an unknown kernel or the wrong number of scalars.
+  ChunkRef apply(KernelId kernel, std::vector<double> scalars = {}, Annotations a = {}) const;
   // The chunks one by one, or in k equal parts (count must divide).
   std::vector<ChunkRef> split(int parts) const;
   // The single chunk at offset i of this range.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "tutti/kernel.hpp"
 
 namespace tutti::device {
 
@@ -50,8 +51,15 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
         out.deps.push_back(DevDep{static_cast<int32_t>(d.block), static_cast<int32_t>(d.step)});
       }
       s.stable_src = in.stable_source ? 1 : 0;
-      s.kernel = in.kernel;
-      s.kernel_arg = in.kernel_arg;
+      if (in.op == plan::Opcode::kCompute) {
+        // The interpreter knows the built-ins; user kernels run on the CPU executor for now.
+        TUTTI_CHECK(in.kernel == kernels::kIdentity || in.kernel == kernels::kScale, InvalidArgument,
+                    "plan '{}': rank {} runs kernel '{}', which has no device implementation (the device "
+                    "interpreter runs identity and scale)",
+                    p.name, rank, kernel_def(in.kernel).name);
+        s.kernel = in.kernel;
+        s.kernel_arg = in.scalars.empty() ? 1.0 : in.scalars[0];
+      }
       out.steps.push_back(s);
     }
   }

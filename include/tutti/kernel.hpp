@@ -1,0 +1,53 @@
+#pragma once
+// Compute kernels: what a plan's compute step runs on a chunk (the DSL's ChunkRef::apply), found
+// by name in one registry of the process. Built in: "identity" and "scale" (scalar "factor");
+// user code registers its own before it builds or loads plans that name them. Plans in JSON name
+// kernels, so a plan file works in any process that registered the same names.
+//
+// Public and self-contained (standard headers and tutti/types.hpp only).
+//
+// Today a kernel maps one chunk range to one (in place or not) on host memory; the device
+// interpreter runs the built-ins. Kernels with several inputs and outputs, device implementations
+// of user kernels and per-call scalars are the fused-operation work's next steps (docs/ARCHITECTURE.md).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tutti/types.hpp"
+
+namespace tutti {
+
+struct KernelArgs {
+  const void* input;       // `count` elements of `type`
+  void* output;            // `count` elements; may be `input` (in place)
+  int64_t count;
+  DataType type;
+  const double* scalars;   // the step's values of the kernel's scalars, in declared order
+};
+using KernelFn = void (*)(const KernelArgs&);
+
+struct KernelDef {
+  std::string name;                  // unique in the process: letters, digits, '_', '.', '-'
+  std::vector<std::string> scalars;  // names of the scalars a step gives it
+  KernelFn cpu = nullptr;            // required
+  // The simulator's cost: this many times the time of copying the same bytes.
+  double copy_cost = 1.0;
+};
+
+using KernelId = int32_t;
+namespace kernels {
+inline constexpr KernelId kIdentity = 0;  // output = input
+inline constexpr KernelId kScale = 1;     // output = input * factor (the element type's product)
+}  // namespace kernels
+
+// Thread-safe. Throws InvalidArgument naming the kernel for an empty or malformed name, a name
+// already registered, or no CPU implementation.
+KernelId register_kernel(KernelDef def);
+std::optional<KernelId> find_kernel(std::string_view name);
+// Throws InvalidArgument for an id no kernel has.
+const KernelDef& kernel_def(KernelId id);
+
+}  // namespace tutti
