@@ -136,7 +136,7 @@ class Lowering {
         Instruction in = make(Opcode::kCompute, {src}, dst);
         in.kernel = op.kernel;
         in.scalars = op.scalars;
-        for (auto& c : data) c.kernels.push_back(in.kernel);
+        for (auto& c : data) c = Content::apply(in.kernel, {c}, in.scalars);
         emit(a, in, data);
         write(a, dst, data);
       } else if (a == b) {

@@ -302,7 +302,7 @@ class Checker {
       case Opcode::kCopy: value = read(node, in.srcs[0]); break;
       case Opcode::kCompute:
         value = read(node, in.srcs[0]);
-        for (auto& c : value) c.kernels.push_back(in.kernel);
+        for (auto& c : value) c = Content::apply(in.kernel, {c}, in.scalars);
         break;
       case Opcode::kReduce: {
         value = read(node, in.srcs[0]);

@@ -1,6 +1,7 @@
 #include "tutti/collective.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <string_view>
@@ -63,15 +64,46 @@ const char* to_string(Protocol p) {
 
 
 
+Content Content::of(int rank, int index) {
+  Content c;
+  c.parts.push_back({rank, index});
+  return c;
+}
+
+Content Content::apply(KernelId kernel, std::vector<Content> args, std::vector<double> scalars, int output) {
+  Content c;
+  c.applied.push_back(Application{kernel, output, std::move(scalars), std::move(args)});
+  return c;
+}
+
+bool Content::operator==(const Content& o) const { return parts == o.parts && applied == o.applied; }
+bool Content::operator<(const Content& o) const {
+  if (parts != o.parts) return parts < o.parts;
+  return std::lexicographical_compare(applied.begin(), applied.end(), o.applied.begin(), o.applied.end());
+}
+bool Application::operator==(const Application& o) const {
+  return kernel == o.kernel && output == o.output && scalars == o.scalars && args == o.args;
+}
+bool Application::operator<(const Application& o) const {
+  if (kernel != o.kernel) return kernel < o.kernel;
+  if (output != o.output) return output < o.output;
+  if (scalars != o.scalars) return scalars < o.scalars;
+  return std::lexicographical_compare(args.begin(), args.end(), o.args.begin(), o.args.end());
+}
+
 void Content::merge(const Content& other) {
   std::vector<Contribution> merged;
   std::merge(parts.begin(), parts.end(), other.parts.begin(), other.parts.end(), std::back_inserter(merged));
   parts = std::move(merged);
-  kernels.insert(kernels.end(), other.kernels.begin(), other.kernels.end());
+  if (!other.applied.empty()) {
+    std::vector<Application> both;
+    std::merge(applied.begin(), applied.end(), other.applied.begin(), other.applied.end(), std::back_inserter(both));
+    applied = std::move(both);
+  }
 }
 
 std::string Content::describe() const {
-  if (parts.empty()) return "{empty}";
+  if (empty()) return "{empty}";
   std::string s = "{";
   for (size_t i = 0; i < parts.size(); ++i) {
     if (i == 8 && parts.size() > 10) {
@@ -80,7 +112,15 @@ std::string Content::describe() const {
     }
     s += fmt::format("{}r{}:i{}", i ? ", " : "", parts[i].rank, parts[i].index);
   }
-  if (!kernels.empty()) s += fmt::format(" after {} kernel(s)", kernels.size());
+  for (size_t i = 0; i < applied.size(); ++i) {
+    const Application& a = applied[i];
+    s += fmt::format("{}{}", parts.empty() && i == 0 ? "" : ", ", kernel_def(a.kernel).name);
+    if (a.output) s += fmt::format(".{}", a.output);
+    if (!a.scalars.empty()) s += fmt::format("[{}]", fmt::join(a.scalars, ", "));
+    s += "(";
+    for (size_t k = 0; k < a.args.size(); ++k) s += (k ? ", " : "") + a.args[k].describe();
+    s += ")";
+  }
   return s + "}";
 }
 

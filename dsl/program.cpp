@@ -168,7 +168,10 @@ ChunkRef Program::record(Op op) {
       d.merge(incoming[k]);
     }
   } else if (op.kind == OpKind::kCompute) {
-    for (int k = 0; k < op.dst.count; ++k) slot(op.dst.rank, op.dst.buffer, op.dst.index + k).kernels.push_back(op.kernel);
+    for (int k = 0; k < op.dst.count; ++k) {
+      Content& c = slot(op.dst.rank, op.dst.buffer, op.dst.index + k);
+      c = Content::apply(op.kernel, {c}, op.scalars);
+    }
   } else {
     for (int k = 0; k < op.dst.count; ++k) slot(op.dst.rank, op.dst.buffer, op.dst.index + k) = incoming[k];
   }

@@ -97,9 +97,7 @@ TEST(Dsl, ComputeKernelsAreTracked) {
   s.custom_input_chunks = 1;
   s.custom_output_chunks = 1;
   s.custom_post = [](int, int) {
-    Content c = Content::of(0, 0);
-    c.kernels = {kernels::kScale};
-    return std::optional<Content>(c);
+    return std::optional<Content>(Content::apply(kernels::kScale, {Content::of(0, 0)}, {0.5}));
   };
   Program p("scaled copy", s);
   p.chunk(0, Buffer::input(), 0).copy(0, Buffer::output(), 0).apply(kernels::kScale, {0.5});

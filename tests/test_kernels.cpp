@@ -69,9 +69,7 @@ Program swap_and_square() {
   s.custom_output_chunks = 1;
   const KernelId k = square_plus_id();
   s.custom_post = [k](int rank, int) {
-    Content c = Content::of(1 - rank, 0);
-    c.kernels = {k};
-    return std::optional<Content>(c);
+    return std::optional<Content>(Content::apply(k, {Content::of(1 - rank, 0)}, {0.5}));
   };
   Program p("swap_and_square", s);
   for (int r = 0; r < 2; ++r) p.chunk(r, Buffer::input(), 0).copy(1 - r, Buffer::output(), 0).apply(k, {0.5});
@@ -127,6 +125,50 @@ TEST(Kernels, PlansNameKernelsInJsonAndRefuseUnknownOnes) {
   EXPECT_NE(error_of([&] { p.chunk(0, Buffer::input(), 0).apply(square_plus_id(), {}); })
                 .find("kernel 'test.square_plus' takes 1 scalar(s), 0 given"),
             std::string::npos);
+}
+
+// Kernels are terms of the values they produce: scale(a + b) and scale(a) + b are different
+// values, and the proof tells them apart (the multiset of applied kernels it kept before could not).
+TEST(Kernels, ProvenanceTellsAKernelBeforeAReductionFromOneAfterIt) {
+  CollectiveSpec s;
+  s.kind = Collective::kCustom;
+  s.nranks = 2;
+  s.custom_input_chunks = 1;
+  s.custom_output_chunks = 1;
+  Content sum = Content::of(0, 0);
+  sum.merge(Content::of(1, 0));
+  const Content want = Content::apply(kernels::kScale, {sum}, {0.5});
+  s.custom_post = [want](int rank, int) { return rank == 0 ? std::optional<Content>(want) : std::nullopt; };
+
+  Program after("scale after the sum", s);
+  after.chunk(0, Buffer::input(), 0)
+      .copy(0, Buffer::output(), 0)
+      .reduce(after.chunk(1, Buffer::input(), 0))
+      .apply(kernels::kScale, {0.5});
+  EXPECT_NO_THROW(after.check_postcondition());
+  EXPECT_NO_THROW(plan::compile(after));
+
+  Program before("scale before the sum", s);
+  before.chunk(0, Buffer::input(), 0)
+      .copy(0, Buffer::output(), 0)
+      .apply(kernels::kScale, {0.5})
+      .reduce(before.chunk(1, Buffer::input(), 0));
+  const std::string e = error_of([&] { before.check_postcondition(); });
+  EXPECT_NE(e.find("holds {r1:i0, scale[0.5]({r0:i0})}, should hold {scale[0.5]({r0:i0, r1:i0})}"), std::string::npos)
+      << e;
+  // Another scalar is another value.
+  Program half("scale by 2", s);
+  half.chunk(0, Buffer::input(), 0)
+      .copy(0, Buffer::output(), 0)
+      .reduce(half.chunk(1, Buffer::input(), 0))
+      .apply(kernels::kScale, {2.0});
+  EXPECT_NE(error_of([&] { half.check_postcondition(); }).find("postcondition"), std::string::npos);
+  // Terms are equal whatever order built them.
+  Content ab = Content::of(1, 0), x = Content::apply(kernels::kScale, {Content::of(0, 0)}, {0.5});
+  ab.merge(x);
+  Content ba = x;
+  ba.merge(Content::of(1, 0));
+  EXPECT_EQ(ab, ba);
 }
 
 TEST(Kernels, TheDeviceInterpreterRefusesKernelsItCannotRun) {

@@ -8,15 +8,17 @@
 // own symbolic execution and the compiler's plan verifier check against this one definition.
 //
 // A contribution is (origin rank, origin input index). A chunk's content is a sorted multiset of
-// contributions: a copy moves it, a reduction merges two multisets. Compute kernels append their id
-// to the content, so a standard collective whose data passed through a kernel is reported as wrong
-// unless the collective is Custom and expects it.
+// contributions: a copy moves it, a reduction merges two multisets. A compute kernel wraps its
+// arguments into an application term (kernel(args)), so a standard collective whose data passed
+// through a kernel is reported as wrong unless the collective is Custom and expects it.
 
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "tutti/kernel.hpp"
 
 namespace tutti {
 
@@ -43,14 +45,31 @@ struct Contribution {
   auto operator<=>(const Contribution&) const = default;
 };
 
+struct Application;
+
+// A value as a term: the reduction (commutative, associative) of its leaves `parts` and of kernel
+// applications. Both lists are sorted, so equal terms compare equal whatever order built them, and
+// a kernel applied before a reduction differs from one applied after it.
 struct Content {
-  std::vector<Contribution> parts;  // sorted; empty means "nothing written"
-  std::vector<int> kernels;         // compute kernels applied, in order
-  bool empty() const { return parts.empty(); }
-  bool operator==(const Content&) const = default;
-  static Content of(int rank, int index) { return Content{{{rank, index}}, {}}; }
+  std::vector<Contribution> parts;   // sorted
+  std::vector<Application> applied;  // sorted
+  bool empty() const { return parts.empty() && applied.empty(); }  // "nothing written"
+  bool operator==(const Content& other) const;
+  bool operator<(const Content& other) const;
+  static Content of(int rank, int index);
+  // Output `output` of `kernel` applied to `args` with the step's scalars.
+  static Content apply(KernelId kernel, std::vector<Content> args, std::vector<double> scalars = {}, int output = 0);
   void merge(const Content& other);  // reduction
-  std::string describe() const;      // "{r0:i1, r2:i1}"
+  std::string describe() const;      // "{r0:i1, r2:i1, scale({r1:i1})}"
+};
+
+struct Application {
+  KernelId kernel = kernels::kIdentity;
+  int output = 0;
+  std::vector<double> scalars;
+  std::vector<Content> args;
+  bool operator==(const Application& other) const;
+  bool operator<(const Application& other) const;
 };
 
 // A storage location after in-place aliasing is resolved.
