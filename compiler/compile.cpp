@@ -133,12 +133,24 @@ class Lowering {
       };
       auto data = read(a, src);
       if (op.kind == dsl::OpKind::kCompute) {
-        Instruction in = make(Opcode::kCompute, {src}, dst);
+        std::vector<Ref> ins, outs;
+        for (const dsl::ChunkLoc& l : op.inputs) ins.push_back(ref(l));
+        for (const dsl::ChunkLoc& l : op.outputs) outs.push_back(ref(l));
+        Instruction in = make(Opcode::kCompute, ins, outs[0]);
+        in.more_dsts.assign(outs.begin() + 1, outs.end());
         in.kernel = op.kernel;
         in.scalars = op.scalars;
-        for (auto& c : data) c = Content::apply(in.kernel, {c}, in.scalars);
-        emit(a, in, data);
-        write(a, dst, data);
+        std::vector<std::vector<Content>> args;
+        for (const Ref& r : ins) args.push_back(read(a, r));
+        std::vector<std::vector<Content>> results(outs.size());
+        for (size_t j = 0; j < outs.size(); ++j)
+          for (size_t k = 0; k < args[0].size(); ++k) {
+            std::vector<Content> at_k;
+            for (auto& v : args) at_k.push_back(v[k]);
+            results[j].push_back(Content::apply(in.kernel, at_k, in.scalars, static_cast<int>(j)));
+          }
+        emit(a, in, results[0]);
+        for (size_t j = 0; j < outs.size(); ++j) write(a, outs[j], results[j]);
       } else if (a == b) {
         if (op.kind == dsl::OpKind::kCopy) {
           emit(a, make(Opcode::kCopy, {src}, dst), data);
@@ -239,7 +251,9 @@ class Lowering {
       }
       if (!u.ins.dst) continue;
       auto written = cells(r, *u.ins.dst);
-      std::set<Cell> w(written.begin(), written.end());
+      std::set<Cell> w;
+      for (const Ref& out : u.ins.writes())
+        for (auto& cell : cells(r, out)) w.insert(cell);
       for (auto it = alias.begin(); it != alias.end();)
         it = w.count(it->first) || w.count(it->second.source_cell) ? alias.erase(it) : std::next(it);
       if (u.ins.op == Opcode::kCopy && !overlaps(r, u.ins.srcs[0], *u.ins.dst)) {
@@ -273,8 +287,8 @@ class Lowering {
           if (!redirected)
             for (auto& src : u.ins.srcs)
               for (auto& cell : cells(r, src)) need |= live.count(cell) > 0;
-          if (u.ins.dst)
-            for (auto& cell : cells(r, *u.ins.dst)) live.erase(cell);
+          for (const Ref& out : u.ins.writes())
+            for (auto& cell : cells(r, out)) live.erase(cell);
         }
         for (auto& cell : live) need |= checked_at_end(r, cell);
         if (need) needed.insert(i);
@@ -307,7 +321,12 @@ class Lowering {
   void fuse_rank(int r) {
     auto& L = lists_[r];
     std::map<std::pair<int, int64_t>, int> last_write;
-    auto writes_of = [&](const LInstr& li) { return li.ins.dst ? cells(r, *li.ins.dst) : decltype(cells(r, {})){}; };
+    auto writes_of = [&](const LInstr& li) {
+      decltype(cells(r, {})) out;
+      for (const Ref& w : li.ins.writes())
+        for (auto& c : cells(r, w)) out.push_back(c);
+      return out;
+    };
     for (int j = 0; j < static_cast<int>(L.size()); ++j) {
       LInstr& s = L[j];
       if (s.ins.op == Opcode::kSend) {
@@ -362,8 +381,8 @@ class Lowering {
             for (auto& sc : cells(r, s))
               if (sc == c) unused = false, decided = true;
           if (decided) break;
-          if (L[k].ins.dst)
-            for (auto& dc : cells(r, *L[k].ins.dst))
+          for (const Ref& w : L[k].ins.writes())
+            for (auto& dc : cells(r, w))
               if (dc == c) decided = true;
         }
         if (!decided && checked_at_end(r, c)) unused = false;
@@ -389,8 +408,8 @@ class Lowering {
       for (auto& s : li.ins.srcs)
         for (auto& c : cells(r, s))
           if (last_write.count(c)) deps.push_back(last_write[c]);
-      if (li.ins.dst)
-        for (auto& c : cells(r, *li.ins.dst)) {
+      for (const Ref& w : li.ins.writes())
+        for (auto& c : cells(r, w)) {
           if (last_write.count(c)) deps.push_back(last_write[c]);
           for (int rd : readers[c]) deps.push_back(rd);
         }
@@ -400,8 +419,8 @@ class Lowering {
       li.deps = deps;
       for (auto& s : li.ins.srcs)
         for (auto& c : cells(r, s)) readers[c].push_back(i);
-      if (li.ins.dst)
-        for (auto& c : cells(r, *li.ins.dst)) {
+      for (const Ref& w : li.ins.writes())
+        for (auto& c : cells(r, w)) {
           last_write[c] = i;
           readers[c].clear();
         }
@@ -665,6 +684,7 @@ Plan replicate(const Plan& plan, int instances, InstancePolicy policy) {
         for (auto in : b.steps) {
           for (auto& s : in.srcs) s = map_ref(s);
           if (in.dst) in.dst = map_ref(*in.dst);
+          for (Ref& m : in.more_dsts) m = map_ref(m);
           // `remote` names a peer's location; its buffer sizes are the same on every rank here.
           if (in.remote) in.remote = map_ref(*in.remote);
           for (auto& d : in.deps) d.block = ids.at(d.block);

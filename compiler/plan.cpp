@@ -55,6 +55,13 @@ int64_t Instruction::count() const {
   return 0;
 }
 
+std::vector<Ref> Instruction::writes() const {
+  std::vector<Ref> out;
+  if (dst) out.push_back(*dst);
+  out.insert(out.end(), more_dsts.begin(), more_dsts.end());
+  return out;
+}
+
 CollectiveSpec Plan::spec() const {
   CollectiveSpec s;
   s.kind = collective;
@@ -178,6 +185,11 @@ std::string to_json(const Plan& p) {
         if (s.op == Opcode::kCompute) {
           js["kernel"] = kernel_def(s.kernel).name;  // by name: ids depend on registration order
           if (!s.scalars.empty()) js["scalars"] = s.scalars;
+          if (!s.more_dsts.empty()) {
+            json more = json::array();
+            for (auto& r2 : s.more_dsts) more.push_back(ref_json(r2));
+            js["more_dsts"] = more;
+          }
         }
         steps.push_back(js);
       }
@@ -246,7 +258,7 @@ Plan parse_json(const std::string& text) {
       b.channel = field<int>(jb, "channel", bw);
       for (const json& js : jb.at("steps")) {
         std::string sw = fmt::format("{} step {}", bw, b.steps.size());
-        check_keys(js, {"op", "srcs", "dst", "send_peer", "recv_peer", "remote", "deps", "kernel", "scalars",
+        check_keys(js, {"op", "srcs", "dst", "send_peer", "recv_peer", "remote", "deps", "kernel", "scalars", "more_dsts",
                          "stable_source"},
                    sw);
         Instruction in;
@@ -276,6 +288,8 @@ Plan parse_json(const std::string& text) {
           in.kernel = *id;
         }
         if (js.contains("scalars")) in.scalars = field<std::vector<double>>(js, "scalars", sw);
+        if (js.contains("more_dsts"))
+          for (const json& r2 : js["more_dsts"]) in.more_dsts.push_back(parse_ref(r2, sw));
         if (in.op == Opcode::kCompute) {
           const KernelDef& def = kernel_def(in.kernel);
           TUTTI_CHECK(in.scalars.size() == def.scalars.size(), InvalidArgument,

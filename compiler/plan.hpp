@@ -13,7 +13,8 @@
 //   recv_reduce_send      send (data from recv_peer (+) srcs[0]) to send_peer, store nothing
 //   recv_reduce_copy      dst = data from recv_peer (+) srcs[0]
 //   recv_reduce_copy_send dst = data from recv_peer (+) srcs[0]; send dst to send_peer
-//   compute               dst = kernel(srcs[0]; scalars)   (a registered kernel, tutti/kernel.hpp)
+//   compute               dst, more_dsts... = kernel(srcs...; scalars)   (a registered kernel, tutti/kernel.hpp;
+//                         all operands on this rank, equal counts; outputs written after every input is read)
 //   nop                   nothing (carries dependencies)
 // Messages on one connection (sender, receiver, channel) are matched in order: the k-th send meets
 // the k-th receive. `remote` records where the data comes from or goes to on the peer; it is
@@ -72,12 +73,14 @@ struct Instruction {
   std::vector<Dep> deps;
   KernelId kernel = kernels::kIdentity;  // compute: the kernel (tutti/kernel.hpp; JSON names it)
   std::vector<double> scalars;           // compute: its scalars' values
+  std::vector<Ref> more_dsts;            // compute: outputs 1.. of a kernel with several (dst is output 0)
   // Stated by plan::certify for a send: every write of this rank to the chunks it sends happens
   // before it, so a peer may read them in place, from the sender's buffer, until the end of the
   // call (ncclCommRegister's direct reads) instead of from a copy in its FIFO.
   bool stable_source = false;
   bool operator==(const Instruction&) const = default;
   int64_t count() const;
+  std::vector<Ref> writes() const;  // dst, then more_dsts
 };
 
 struct Block {

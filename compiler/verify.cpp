@@ -126,9 +126,21 @@ class Checker {
       const int rank = nodes_[node].rank;
       const Opcode op = in.op;
       size_t want_srcs = (op == Opcode::kSend || op == Opcode::kCopy || op == Opcode::kRecvReduceSend ||
-                          op == Opcode::kRecvReduceCopy || op == Opcode::kRecvReduceCopySend || op == Opcode::kCompute)
+                          op == Opcode::kRecvReduceCopy || op == Opcode::kRecvReduceCopySend)
                              ? 1
                              : 0;
+      if (op == Opcode::kCompute) {  // the kernel's operands
+        const KernelDef& k = kernel_def(in.kernel);
+        want_srcs = static_cast<size_t>(k.inputs);
+        if (in.more_dsts.size() + 1 != static_cast<size_t>(k.outputs))
+          fail("structure", fmt::format("{}: kernel '{}' has {} output(s), the step writes {}", at(node), k.name,
+                                        k.outputs, in.more_dsts.size() + (in.dst ? 1 : 0)));
+        if (in.scalars.size() != k.scalars.size())
+          fail("structure", fmt::format("{}: kernel '{}' takes {} scalar(s), the step gives {}", at(node), k.name,
+                                        k.scalars.size(), in.scalars.size()));
+      } else if (!in.more_dsts.empty()) {
+        fail("structure", fmt::format("{}: only compute steps have more than one destination", at(node)));
+      }
       bool want_dst = stores(op);
       if (op == Opcode::kReduce) {
         if (in.srcs.empty()) fail("structure", fmt::format("{}: reduce needs at least one source", at(node)));
@@ -140,11 +152,13 @@ class Checker {
       int64_t count = in.count();
       if (op != Opcode::kNop && count < 1) fail("structure", fmt::format("{}: moves no chunks", at(node)));
       for (auto& s : in.srcs) check_ref(node, s, count, "source");
-      if (in.dst) check_ref(node, *in.dst, count, "destination");
-      // NCCL's sendbuff is const: out-of-place collectives must leave the input as it was.
-      if (in.dst && in.dst->buffer == BufferKind::kInput && !p_.inplace && p_.collective != Collective::kCustom)
-        fail("structure", fmt::format("{}: writes {} although the input of an out-of-place {} is read-only", at(node),
-                                      in.dst->describe(), to_string(p_.collective)));
+      for (const Ref& w : in.writes()) {
+        check_ref(node, w, count, "destination");
+        // NCCL's sendbuff is const: out-of-place collectives must leave the input as it was.
+        if (w.buffer == BufferKind::kInput && !p_.inplace && p_.collective != Collective::kCustom)
+          fail("structure", fmt::format("{}: writes {} although the input of an out-of-place {} is read-only", at(node),
+                                        w.describe(), to_string(p_.collective)));
+      }
       auto check_peer = [&](int peer, bool wanted, const char* what) {
         if (!wanted && peer >= 0) fail("structure", fmt::format("{}: {} has a {} peer", at(node), to_string(op), what));
         if (wanted && (peer < 0 || peer >= p_.nranks || peer == rank))
@@ -300,10 +314,19 @@ class Checker {
       case Opcode::kNop: return;
       case Opcode::kSend: sq.push_back(read(node, in.srcs[0])); return;
       case Opcode::kCopy: value = read(node, in.srcs[0]); break;
-      case Opcode::kCompute:
-        value = read(node, in.srcs[0]);
-        for (auto& c : value) c = Content::apply(in.kernel, {c}, in.scalars);
-        break;
+      case Opcode::kCompute: {
+        // Every input is read before any output is written (outputs may be inputs: in place).
+        std::vector<std::vector<Content>> args;
+        for (const Ref& s : in.srcs) args.push_back(read(node, s));
+        const std::vector<Ref> outs = in.writes();
+        for (size_t j = 0; j < outs.size(); ++j)
+          for (int64_t k = 0; k < outs[j].count; ++k) {
+            std::vector<Content> at_k;
+            for (auto& a : args) at_k.push_back(a[static_cast<size_t>(k)]);
+            cell(rank, outs[j].buffer, outs[j].index + k) = Content::apply(in.kernel, at_k, in.scalars, static_cast<int>(j));
+          }
+        return;
+      }
       case Opcode::kReduce: {
         value = read(node, in.srcs[0]);
         for (size_t s = 1; s < in.srcs.size(); ++s) {
@@ -423,7 +446,7 @@ class Checker {
         }
       };
       for (auto& s : in.srcs) touch(s, false);
-      if (in.dst) touch(*in.dst, true);
+      for (const Ref& w : in.writes()) touch(w, true);
     }
     for (auto& [loc, list] : access) {
       for (size_t i = 0; i < list.size(); ++i)

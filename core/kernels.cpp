@@ -12,14 +12,14 @@ namespace tutti {
 namespace {
 
 void identity_cpu(const KernelArgs& a) {
-  if (a.count > 0 && a.output != a.input)
-    std::memmove(a.output, a.input, static_cast<size_t>(a.count) * size_of(a.type));
+  if (a.count > 0 && a.outputs[0] != a.inputs[0])
+    std::memmove(a.outputs[0], a.inputs[0], static_cast<size_t>(a.count) * size_of(a.type));
 }
 
 void scale_cpu(const KernelArgs& a) {
   unsigned char factor[8] = {};
   store_value(a.type, factor, a.scalars[0]);
-  scale(a.type, a.output, a.input, factor, static_cast<size_t>(a.count));
+  scale(a.type, a.outputs[0], a.inputs[0], factor, static_cast<size_t>(a.count));
 }
 
 // A deque: definitions never move, so references handed out stay valid while others register.
@@ -47,6 +47,9 @@ KernelId register_kernel(KernelDef def) {
     throw InvalidArgument(fmt::format("register_kernel: '{}' is not a kernel name (letters, digits, '_', '.', '-')",
                                       def.name));
   if (!def.cpu) throw InvalidArgument(fmt::format("register_kernel: kernel '{}' has no CPU implementation", def.name));
+  if (def.inputs < 1 || def.outputs < 1)
+    throw InvalidArgument(fmt::format("register_kernel: kernel '{}' has {} input(s) and {} output(s); at least 1 of each",
+                                      def.name, def.inputs, def.outputs));
   if (!(def.copy_cost > 0))
     throw InvalidArgument(fmt::format("register_kernel: kernel '{}': copy_cost {} is not positive", def.name,
                                       def.copy_cost));

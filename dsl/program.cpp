@@ -21,14 +21,30 @@ ChunkRef ChunkRef::reduce(const ChunkRef& src, Annotations a) const {
 }
 
 ChunkRef ChunkRef::apply(KernelId kernel, std::vector<double> scalars, Annotations a) const {
+  return program_->apply(kernel, {*this}, {*this}, std::move(scalars), a)[0];
+}
+
+std::vector<ChunkRef> Program::apply(KernelId kernel, const std::vector<ChunkRef>& inputs,
+                                     const std::vector<ChunkRef>& outputs, std::vector<double> scalars, Annotations a) {
   const KernelDef& def = kernel_def(kernel);
+  TUTTI_CHECK(!inputs.empty() && !outputs.empty(), InvalidArgument, "apply '{}': no inputs or no outputs", def.name);
+  const ChunkLoc& first = inputs[0].loc_;
+  TUTTI_CHECK(inputs.size() == static_cast<size_t>(def.inputs) && outputs.size() == static_cast<size_t>(def.outputs),
+              InvalidArgument, "apply: kernel '{}' takes {} input(s) and {} output(s), {} and {} given (rank {} {}[{}])",
+              def.name, def.inputs, def.outputs, inputs.size(), outputs.size(), first.rank, first.buffer.describe(),
+              first.index);
   TUTTI_CHECK(scalars.size() == def.scalars.size(), InvalidArgument,
               "apply: kernel '{}' takes {} scalar(s), {} given (rank {} {}[{}])", def.name, def.scalars.size(),
-              scalars.size(), loc_.rank, loc_.buffer.describe(), loc_.index);
-  Op op{OpKind::kCompute, loc_, loc_, a};
+              scalars.size(), first.rank, first.buffer.describe(), first.index);
+  Op op{OpKind::kCompute, first, outputs[0].loc_, a};
   op.kernel = kernel;
   op.scalars = std::move(scalars);
-  return program_->record(op);
+  for (const ChunkRef& r : inputs) op.inputs.push_back(r.loc_);
+  for (const ChunkRef& r : outputs) op.outputs.push_back(r.loc_);
+  record(op);
+  std::vector<ChunkRef> out;
+  for (const ChunkLoc& l : op.outputs) out.push_back(ChunkRef(this, l));
+  return out;
 }
 
 std::vector<ChunkRef> ChunkRef::split(int parts) const {
@@ -168,10 +184,35 @@ ChunkRef Program::record(Op op) {
       d.merge(incoming[k]);
     }
   } else if (op.kind == OpKind::kCompute) {
-    for (int k = 0; k < op.dst.count; ++k) {
-      Content& c = slot(op.dst.rank, op.dst.buffer, op.dst.index + k);
-      c = Content::apply(op.kernel, {c}, op.scalars);
+    // Every operand on one rank with the same count; every input read before any output is written.
+    std::vector<std::vector<Content>> args;
+    for (const ChunkLoc& l : op.inputs) {
+      TUTTI_CHECK(l.rank == op.src.rank && l.count == op.src.count, InvalidArgument,
+                  "{}: operands on rank {} with {} chunk(s) and on rank {} with {}", what, op.src.rank, op.src.count,
+                  l.rank, l.count);
+      check_range(l, what.c_str(), l.buffer.kind == BufferKind::kScratch);
+      std::vector<Content> v;
+      for (int k = 0; k < l.count; ++k) {
+        const Content& c = slot(l.rank, l.buffer, l.index + k);
+        TUTTI_CHECK(!c.empty(), InvalidArgument, "{}: reads rank {} {}[{}], which is empty", what, l.rank,
+                    l.buffer.describe(), l.index + k);
+        v.push_back(c);
+      }
+      args.push_back(std::move(v));
     }
+    for (const ChunkLoc& l : op.outputs) {
+      TUTTI_CHECK(l.rank == op.src.rank && l.count == op.src.count, InvalidArgument,
+                  "{}: operands on rank {} with {} chunk(s) and on rank {} with {}", what, op.src.rank, op.src.count,
+                  l.rank, l.count);
+      check_range(l, what.c_str(), l.buffer.kind == BufferKind::kScratch);
+    }
+    for (size_t j = 0; j < op.outputs.size(); ++j)
+      for (int k = 0; k < op.dst.count; ++k) {
+        std::vector<Content> at_k;
+        for (auto& v : args) at_k.push_back(v[static_cast<size_t>(k)]);
+        slot(op.outputs[j].rank, op.outputs[j].buffer, op.outputs[j].index + k) =
+            Content::apply(op.kernel, at_k, op.scalars, static_cast<int>(j));
+      }
   } else {
     for (int k = 0; k < op.dst.count; ++k) slot(op.dst.rank, op.dst.buffer, op.dst.index + k) = incoming[k];
   }

@@ -244,7 +244,11 @@ bool BlockMachine::start(size_t b) {
     }
     case plan::Opcode::kCompute: {
       const KernelDef& k = kernel_def(in.kernel);
-      k.cpu(KernelArgs{pointer(in.srcs[0]), r.dst, r.bytes / esize, type, in.scalars.data()});
+      std::vector<const void*> ins;
+      std::vector<void*> outs;
+      for (const plan::Ref& s : in.srcs) ins.push_back(pointer(s));
+      for (const plan::Ref& w : in.writes()) outs.push_back(pointer(w));
+      k.cpu(KernelArgs{ins.data(), outs.data(), r.bytes / esize, type, in.scalars.data()});
       return true;
     }
     default: break;

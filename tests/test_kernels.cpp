@@ -22,8 +22,8 @@ namespace {
 // output = input * input + offset, for float32 (the test's only type).
 void square_plus(const KernelArgs& a) {
   if (a.type != DataType::kFloat32) throw InvalidArgument("test.square_plus: float32 only");
-  const auto* in = static_cast<const float*>(a.input);
-  auto* out = static_cast<float*>(a.output);
+  const auto* in = static_cast<const float*>(a.inputs[0]);
+  auto* out = static_cast<float*>(a.outputs[0]);
   for (int64_t i = 0; i < a.count; ++i) out[i] = in[i] * in[i] + static_cast<float>(a.scalars[0]);
 }
 
@@ -169,6 +169,110 @@ TEST(Kernels, ProvenanceTellsAKernelBeforeAReductionFromOneAfterIt) {
   Content ba = x;
   ba.merge(Content::of(1, 0));
   EXPECT_EQ(ab, ba);
+}
+
+// A kernel of several operands: m' = 0.9 m + g; p' = p - lr m' (inputs g, m, p; outputs m', p').
+void momentum(const KernelArgs& a) {
+  const auto* g = static_cast<const float*>(a.inputs[0]);
+  const auto* m = static_cast<const float*>(a.inputs[1]);
+  const auto* p = static_cast<const float*>(a.inputs[2]);
+  auto* m2 = static_cast<float*>(a.outputs[0]);
+  auto* p2 = static_cast<float*>(a.outputs[1]);
+  const float lr = static_cast<float>(a.scalars[0]);
+  for (int64_t i = 0; i < a.count; ++i) {  // element by element: outputs may alias inputs
+    const float mi = 0.9f * m[i] + g[i];
+    p2[i] = p[i] - lr * mi;
+    m2[i] = mi;
+  }
+}
+
+KernelId momentum_id() {
+  static const KernelId id = register_kernel(KernelDef{"test.momentum", {"lr"}, momentum, 3.0, 3, 2});
+  return id;
+}
+
+// A fused optimizer step on 2 ranks: each reduces its shard of the gradients (input chunk r of
+// both ranks) into output[0], then runs the optimizer there, in place, with its moment (input 2)
+// and parameters (input 3): output[0] = p', output[1] = m'.
+CollectiveSpec optimizer_step_spec(bool check) {
+  CollectiveSpec s;
+  s.kind = Collective::kCustom;
+  s.nranks = 2;
+  s.custom_input_chunks = 4;
+  s.custom_output_chunks = 2;
+  const KernelId k = momentum_id();
+  s.custom_post = [k, check](int rank, int index) -> std::optional<Content> {
+    if (!check) return std::nullopt;
+    Content g = Content::of(0, rank);
+    g.merge(Content::of(1, rank));
+    return Content::apply(k, {g, Content::of(rank, 2), Content::of(rank, 3)}, {0.1}, index == 0 ? 1 : 0);
+  };
+  return s;
+}
+
+TEST(Kernels, AKernelOfSeveralOperandsIsProvenAndRunInPlace) {
+  const KernelId k = momentum_id();
+  Program p("optimizer step", optimizer_step_spec(true));
+  for (int r = 0; r < 2; ++r) {
+    auto g = p.chunk(r, Buffer::input(), r).copy(r, Buffer::output(), 0).reduce(p.chunk(1 - r, Buffer::input(), r));
+    p.apply(k, {g, p.chunk(r, Buffer::input(), 2), p.chunk(r, Buffer::input(), 3)}, {p.chunk(r, Buffer::output(), 1), g},
+            {0.1});
+  }
+  plan::Compiled c = plan::compile(p);
+  EXPECT_EQ(plan::parse_json(plan::to_json(c.plan)), c.plan);  // more_dsts travel in JSON
+  {  // The verifier holds a step to its kernel's operands.
+    plan::Plan cut = c.plan;
+    for (auto& b : cut.ranks[0].blocks)
+      for (auto& in : b.steps)
+        if (in.op == plan::Opcode::kCompute) in.more_dsts.clear();
+    EXPECT_NE(error_of([&] { plan::verify(cut); }).find("kernel 'test.momentum' has 2 output(s), the step writes 1"),
+              std::string::npos);
+  }
+  auto prepared = PreparedPlan::make(c.plan);
+  const int64_t count = 777;
+  auto comms = Communicator::create_local(2);
+  std::vector<std::vector<float>> in(2, std::vector<float>(4 * count)), out(2, std::vector<float>(2 * count, 0));
+  for (int r = 0; r < 2; ++r)
+    for (int64_t i = 0; i < 4 * count; ++i) in[r][i] = static_cast<float>((r + 2) * (i % 13)) * 0.5f;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      CpuExecutor ex(*comms[r], CpuExecutorOptions{});
+      ExecArgs a;
+      a.input = in[r].data();
+      a.output = out[r].data();
+      a.count = count;
+      a.reduction.type = DataType::kFloat32;
+      ex.run(*prepared, a);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r)
+    for (int64_t i = 0; i < count; ++i) {
+      const float g = in[r][r * count + i] + in[1 - r][r * count + i];
+      const float m = 0.9f * in[r][2 * count + i] + g;
+      ASSERT_EQ(out[r][count + i], m) << "rank " << r << " m' element " << i;
+      ASSERT_EQ(out[r][i], in[r][3 * count + i] - 0.1f * m) << "rank " << r << " p' element " << i;
+    }
+
+  // The optimizer on a partial sum (before the peer's gradient arrives) is another value.
+  Program early("too early", optimizer_step_spec(true));
+  for (int r = 0; r < 2; ++r) {
+    auto g = early.chunk(r, Buffer::input(), r).copy(r, Buffer::output(), 0);
+    early.apply(k, {g, early.chunk(r, Buffer::input(), 2), early.chunk(r, Buffer::input(), 3)},
+                {early.chunk(r, Buffer::output(), 1), g}, {0.1});
+    g.reduce(early.chunk(1 - r, Buffer::input(), r));
+  }
+  EXPECT_NE(error_of([&] { early.check_postcondition(); }).find("postcondition"), std::string::npos);
+  // Operands that do not fit the kernel.
+  Program bad("bad", optimizer_step_spec(false));
+  EXPECT_NE(error_of([&] { bad.apply(k, {bad.chunk(0, Buffer::input(), 0)}, {bad.chunk(0, Buffer::output(), 0)}, {0.1}); })
+                .find("takes 3 input(s) and 2 output(s), 1 and 1 given"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              bad.apply(k, {bad.chunk(0, Buffer::input(), 0), bad.chunk(1, Buffer::input(), 2), bad.chunk(0, Buffer::input(), 3)},
+                        {bad.chunk(0, Buffer::output(), 1), bad.chunk(0, Buffer::output(), 0)}, {0.1});
+            }).find("operands on rank 0"),
+            std::string::npos);
 }
 
 TEST(Kernels, TheDeviceInterpreterRefusesKernelsItCannotRun) {

@@ -56,6 +56,7 @@ struct Op {
   Annotations annotations;
   KernelId kernel = kernels::kIdentity;
   std::vector<double> scalars = {};  // the kernel's scalars (tutti/kernel.hpp)
+  std::vector<ChunkLoc> inputs = {}, outputs = {};  // kCompute: the kernel's operands (src, dst: the first)
   int id = 0;  // position in program order
 };
 
@@ -104,6 +105,12 @@ class Program {
   ChunkRef chunk(int rank, const Buffer& buffer, int index, int count = 1);
   // Contiguous chunks as one reference: they must be adjacent in one buffer of one rank.
   ChunkRef group(const std::vector<ChunkRef>& refs);
+  // Runs a registered kernel (tutti/kernel.hpp) of several operands: `outputs` = kernel(`inputs`;
+  // scalars), chunk by chunk. Operands are on one rank with equal counts; outputs may be inputs
+  // (in place). Returns the outputs. Throws InvalidArgument naming what does not fit the kernel.
+  std::vector<ChunkRef> apply(KernelId kernel, const std::vector<ChunkRef>& inputs,
+                              const std::vector<ChunkRef>& outputs, std::vector<double> scalars = {},
+                              Annotations a = {});
 
   const std::vector<Op>& ops() const { return ops_; }
   // Chunks of the named scratch buffer used on `rank` (its size).

@@ -6,9 +6,11 @@
 //
 // Public and self-contained (standard headers and tutti/types.hpp only).
 //
-// Today a kernel maps one chunk range to one (in place or not) on host memory; the device
-// interpreter runs the built-ins. Kernels with several inputs and outputs, device implementations
-// of user kernels and per-call scalars are the fused-operation work's next steps (docs/ARCHITECTURE.md).
+// A kernel maps `inputs` chunk ranges to `outputs` ones of equal length on one rank, any of them in
+// place: every input is read before outputs are written, from the kernel's point of view (a kernel
+// whose outputs alias its inputs must compute element by element, as AdamW does). Kernels run on
+// host memory; the device interpreter runs the built-ins. Device implementations of user kernels
+// and per-call scalars are next steps (docs/ARCHITECTURE.md).
 
 #include <cstdint>
 #include <optional>
@@ -21,11 +23,11 @@
 namespace tutti {
 
 struct KernelArgs {
-  const void* input;       // `count` elements of `type`
-  void* output;            // `count` elements; may be `input` (in place)
+  const void* const* inputs;  // KernelDef::inputs pointers, `count` elements of `type` each
+  void* const* outputs;       // KernelDef::outputs pointers; any may equal an input (in place)
   int64_t count;
   DataType type;
-  const double* scalars;   // the step's values of the kernel's scalars, in declared order
+  const double* scalars;      // the step's values of the kernel's scalars, in declared order
 };
 using KernelFn = void (*)(const KernelArgs&);
 
@@ -35,6 +37,7 @@ struct KernelDef {
   KernelFn cpu = nullptr;            // required
   // The simulator's cost: this many times the time of copying the same bytes.
   double copy_cost = 1.0;
+  int inputs = 1, outputs = 1;  // chunk operands it reads and writes (at least 1 each)
 };
 
 using KernelId = int32_t;
