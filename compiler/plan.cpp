@@ -184,7 +184,11 @@ std::string to_json(const Plan& p) {
         }
         if (s.op == Opcode::kCompute) {
           js["kernel"] = kernel_def(s.kernel).name;  // by name: ids depend on registration order
-          if (!s.scalars.empty()) js["scalars"] = s.scalars;
+          if (!s.scalars.empty()) {
+            json sc = json::array();
+            for (const ScalarArg& a : s.scalars) sc.push_back(a.slot >= 0 ? json{{"slot", a.slot}} : json(a.value));
+            js["scalars"] = sc;
+          }
           if (!s.more_dsts.empty()) {
             json more = json::array();
             for (auto& r2 : s.more_dsts) more.push_back(ref_json(r2));
@@ -287,7 +291,12 @@ Plan parse_json(const std::string& text) {
                       sw, name);
           in.kernel = *id;
         }
-        if (js.contains("scalars")) in.scalars = field<std::vector<double>>(js, "scalars", sw);
+        if (js.contains("scalars"))
+          for (const json& a : js["scalars"]) {
+            // A number is a constant; {"slot": k} the call's k-th value.
+            if (a.is_number()) in.scalars.emplace_back(a.get<double>());
+            else in.scalars.push_back(ScalarArg::per_call(field<int>(a, "slot", sw + " scalar")));
+          }
         if (js.contains("more_dsts"))
           for (const json& r2 : js["more_dsts"]) in.more_dsts.push_back(parse_ref(r2, sw));
         if (in.op == Opcode::kCompute) {

@@ -72,7 +72,7 @@ struct Instruction {
   std::optional<Ref> remote;
   std::vector<Dep> deps;
   KernelId kernel = kernels::kIdentity;  // compute: the kernel (tutti/kernel.hpp; JSON names it)
-  std::vector<double> scalars;           // compute: its scalars' values
+  std::vector<ScalarArg> scalars;        // compute: its scalars (constants, or slots of the call's values)
   std::vector<Ref> more_dsts;            // compute: outputs 1.. of a kernel with several (dst is output 0)
   // Stated by plan::certify for a send: every write of this rank to the chunks it sends happens
   // before it, so a peer may read them in place, from the sender's buffer, until the end of the

@@ -70,7 +70,7 @@ Content Content::of(int rank, int index) {
   return c;
 }
 
-Content Content::apply(KernelId kernel, std::vector<Content> args, std::vector<double> scalars, int output) {
+Content Content::apply(KernelId kernel, std::vector<Content> args, std::vector<ScalarArg> scalars, int output) {
   Content c;
   c.applied.push_back(Application{kernel, output, std::move(scalars), std::move(args)});
   return c;
@@ -116,7 +116,12 @@ std::string Content::describe() const {
     const Application& a = applied[i];
     s += fmt::format("{}{}", parts.empty() && i == 0 ? "" : ", ", kernel_def(a.kernel).name);
     if (a.output) s += fmt::format(".{}", a.output);
-    if (!a.scalars.empty()) s += fmt::format("[{}]", fmt::join(a.scalars, ", "));
+    if (!a.scalars.empty()) {
+      s += "[";
+      for (size_t k = 0; k < a.scalars.size(); ++k)
+        s += (k ? ", " : "") + (a.scalars[k].slot >= 0 ? fmt::format("${}", a.scalars[k].slot) : fmt::format("{}", a.scalars[k].value));
+      s += "]";
+    }
     s += "(";
     for (size_t k = 0; k < a.args.size(); ++k) s += (k ? ", " : "") + a.args[k].describe();
     s += ")";

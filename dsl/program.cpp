@@ -20,12 +20,12 @@ ChunkRef ChunkRef::reduce(const ChunkRef& src, Annotations a) const {
   return program_->record(Op{OpKind::kReduce, src.loc_, loc_, a});
 }
 
-ChunkRef ChunkRef::apply(KernelId kernel, std::vector<double> scalars, Annotations a) const {
+ChunkRef ChunkRef::apply(KernelId kernel, std::vector<ScalarArg> scalars, Annotations a) const {
   return program_->apply(kernel, {*this}, {*this}, std::move(scalars), a)[0];
 }
 
 std::vector<ChunkRef> Program::apply(KernelId kernel, const std::vector<ChunkRef>& inputs,
-                                     const std::vector<ChunkRef>& outputs, std::vector<double> scalars, Annotations a) {
+                                     const std::vector<ChunkRef>& outputs, std::vector<ScalarArg> scalars, Annotations a) {
   const KernelDef& def = kernel_def(kernel);
   TUTTI_CHECK(!inputs.empty() && !outputs.empty(), InvalidArgument, "apply '{}': no inputs or no outputs", def.name);
   const ChunkLoc& first = inputs[0].loc_;

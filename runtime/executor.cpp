@@ -248,7 +248,15 @@ bool BlockMachine::start(size_t b) {
       std::vector<void*> outs;
       for (const plan::Ref& s : in.srcs) ins.push_back(pointer(s));
       for (const plan::Ref& w : in.writes()) outs.push_back(pointer(w));
-      k.cpu(KernelArgs{ins.data(), outs.data(), r.bytes / esize, type, in.scalars.data()});
+      std::vector<double> values;
+      for (const ScalarArg& a : in.scalars) {
+        TUTTI_CHECK(a.slot < static_cast<int>(args.scalars.size()), InvalidArgument,
+                    "rank {}: plan '{}' block {} runs kernel '{}' with per-call scalar {}, but the call passes {} "
+                    "scalar(s)",
+                    rank, p.name, r.block->id, k.name, a.slot, args.scalars.size());
+        values.push_back(a.slot >= 0 ? args.scalars[static_cast<size_t>(a.slot)] : a.value);
+      }
+      k.cpu(KernelArgs{ins.data(), outs.data(), r.bytes / esize, type, values.data()});
       return true;
     }
     default: break;

@@ -54,6 +54,8 @@ struct ExecArgs {
   void* stream = nullptr;       // device executors: the cudaStream_t the call is ordered on
   // Device executors: run this call with this protocol (kSimple or kLL) rather than the plan's.
   Protocol protocol = Protocol::kAuto;
+  // The values of the plan's per-call kernel scalars (ScalarArg::per_call slots), this call's.
+  std::vector<double> scalars;
 };
 
 // One ncclSend (send) or ncclRecv of a group.

@@ -275,6 +275,54 @@ TEST(Kernels, AKernelOfSeveralOperandsIsProvenAndRunInPlace) {
             std::string::npos);
 }
 
+// A scalar a call passes (ScalarArg::per_call): one cached plan, a new learning rate each call.
+TEST(Kernels, PerCallScalarsChangeWithoutANewPlan) {
+  const KernelId k = momentum_id();
+  CollectiveSpec s = optimizer_step_spec(false);
+  Program p("optimizer step, lr per call", s);
+  for (int r = 0; r < 2; ++r) {
+    auto g = p.chunk(r, Buffer::input(), r).copy(r, Buffer::output(), 0).reduce(p.chunk(1 - r, Buffer::input(), r));
+    p.apply(k, {g, p.chunk(r, Buffer::input(), 2), p.chunk(r, Buffer::input(), 3)}, {p.chunk(r, Buffer::output(), 1), g},
+            {ScalarArg::per_call(0)});
+  }
+  plan::Compiled c = plan::compile(p);
+  const std::string text = plan::to_json(c.plan);
+  EXPECT_NE(text.find("\"slot\": 0"), std::string::npos) << text;
+  EXPECT_EQ(plan::parse_json(text), c.plan);
+  auto prepared = PreparedPlan::make(c.plan);
+  const int64_t count = 100;
+  auto comms = Communicator::create_local(2);
+  std::vector<std::vector<float>> in(2, std::vector<float>(4 * count, 1.0f)), out(2, std::vector<float>(2 * count));
+  std::vector<std::unique_ptr<CpuExecutor>> ex;
+  for (int r = 0; r < 2; ++r) ex.push_back(std::make_unique<CpuExecutor>(*comms[r], CpuExecutorOptions{}));
+  auto run = [&](std::vector<double> scalars) {
+    std::vector<std::thread> threads;
+    std::vector<std::string> errors(2);
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        ExecArgs a;
+        a.input = in[r].data();
+        a.output = out[r].data();
+        a.count = count;
+        a.reduction.type = DataType::kFloat32;
+        a.scalars = scalars;
+        try {
+          ex[r]->run(*prepared, a);
+        } catch (const Error& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    return errors[0];
+  };
+  // g = 2, m = 1, p = 1: m' = 2.9, p' = 1 - lr * 2.9.
+  for (double lr : {0.5, 0.25}) {
+    EXPECT_EQ(run({lr}), "");
+    EXPECT_EQ(out[0][0], 1.0f - static_cast<float>(lr) * 2.9f) << "lr " << lr;
+  }
+  EXPECT_NE(run({}).find("per-call scalar 0, but the call passes 0 scalar(s)"), std::string::npos);
+}
+
 TEST(Kernels, TheDeviceInterpreterRefusesKernelsItCannotRun) {
   auto prepared = PreparedPlan::make(plan::compile(swap_and_square()).plan);
   EXPECT_NE(error_of([&] { device::flatten(*prepared, 0); }).find("runs kernel 'test.square_plus', which has no device"),

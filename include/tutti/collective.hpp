@@ -58,7 +58,7 @@ struct Content {
   bool operator<(const Content& other) const;
   static Content of(int rank, int index);
   // Output `output` of `kernel` applied to `args` with the step's scalars.
-  static Content apply(KernelId kernel, std::vector<Content> args, std::vector<double> scalars = {}, int output = 0);
+  static Content apply(KernelId kernel, std::vector<Content> args, std::vector<ScalarArg> scalars = {}, int output = 0);
   void merge(const Content& other);  // reduction
   std::string describe() const;      // "{r0:i1, r2:i1, scale({r1:i1})}"
 };
@@ -66,7 +66,7 @@ struct Content {
 struct Application {
   KernelId kernel = kernels::kIdentity;
   int output = 0;
-  std::vector<double> scalars;
+  std::vector<ScalarArg> scalars;
   std::vector<Content> args;
   bool operator==(const Application& other) const;
   bool operator<(const Application& other) const;

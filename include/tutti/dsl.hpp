@@ -55,7 +55,7 @@ struct Op {
   ChunkLoc dst;  // kReduce: the operand that receives the result
   Annotations annotations;
   KernelId kernel = kernels::kIdentity;
-  std::vector<double> scalars = {};  // the kernel's scalars (tutti/kernel.hpp)
+  std::vector<ScalarArg> scalars = {};  // the kernel's scalars (tutti/kernel.hpp): constants or per call
   std::vector<ChunkLoc> inputs = {}, outputs = {};  // kCompute: the kernel's operands (src, dst: the first)
   int id = 0;  // position in program order
 };
@@ -77,7 +77,7 @@ class ChunkRef {
   ChunkRef reduce(const ChunkRef& src, Annotations a = {}) const;
   // Applies a registered kernel (tutti/kernel.hpp) in place with its scalars' values; returns
   // this. Throws InvalidArgument for an unknown kernel or the wrong number of scalars.
-  ChunkRef apply(KernelId kernel, std::vector<double> scalars = {}, Annotations a = {}) const;
+  ChunkRef apply(KernelId kernel, std::vector<ScalarArg> scalars = {}, Annotations a = {}) const;
   // The chunks one by one, or in k equal parts (count must divide).
   std::vector<ChunkRef> split(int parts) const;
   // The single chunk at offset i of this range.
@@ -109,7 +109,7 @@ class Program {
   // scalars), chunk by chunk. Operands are on one rank with equal counts; outputs may be inputs
   // (in place). Returns the outputs. Throws InvalidArgument naming what does not fit the kernel.
   std::vector<ChunkRef> apply(KernelId kernel, const std::vector<ChunkRef>& inputs,
-                              const std::vector<ChunkRef>& outputs, std::vector<double> scalars = {},
+                              const std::vector<ChunkRef>& outputs, std::vector<ScalarArg> scalars = {},
                               Annotations a = {});
 
   const std::vector<Op>& ops() const { return ops_; }

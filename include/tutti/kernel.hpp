@@ -10,7 +10,7 @@
 // place: every input is read before outputs are written, from the kernel's point of view (a kernel
 // whose outputs alias its inputs must compute element by element, as AdamW does). Kernels run on
 // host memory; the device interpreter runs the built-ins. Device implementations of user kernels
-// and per-call scalars are next steps (docs/ARCHITECTURE.md).
+// are a next step (docs/ARCHITECTURE.md).
 
 #include <cstdint>
 #include <optional>
@@ -38,6 +38,22 @@ struct KernelDef {
   // The simulator's cost: this many times the time of copying the same bytes.
   double copy_cost = 1.0;
   int inputs = 1, outputs = 1;  // chunk operands it reads and writes (at least 1 each)
+};
+
+// A kernel's scalar as a plan holds it: a constant, or slot `slot` of the values each call passes
+// (ExecArgs::scalars), so one cached plan runs with a new learning rate or step at every call.
+struct ScalarArg {
+  double value = 0;
+  int slot = -1;  // >= 0: the call's value in this slot
+  ScalarArg() = default;
+  ScalarArg(double v) : value(v) {}  // NOLINT(google-explicit-constructor): a constant is a scalar
+  static ScalarArg per_call(int slot) {
+    ScalarArg s;
+    s.slot = slot;
+    return s;
+  }
+  bool operator==(const ScalarArg&) const = default;
+  auto operator<=>(const ScalarArg&) const = default;
 };
 
 using KernelId = int32_t;

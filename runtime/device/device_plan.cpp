@@ -57,8 +57,11 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
                     "plan '{}': rank {} runs kernel '{}', which has no device implementation (the device "
                     "interpreter runs identity and scale)",
                     p.name, rank, kernel_def(in.kernel).name);
+        TUTTI_CHECK(in.scalars.empty() || in.scalars[0].slot < 0, InvalidArgument,
+                    "plan '{}': rank {} scales by a per-call scalar, which the device interpreter does not take yet",
+                    p.name, rank);
         s.kernel = in.kernel;
-        s.kernel_arg = in.scalars.empty() ? 1.0 : in.scalars[0];
+        s.kernel_arg = in.scalars.empty() ? 1.0 : in.scalars[0].value;
       }
       out.steps.push_back(s);
     }
