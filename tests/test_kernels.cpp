@@ -220,6 +220,22 @@ TEST(Kernels, AKernelOfSeveralOperandsIsProvenAndRunInPlace) {
   }
   plan::Compiled c = plan::compile(p);
   EXPECT_EQ(plan::parse_json(plan::to_json(c.plan)), c.plan);  // more_dsts travel in JSON
+  {  // Mutations of the fused plan: operands swapped, the reduction dropped. The verifier, given the
+     // collective (a custom one's postcondition does not travel with its plan), refuses both.
+    const CollectiveSpec spec = optimizer_step_spec(true);
+    plan::VerifyOptions o;
+    o.spec = &spec;
+    EXPECT_EQ(error_of([&] { plan::verify(c.plan, o); }), "");
+    plan::Plan swapped = c.plan, dropped = c.plan;
+    for (auto& b : swapped.ranks[1].blocks)
+      for (auto& in : b.steps)
+        if (in.op == plan::Opcode::kCompute) std::swap(in.srcs[1], in.srcs[2]);
+    EXPECT_NE(error_of([&] { plan::verify(swapped, o); }).find("postcondition"), std::string::npos);
+    for (auto& b : dropped.ranks[0].blocks)
+      for (auto& in : b.steps)
+        if (in.op == plan::Opcode::kRecvReduceCopy) in.op = plan::Opcode::kRecv, in.srcs.clear();
+    EXPECT_NE(error_of([&] { plan::verify(dropped, o); }).find("postcondition"), std::string::npos);
+  }
   {  // The verifier holds a step to its kernel's operands.
     plan::Plan cut = c.plan;
     for (auto& b : cut.ranks[0].blocks)
