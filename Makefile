@@ -15,9 +15,13 @@ build: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The main job: a ring all-reduce written in the DSL, verified, and run through the NCCL API by 4
-# ranks as processes, with nccl-tests' table and every result checked.
+# ranks as processes, with nccl-tests' table and every result checked; then a small GPT trained on
+# the Jargon File by 2 ranks (tensor + sequence parallel) on tutti's collectives, and a sample of
+# what it learned.
 demo: build
 	$(BUILD)/bin/tutti-run -n 4 $(BUILD)/bin/tutti-demo
+	$(BUILD)/bin/tutti-run -n 2 $(BUILD)/bin/tutti-train --tp 2 --sp --steps 100 --eval-every 25 --out runs/demo
+	$(BUILD)/bin/tutti-train sample --checkpoint runs/demo/checkpoint_000100 --tokens 160 --temperature 0.6 --prompt "hacker: "
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
