@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "compiler/compile.hpp"
+#include "compiler/msccl_xml.hpp"
 #include "core/error.hpp"
 #include "runtime/device/device_plan.hpp"
 #include "runtime/executor.hpp"
@@ -120,6 +121,9 @@ TEST(Kernels, PlansNameKernelsInJsonAndRefuseUnknownOnes) {
   ASSERT_NE(at, std::string::npos);
   no_scalars.replace(at, 9, "\"scalarz\"");
   EXPECT_NE(error_of([&] { plan::parse_json(no_scalars); }).find("scalarz"), std::string::npos);
+  // MSCCL's XML has no compute step: the export says so instead of dropping it.
+  EXPECT_NE(error_of([&] { plan::export_msccl_xml(c.plan); }).find("compute steps have no MSCCL XML form"),
+            std::string::npos);
   // The DSL checks the scalars too.
   Program p("t", swap_and_square().spec());
   EXPECT_NE(error_of([&] { p.chunk(0, Buffer::input(), 0).apply(square_plus_id(), {}); })
