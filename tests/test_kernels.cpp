@@ -6,6 +6,7 @@
 #include <cmath>
 #include <thread>
 
+#include "collectives/algorithms/registry.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/msccl_xml.hpp"
 #include "core/error.hpp"
@@ -122,8 +123,16 @@ TEST(Kernels, PlansNameKernelsInJsonAndRefuseUnknownOnes) {
   no_scalars.replace(at, 9, "\"scalarz\"");
   EXPECT_NE(error_of([&] { plan::parse_json(no_scalars); }).find("scalarz"), std::string::npos);
   // MSCCL's XML has no compute step: the export says so instead of dropping it.
-  EXPECT_NE(error_of([&] { plan::export_msccl_xml(c.plan); }).find("compute steps have no MSCCL XML form"),
-            std::string::npos);
+  plan::Plan ag = plan::compile(algorithms::build("ring_allgather", 2)).plan;
+  plan::Instruction step;
+  step.op = plan::Opcode::kCompute;
+  step.srcs = {plan::Ref{BufferKind::kOutput, 0, 1}};
+  step.dst = plan::Ref{BufferKind::kOutput, 0, 1};
+  step.kernel = square_plus_id();
+  step.scalars = {1.0};
+  ag.ranks[0].blocks[0].steps.push_back(step);
+  const std::string xml_error = error_of([&] { plan::export_msccl_xml(ag); });
+  EXPECT_NE(xml_error.find("compute steps have no MSCCL XML form"), std::string::npos) << xml_error;
   // The DSL checks the scalars too.
   Program p("t", swap_and_square().spec());
   EXPECT_NE(error_of([&] { p.chunk(0, Buffer::input(), 0).apply(square_plus_id(), {}); })
