@@ -43,7 +43,7 @@ void run_and_check(const std::vector<Prepared>& seq, int64_t count, TransportKin
       if (pl.inplace) {
         // Put the input where the in-place collective expects it.
         if (pl.collective == Collective::kAllGather) {
-          std::memcpy(out[r].data() + r * count, in[r].data(), static_cast<size_t>(count) * 4);
+          if (count > 0) std::memcpy(out[r].data() + r * count, in[r].data(), static_cast<size_t>(count) * 4);
         } else if (pl.collective == Collective::kReduceScatter) {
           // the input buffer is the buffer; output is its slice
         } else {
@@ -67,7 +67,7 @@ void run_and_check(const std::vector<Prepared>& seq, int64_t count, TransportKin
             a.output = out[r].data();
           }
           executors[r]->run(*prepared, a);
-          if (pl.inplace && pl.collective == Collective::kReduceScatter)
+          if (pl.inplace && pl.collective == Collective::kReduceScatter && count > 0)
             std::memcpy(out[r].data(), in[r].data() + r * count, static_cast<size_t>(count) * 4);
         } catch (...) {
           errors[r] = std::current_exception();
