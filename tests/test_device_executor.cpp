@@ -86,8 +86,9 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
         in[r].resize(static_cast<size_t>(in_elems * es));
         for (int64_t i = 0; i < in_elems; ++i) store_value(o.type, elem(in[r], i), value(o.type, o.op, r, i));
         out[r].assign(static_cast<size_t>(out_elems * es), 0xa5);
-        if (pl.inplace && pl.collective == Collective::kAllGather)
-          std::memcpy(out[r].data() + r * count * es, in[r].data(), static_cast<size_t>(count * es));
+        if (pl.inplace && pl.collective == Collective::kAllGather) {
+          if (count > 0) std::memcpy(out[r].data() + r * count * es, in[r].data(), static_cast<size_t>(count * es));
+        }
         else if (pl.inplace && pl.collective != Collective::kReduceScatter)
           out[r] = in[r];
       }
@@ -112,7 +113,7 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
           if (!in[r].empty()) executors[r]->deregister_memory(in[r].data(), in[r].size());
           if (!out[r].empty()) executors[r]->deregister_memory(out[r].data(), out[r].size());
         }
-        if (pl.inplace && pl.collective == Collective::kReduceScatter)
+        if (pl.inplace && pl.collective == Collective::kReduceScatter && count > 0)
           std::memcpy(out[r].data(), in[r].data() + r * count * es, static_cast<size_t>(count * es));
       });
       // Reference: each output element folds its contributions with the CPU kernels.
