@@ -43,6 +43,37 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
+// Runs `prepared` on two ranks as threads (one executor each), float32 buffers of `count` elements
+// per piece; returns rank 0's error text ("" when it ran).
+std::string run_two_ranks(std::vector<std::unique_ptr<CpuExecutor>>& ex, const PreparedPlan& prepared,
+                          std::vector<std::vector<float>>& in, std::vector<std::vector<float>>& out, int64_t count,
+                          std::vector<double> scalars = {}) {
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(2);
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      ExecArgs a;
+      a.input = in[r].data();
+      a.output = out[r].data();
+      a.count = count;
+      a.reduction.type = DataType::kFloat32;
+      a.scalars = scalars;
+      try {
+        ex[r]->run(prepared, a);
+      } catch (const Error& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors[0];
+}
+
+std::vector<std::unique_ptr<CpuExecutor>> two_executors(std::vector<std::unique_ptr<Communicator>>& comms) {
+  std::vector<std::unique_ptr<CpuExecutor>> ex;
+  for (auto& c : comms) ex.push_back(std::make_unique<CpuExecutor>(*c, CpuExecutorOptions{}));
+  return ex;
+}
+
 TEST(Kernels, TheRegistryHoldsTheBuiltInsAndRefusesBadDefinitions) {
   EXPECT_EQ(find_kernel("identity"), kernels::kIdentity);
   EXPECT_EQ(find_kernel("scale"), kernels::kScale);
@@ -87,18 +118,8 @@ TEST(Kernels, AUserKernelRunsInAVerifiedPlanOnTheCpu) {
   std::vector<std::vector<float>> in(2, std::vector<float>(count)), out(2, std::vector<float>(count, 0));
   for (int r = 0; r < 2; ++r)
     for (int64_t i = 0; i < count; ++i) in[r][i] = static_cast<float>((r + 1) * (i % 17)) * 0.25f;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      CpuExecutor ex(*comms[r], CpuExecutorOptions{});
-      ExecArgs a;
-      a.input = in[r].data();
-      a.output = out[r].data();
-      a.count = count;
-      a.reduction.type = DataType::kFloat32;
-      ex.run(*prepared, a);
-    });
-  for (auto& t : threads) t.join();
+  auto ex = two_executors(comms);
+  ASSERT_EQ(run_two_ranks(ex, *prepared, in, out, count), "");
   for (int r = 0; r < 2; ++r)
     for (int64_t i = 0; i < count; ++i)
       ASSERT_EQ(out[r][i], in[1 - r][i] * in[1 - r][i] + 0.5f) << "rank " << r << " element " << i;
@@ -263,18 +284,8 @@ TEST(Kernels, AKernelOfSeveralOperandsIsProvenAndRunInPlace) {
   std::vector<std::vector<float>> in(2, std::vector<float>(4 * count)), out(2, std::vector<float>(2 * count, 0));
   for (int r = 0; r < 2; ++r)
     for (int64_t i = 0; i < 4 * count; ++i) in[r][i] = static_cast<float>((r + 2) * (i % 13)) * 0.5f;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      CpuExecutor ex(*comms[r], CpuExecutorOptions{});
-      ExecArgs a;
-      a.input = in[r].data();
-      a.output = out[r].data();
-      a.count = count;
-      a.reduction.type = DataType::kFloat32;
-      ex.run(*prepared, a);
-    });
-  for (auto& t : threads) t.join();
+  auto ex = two_executors(comms);
+  ASSERT_EQ(run_two_ranks(ex, *prepared, in, out, count), "");
   for (int r = 0; r < 2; ++r)
     for (int64_t i = 0; i < count; ++i) {
       const float g = in[r][r * count + i] + in[1 - r][r * count + i];
@@ -322,28 +333,8 @@ TEST(Kernels, PerCallScalarsChangeWithoutANewPlan) {
   const int64_t count = 100;
   auto comms = Communicator::create_local(2);
   std::vector<std::vector<float>> in(2, std::vector<float>(4 * count, 1.0f)), out(2, std::vector<float>(2 * count));
-  std::vector<std::unique_ptr<CpuExecutor>> ex;
-  for (int r = 0; r < 2; ++r) ex.push_back(std::make_unique<CpuExecutor>(*comms[r], CpuExecutorOptions{}));
-  auto run = [&](std::vector<double> scalars) {
-    std::vector<std::thread> threads;
-    std::vector<std::string> errors(2);
-    for (int r = 0; r < 2; ++r)
-      threads.emplace_back([&, r] {
-        ExecArgs a;
-        a.input = in[r].data();
-        a.output = out[r].data();
-        a.count = count;
-        a.reduction.type = DataType::kFloat32;
-        a.scalars = scalars;
-        try {
-          ex[r]->run(*prepared, a);
-        } catch (const Error& e) {
-          errors[r] = e.what();
-        }
-      });
-    for (auto& t : threads) t.join();
-    return errors[0];
-  };
+  auto ex = two_executors(comms);
+  auto run = [&](std::vector<double> scalars) { return run_two_ranks(ex, *prepared, in, out, count, scalars); };
   // g = 2, m = 1, p = 1: m' = 2.9, p' = 1 - lr * 2.9.
   for (double lr : {0.5, 0.25}) {
     EXPECT_EQ(run({lr}), "");

@@ -91,6 +91,32 @@ std::unique_ptr<Ops> backend_or_skip(const std::string& name, std::string* why) 
   }
 }
 
+// The golden file's model and optimizer settings, its batch size and step count.
+struct GoldenConfig {
+  ModelConfig model;
+  OptimConfig optim;
+  int batch = 0, steps = 0;
+};
+GoldenConfig golden_config(std::map<std::string, std::vector<float>>& g) {
+  const auto& c = g["config"];
+  GoldenConfig out;
+  out.model.vocab = static_cast<int>(c[0]);
+  out.model.seq = static_cast<int>(c[1]);
+  out.model.layers = static_cast<int>(c[2]);
+  out.model.heads = static_cast<int>(c[3]);
+  out.model.channels = static_cast<int>(c[4]);
+  out.batch = static_cast<int>(c[5]);
+  out.steps = static_cast<int>(c[6]);
+  out.optim.lr = out.optim.min_lr = c[7];  // constant
+  out.optim.weight_decay = c[8];
+  out.optim.beta1 = c[9];
+  out.optim.beta2 = c[10];
+  out.optim.eps = c[11];
+  out.optim.grad_clip = c[12];
+  out.optim.steps = out.steps;
+  return out;
+}
+
 class Golden : public testing::TestWithParam<std::string> {};
 
 TEST_P(Golden, OneRankMatchesPyTorch) {
@@ -99,22 +125,10 @@ TEST_P(Golden, OneRankMatchesPyTorch) {
   if (!ops) GTEST_SKIP() << why;
   auto g = read_golden();
   ASSERT_FALSE(g.empty());
-  const auto& c = g["config"];
-  ModelConfig mc;
-  mc.vocab = static_cast<int>(c[0]);
-  mc.seq = static_cast<int>(c[1]);
-  mc.layers = static_cast<int>(c[2]);
-  mc.heads = static_cast<int>(c[3]);
-  mc.channels = static_cast<int>(c[4]);
-  const int B = static_cast<int>(c[5]), steps = static_cast<int>(c[6]);
-  OptimConfig oc;
-  oc.lr = oc.min_lr = c[7];
-  oc.weight_decay = c[8];
-  oc.beta1 = c[9];
-  oc.beta2 = c[10];
-  oc.eps = c[11];
-  oc.grad_clip = c[12];
-  oc.steps = steps;
+  const GoldenConfig gc = golden_config(g);
+  const ModelConfig& mc = gc.model;
+  const OptimConfig& oc = gc.optim;
+  const int B = gc.batch, steps = gc.steps;
   std::vector<int32_t> tokens(g["tokens"].begin(), g["tokens"].end());
 
   Groups groups = Groups::single(Layout{});
@@ -166,22 +180,9 @@ TEST(GoldenBf16, StaysWithinAPercentOfPyTorch) {
     GTEST_SKIP() << e.what();
   }
   auto g = read_golden();
-  const auto& c = g["config"];
-  ModelConfig mc;
-  mc.vocab = static_cast<int>(c[0]);
-  mc.seq = static_cast<int>(c[1]);
-  mc.layers = static_cast<int>(c[2]);
-  mc.heads = static_cast<int>(c[3]);
-  mc.channels = static_cast<int>(c[4]);
-  OptimConfig oc;
-  oc.lr = oc.min_lr = c[7];
-  oc.weight_decay = c[8];
-  oc.beta1 = c[9];
-  oc.beta2 = c[10];
-  oc.eps = c[11];
-  oc.grad_clip = c[12];
+  const GoldenConfig gc = golden_config(g);
   Groups groups = Groups::single(Layout{});
-  Trainer trainer(mc, oc, groups, *ops, static_cast<int>(c[5]), 1);
+  Trainer trainer(gc.model, gc.optim, groups, *ops, gc.batch, 1);
   for (const Tensor& t : trainer.model().layout().tensors()) trainer.model().set_whole(t.name, g["init." + t.name].data());
   trainer.params_changed();
   std::vector<int32_t> tokens(g["tokens"].begin(), g["tokens"].end());
