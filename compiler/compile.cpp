@@ -78,6 +78,7 @@ class Lowering {
     plan.chunk_factor = spec_.chunk_factor;
     plan.inplace = spec_.inplace;
     plan.root = spec_.root;
+    for (const StateBufferSpec& b : spec_.states) plan.states.push_back(StateBuffer{b.name, b.chunks, b.unit});
     for (int r = 0; r < prog_.nranks(); ++r) compute_deps(r);
     auto order = dataflow_order();
     for (int r = 0; r < prog_.nranks(); ++r) plan.ranks.push_back(build_rank(r, order[r]));
@@ -87,7 +88,7 @@ class Lowering {
  private:
   Ref ref(const dsl::ChunkLoc& l) const {
     Ref r{l.buffer.kind, l.index, l.count};
-    if (l.buffer.kind == BufferKind::kScratch) r.index += offsets_[l.rank].at(l.buffer.scratch_name);
+    if (l.buffer.kind == BufferKind::kScratch) r.index += offsets_[l.rank].at(l.buffer.name);
     return r;
   }
 
@@ -109,6 +110,10 @@ class Lowering {
         auto c = cells(r, Ref{BufferKind::kInput, i, 1})[0];
         state[r][c] = spec_.precondition(r, i);
       }
+    for (int r = 0; r < prog_.nranks(); ++r)
+      for (size_t k = 0; k < spec_.states.size(); ++k)
+        for (int i = 0; i < spec_.states[k].chunks; ++i)
+          state[r][{static_cast<int>(state_buffer(static_cast<int>(k))), i}] = Content::of_state(r, static_cast<int>(k), i);
     auto read = [&](int rank, const Ref& r) {
       std::vector<Content> v;
       for (auto& c : cells(rank, r)) v.push_back(state[rank][c]);
@@ -187,6 +192,8 @@ class Lowering {
   }
 
   bool checked_at_end(int rank, std::pair<int, int64_t> cell) const {
+    // State buffers are the user's and outlive the call: what a program leaves there is its result.
+    if (is_state(static_cast<BufferKind>(cell.first))) return true;
     if (cell.first != static_cast<int>(BufferKind::kOutput)) {
       // An input cell is checked only when it doubles as output (in-place).
       if (cell.first == static_cast<int>(BufferKind::kScratch)) return false;
@@ -655,6 +662,9 @@ int64_t minimise_dependencies(Plan& plan) {
 Plan replicate(const Plan& plan, int instances, InstancePolicy policy) {
   TUTTI_CHECK(instances >= 1, InvalidArgument, "instances must be at least 1, not {}", instances);
   if (instances == 1) return plan;
+  TUTTI_CHECK(plan.states.empty(), InvalidArgument,
+              "plan '{}' has state buffers ('{}', ...), which are the user's: it runs as one instance, not {}", plan.name,
+              plan.states[0].name, instances);
   Plan out = plan;
   out.chunk_factor = plan.chunk_factor * instances;
   const int channels = std::max(plan.channels(), 1);

@@ -74,7 +74,27 @@ CollectiveSpec Plan::spec() const {
       s.custom_input_chunks = std::max(s.custom_input_chunks, static_cast<int>(r.input_chunks));
       s.custom_output_chunks = std::max(s.custom_output_chunks, static_cast<int>(r.output_chunks));
     }
+  for (const StateBuffer& b : states) s.states.push_back(StateBufferSpec{b.name, static_cast<int>(b.chunks), b.unit, {}});
   return s;
+}
+
+int64_t Plan::unit(BufferKind b) const {
+  if (!is_state(b)) return 0;
+  const size_t k = static_cast<size_t>(state_index(b));
+  return k < states.size() ? states[k].unit : 0;
+}
+
+int64_t Plan::size(int rank, BufferKind b) const {
+  const RankPlan& r = ranks.at(static_cast<size_t>(rank));
+  switch (b) {
+    case BufferKind::kInput: return r.input_chunks;
+    case BufferKind::kOutput: return r.output_chunks;
+    case BufferKind::kScratch: return r.scratch_chunks;
+    default: {
+      const size_t k = static_cast<size_t>(state_index(b));
+      return k < states.size() ? states[k].chunks : 0;
+    }
+  }
 }
 
 int Plan::channels() const {
@@ -106,10 +126,10 @@ Ref parse_ref(const json& j, const std::string& where) {
               InvalidArgument, "plan JSON: {}: a chunk reference is [\"input|output|scratch\", index, count]", where);
   Ref r;
   std::string b = j[0];
-  if (b == "input") r.buffer = BufferKind::kInput;
-  else if (b == "output") r.buffer = BufferKind::kOutput;
-  else if (b == "scratch") r.buffer = BufferKind::kScratch;
-  else throw InvalidArgument(fmt::format("plan JSON: {}: unknown buffer '{}'", where, b));
+  auto kind = parse_buffer(b);
+  TUTTI_CHECK(kind.has_value(), InvalidArgument, "plan JSON: {}: unknown buffer '{}' (input, output, scratch, stateK)",
+              where, b);
+  r.buffer = *kind;
   r.index = j[1];
   r.count = j[2];
   return r;
@@ -152,6 +172,11 @@ std::string to_json(const Plan& p) {
   j["topology"] = p.topology;
   j["fifo_depth"] = p.fifo_depth;
   j["any_count"] = p.any_count;
+  if (!p.states.empty()) {
+    json states = json::array();
+    for (const StateBuffer& b : p.states) states.push_back({{"name", b.name}, {"chunks", b.chunks}, {"unit", b.unit}});
+    j["states"] = states;
+  }
   json ranks = json::array();
   for (auto& r : p.ranks) {
     json jr;
@@ -215,7 +240,7 @@ Plan parse_json(const std::string& text) {
     throw InvalidArgument(fmt::format("plan JSON: not valid JSON: {}", e.what()));
   }
   check_keys(j, {"format", "version", "name", "collective", "nranks", "chunk_factor", "inplace", "root", "protocol",
-                 "min_bytes", "max_bytes", "topology", "fifo_depth", "any_count", "ranks"},
+                 "min_bytes", "max_bytes", "topology", "fifo_depth", "any_count", "states", "ranks"},
              "top level");
   TUTTI_CHECK(field<std::string>(j, "format", "top level") == "tutti-plan", InvalidArgument,
               "plan JSON: format is not 'tutti-plan'");
@@ -244,6 +269,18 @@ Plan parse_json(const std::string& text) {
   // Stated by the verifier; files written before these fields existed read as "not verified".
   if (j.contains("fifo_depth")) p.fifo_depth = field<int64_t>(j, "fifo_depth", "top level");
   if (j.contains("any_count")) p.any_count = field<bool>(j, "any_count", "top level");
+  if (j.contains("states")) {
+    TUTTI_CHECK(j["states"].is_array(), InvalidArgument, "plan JSON: 'states' must be an array");
+    for (const json& b : j["states"]) {
+      std::string where = fmt::format("states[{}]", p.states.size());
+      check_keys(b, {"name", "chunks", "unit"}, where);
+      StateBuffer sb{field<std::string>(b, "name", where), field<int64_t>(b, "chunks", where),
+                     field<int64_t>(b, "unit", where)};
+      TUTTI_CHECK(sb.chunks >= 0 && sb.unit >= 0, InvalidArgument, "plan JSON: {}: '{}' has {} chunks of unit {}", where,
+                  sb.name, sb.chunks, sb.unit);
+      p.states.push_back(std::move(sb));
+    }
+  }
   const json& ranks = j.at("ranks");
   TUTTI_CHECK(ranks.is_array() && static_cast<int>(ranks.size()) == p.nranks, InvalidArgument,
               "plan JSON: 'ranks' must list {} ranks", p.nranks);
@@ -336,6 +373,8 @@ void renumber_blocks(Plan& p) {
 }
 
 bool splits_any_count(const Plan& p) {
+  // A state buffer's chunk is the same slice of every call only when all chunks are equal.
+  if (!p.states.empty()) return false;
   const int64_t C = p.chunk_factor;
   auto sub = [&](const Ref& r) { return ((r.index % C) + C) % C; };
   // Sub-index of each message per connection, in order, from both ends: they must agree too.

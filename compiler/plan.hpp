@@ -90,6 +90,16 @@ struct Block {
   bool operator==(const Block&) const = default;
 };
 
+// A state buffer (CollectiveSpec::states): the user's, passed to each call (ExecArgs::states in
+// this order), `chunks` chunks on every rank, a chunk being the call's chunk or (unit > 0) `unit`
+// elements.
+struct StateBuffer {
+  std::string name;
+  int64_t chunks = 0;
+  int64_t unit = 0;
+  bool operator==(const StateBuffer&) const = default;
+};
+
 struct RankPlan {
   int64_t input_chunks = 0, output_chunks = 0, scratch_chunks = 0;
   std::vector<Block> blocks;
@@ -116,6 +126,7 @@ struct Plan {
   // - true when every transfer and local operation moves chunks between equal sub-indices, so the
   //   plan works for any element count; otherwise a call needs count % chunk_factor == 0.
   bool any_count = false;
+  std::vector<StateBuffer> states;  // Ref buffer state_buffer(k) is states[k]
   std::vector<RankPlan> ranks;
   bool operator==(const Plan&) const = default;
 
@@ -123,6 +134,8 @@ struct Plan {
   int channels() const;       // 1 + highest channel used
   int64_t steps() const;      // instructions over all ranks
   int64_t blocks() const;     // blocks over all ranks
+  int64_t unit(BufferKind b) const;  // elements per chunk of b: a state buffer's unit, else 0 (the call's chunk)
+  int64_t size(int rank, BufferKind b) const;  // chunks of b on `rank`
 };
 
 // Makes block ids equal to their position in RankPlan::blocks and rewrites dependencies to match, so

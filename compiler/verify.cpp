@@ -105,9 +105,10 @@ class Checker {
     }
   }
 
-  int64_t buffer_size(int rank, BufferKind b) const {
-    const RankPlan& r = p_.ranks[rank];
-    return b == BufferKind::kInput ? r.input_chunks : b == BufferKind::kOutput ? r.output_chunks : r.scratch_chunks;
+  int64_t buffer_size(int rank, BufferKind b) const { return p_.size(rank, b); }
+
+  std::string unit_text(BufferKind b) const {
+    return p_.unit(b) ? fmt::format("{} element(s)", p_.unit(b)) : std::string("the call's chunk");
   }
 
   void check_ref(int node, const Ref& ref, int64_t count, const char* role) {
@@ -121,6 +122,15 @@ class Checker {
   }
 
   void structure() {
+    if (p_.states.size() != spec_.states.size())
+      fail("structure", fmt::format("the plan has {} state buffer(s), its collective {}", p_.states.size(),
+                                    spec_.states.size()));
+    for (size_t k = 0; k < p_.states.size(); ++k)
+      if (p_.states[k].chunks != spec_.states[k].chunks || p_.states[k].unit != spec_.states[k].unit)
+        fail("structure", fmt::format("state buffer '{}' has {} chunk(s) of unit {} in the plan, {} of unit {} in the "
+                                      "collective",
+                                      p_.states[k].name, p_.states[k].chunks, p_.states[k].unit, spec_.states[k].chunks,
+                                      spec_.states[k].unit));
     for (int node = 0; node < static_cast<int>(nodes_.size()); ++node) {
       const Instruction& in = instr(node);
       const int rank = nodes_[node].rank;
@@ -152,6 +162,15 @@ class Checker {
       int64_t count = in.count();
       if (op != Opcode::kNop && count < 1) fail("structure", fmt::format("{}: moves no chunks", at(node)));
       for (auto& s : in.srcs) check_ref(node, s, count, "source");
+      // Data moves between chunks of one size; only a kernel turns data into a statistic.
+      if (op != Opcode::kCompute) {
+        std::vector<Ref> refs = in.srcs;
+        if (in.dst) refs.push_back(*in.dst);
+        for (const Ref& x : refs)
+          if (p_.unit(x.buffer) != p_.unit(refs[0].buffer))
+            fail("structure", fmt::format("{}: {} chunks hold {}, {} chunks {}", at(node), x.describe(),
+                                          unit_text(x.buffer), refs[0].describe(), unit_text(refs[0].buffer)));
+      }
       for (const Ref& w : in.writes()) {
         check_ref(node, w, count, "destination");
         // NCCL's sendbuff is const: out-of-place collectives must leave the input as it was.
@@ -220,18 +239,31 @@ class Checker {
           fail("matching", fmt::format("message {} from rank {} to rank {} on channel {}: {} sends {} chunk(s), {} "
                                        "receives {}",
                                        i, k.src, k.dst, k.channel, at(c.sends[i]), a, at(c.recvs[i]), b));
+        const BufferKind from = payload(instr(c.sends[i])), to = payload(instr(c.recvs[i]));
+        if (p_.unit(from) != p_.unit(to))
+          fail("matching", fmt::format("message {} from rank {} to rank {} on channel {}: {} sends chunks of {} ({}), {} "
+                                       "receives chunks of {} ({})",
+                                       i, k.src, k.dst, k.channel, at(c.sends[i]), unit_text(from), to_string(from),
+                                       at(c.recvs[i]), unit_text(to), to_string(to)));
         matched_send_[c.recvs[i]] = c.sends[i];
       }
     }
   }
 
+  // The buffer whose chunks a message carries (every operand of a transfer has the same unit).
+  static BufferKind payload(const Instruction& in) { return in.dst ? in.dst->buffer : in.srcs.at(0).buffer; }
+
   // --- simulation ---------------------------------------------------------------------------
   struct State {
     std::vector<std::vector<Content>> in, out, scratch;
+    std::vector<std::vector<std::vector<Content>>> states;  // [rank][state buffer][chunk]
   };
   Content& cell(int rank, BufferKind b, int64_t index) {
     Location l = spec_.canonical(rank, b, static_cast<int>(index));
-    auto& v = l.buffer == BufferKind::kInput ? st_.in[rank] : l.buffer == BufferKind::kOutput ? st_.out[rank] : st_.scratch[rank];
+    auto& v = is_state(l.buffer)                   ? st_.states[rank].at(static_cast<size_t>(state_index(l.buffer)))
+              : l.buffer == BufferKind::kInput  ? st_.in[rank]
+              : l.buffer == BufferKind::kOutput ? st_.out[rank]
+                                                : st_.scratch[rank];
     if (l.index < 0 || l.index >= static_cast<int>(v.size()))
       fail("structure", fmt::format("rank {}: {}[{}] aliases {}[{}], outside that buffer", rank, to_string(b), index,
                                     to_string(l.buffer), l.index));
@@ -255,11 +287,16 @@ class Checker {
     st_.in.resize(p_.nranks);
     st_.out.resize(p_.nranks);
     st_.scratch.resize(p_.nranks);
+    st_.states.resize(p_.nranks);
     for (int r = 0; r < p_.nranks; ++r) {
       const RankPlan& rp = p_.ranks[r];
       st_.in[r].assign(rp.input_chunks, {});
       st_.out[r].assign(rp.output_chunks, {});
       st_.scratch[r].assign(rp.scratch_chunks, {});
+      st_.states[r].resize(p_.states.size());
+      for (size_t k = 0; k < p_.states.size(); ++k)
+        for (int64_t i = 0; i < p_.states[k].chunks; ++i)
+          st_.states[r][k].push_back(Content::of_state(r, static_cast<int>(k), static_cast<int>(i)));
       for (int i = 0; i < spec_.input_chunks(); ++i) {
         Location l = spec_.canonical(r, BufferKind::kInput, i);
         auto& v = l.buffer == BufferKind::kInput ? st_.in[r] : st_.out[r];
@@ -406,6 +443,16 @@ class Checker {
           fail("postcondition", fmt::format("rank {} output[{}] ends up holding {} but {} needs {}", r, i, got.describe(),
                                             to_string(p_.collective), want->describe()));
       }
+    for (int r = 0; r < p_.nranks; ++r)
+      for (size_t k = 0; k < spec_.states.size(); ++k)
+        for (int i = 0; i < spec_.states[k].chunks; ++i) {
+          auto want = spec_.state_postcondition(r, static_cast<int>(k), i);
+          if (!want) continue;
+          const Content& got = cell(r, state_buffer(static_cast<int>(k)), i);
+          if (got != *want)
+            fail("postcondition", fmt::format("rank {} state '{}'[{}] ends up holding {} but the collective needs {}", r,
+                                              spec_.states[k].name, i, got.describe(), want->describe()));
+        }
   }
 
   // --- hazards ------------------------------------------------------------------------------

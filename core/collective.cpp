@@ -43,13 +43,23 @@ std::optional<Collective> parse_collective(const std::string& text) {
   return std::nullopt;
 }
 
-const char* to_string(BufferKind b) {
+std::string to_string(BufferKind b) {
   switch (b) {
     case BufferKind::kInput: return "input";
     case BufferKind::kOutput: return "output";
     case BufferKind::kScratch: return "scratch";
+    default: return fmt::format("state{}", state_index(b));
   }
-  return "?";
+}
+
+std::optional<BufferKind> parse_buffer(const std::string& text) {
+  if (text == "input") return BufferKind::kInput;
+  if (text == "output") return BufferKind::kOutput;
+  if (text == "scratch") return BufferKind::kScratch;
+  if (text.size() > 5 && text.compare(0, 5, "state") == 0 &&
+      text.find_first_not_of("0123456789", 5) == std::string::npos && text.size() < 10)
+    return state_buffer(std::stoi(text.substr(5)));
+  return std::nullopt;
 }
 
 const char* to_string(Protocol p) {
@@ -67,6 +77,12 @@ const char* to_string(Protocol p) {
 Content Content::of(int rank, int index) {
   Content c;
   c.parts.push_back({rank, index});
+  return c;
+}
+
+Content Content::of_state(int rank, int state, int index) {
+  Content c;
+  c.parts.push_back({rank, index, state});
   return c;
 }
 
@@ -110,7 +126,10 @@ std::string Content::describe() const {
       s += fmt::format(", ... {} more", parts.size() - 8);
       break;
     }
-    s += fmt::format("{}r{}:i{}", i ? ", " : "", parts[i].rank, parts[i].index);
+    if (parts[i].state >= 0)
+      s += fmt::format("{}r{}:s{}[{}]", i ? ", " : "", parts[i].rank, parts[i].state, parts[i].index);
+    else
+      s += fmt::format("{}r{}:i{}", i ? ", " : "", parts[i].rank, parts[i].index);
   }
   for (size_t i = 0; i < applied.size(); ++i) {
     const Application& a = applied[i];
@@ -157,7 +176,7 @@ bool CollectiveSpec::has_root() const {
 }
 
 Location CollectiveSpec::canonical(int rank, BufferKind buffer, int index) const {
-  if (!inplace || buffer == BufferKind::kScratch) return {buffer, index};
+  if (!inplace || buffer == BufferKind::kScratch || is_state(buffer)) return {buffer, index};
   const int C = chunk_factor;
   switch (kind) {
     case Collective::kAllGather:
@@ -210,6 +229,21 @@ std::optional<Content> CollectiveSpec::postcondition(int rank, int index) const 
     case Collective::kCustom: return custom_post ? custom_post(rank, index) : std::nullopt;
   }
   return std::nullopt;
+}
+
+std::optional<Content> CollectiveSpec::state_postcondition(int rank, int state, int index) const {
+  const StateBufferSpec& s = states.at(static_cast<size_t>(state));
+  return s.post ? s.post(rank, index) : std::nullopt;
+}
+
+int CollectiveSpec::state_named(const std::string& name) const {
+  std::string known;
+  for (size_t k = 0; k < states.size(); ++k) {
+    if (states[k].name == name) return static_cast<int>(k);
+    known += (k ? ", '" : "'") + states[k].name + "'";
+  }
+  throw InvalidArgument(fmt::format("{}: no state buffer is named '{}' (the collective has {})", describe(), name,
+                                    states.empty() ? std::string("none") : known));
 }
 
 std::string CollectiveSpec::describe() const {

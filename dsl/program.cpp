@@ -9,11 +9,13 @@
 namespace tutti::dsl {
 
 std::string Buffer::describe() const {
-  return kind == BufferKind::kScratch ? fmt::format("scratch '{}'", scratch_name) : to_string(kind);
+  if (kind == BufferKind::kScratch) return fmt::format("scratch '{}'", name);
+  if (is_state(kind)) return fmt::format("state '{}'", name);
+  return to_string(kind);
 }
 
 ChunkRef ChunkRef::copy(int dst_rank, const Buffer& buffer, int index, Annotations a) const {
-  return program_->record(Op{OpKind::kCopy, loc_, ChunkLoc{dst_rank, buffer, index, loc_.count}, a});
+  return program_->record(Op{OpKind::kCopy, loc_, ChunkLoc{dst_rank, program_->resolve(buffer), index, loc_.count}, a});
 }
 
 ChunkRef ChunkRef::reduce(const ChunkRef& src, Annotations a) const {
@@ -81,11 +83,38 @@ Program::Program(std::string name, CollectiveSpec spec) : name_(std::move(name))
     state_[r].input.resize(spec_.input_chunks());
     state_[r].output.resize(spec_.output_chunks());
     for (int i = 0; i < spec_.input_chunks(); ++i) slot(r, Buffer::input(), i) = spec_.precondition(r, i);
+    state_[r].states.resize(spec_.states.size());
+    for (size_t k = 0; k < spec_.states.size(); ++k)
+      for (int i = 0; i < spec_.states[k].chunks; ++i)
+        state_[r].states[k].push_back(Content::of_state(r, static_cast<int>(k), i));
+  }
+  TUTTI_CHECK(spec_.states.empty() || spec_.kind == Collective::kCustom, InvalidArgument,
+              "program '{}': only custom collectives declare state buffers ({})", name_, spec_.describe());
+  for (size_t k = 0; k < spec_.states.size(); ++k) {
+    const StateBufferSpec& st = spec_.states[k];
+    TUTTI_CHECK(st.chunks >= 0 && st.unit >= 0, InvalidArgument,
+                "program '{}': state buffer '{}' has {} chunks of unit {}", name_, st.name, st.chunks, st.unit);
+    for (size_t j = 0; j < k; ++j)
+      TUTTI_CHECK(spec_.states[j].name != st.name, InvalidArgument, "program '{}': two state buffers are named '{}'",
+                  name_, st.name);
   }
 }
 
+Buffer Program::resolve(const Buffer& buffer) const {
+  if (!is_state(buffer.kind) || buffer.name.empty()) return buffer;
+  try {
+    return Buffer{state_buffer(spec_.state_named(buffer.name)), buffer.name};
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("program '{}': {}", name_, e.what()));
+  }
+}
+
+int64_t Program::unit(const Buffer& buffer) const {
+  return is_state(buffer.kind) ? spec_.states.at(static_cast<size_t>(state_index(buffer.kind))).unit : 0;
+}
+
 ChunkRef Program::chunk(int rank, const Buffer& buffer, int index, int count) {
-  ChunkLoc loc{rank, buffer, index, count};
+  ChunkLoc loc{rank, resolve(buffer), index, count};
   TUTTI_CHECK(rank >= 0 && rank < nranks(), InvalidArgument, "program '{}': chunk on rank {}, which does not exist ({} ranks)",
               name_, rank, nranks());
   check_range(loc, "chunk", buffer.kind == BufferKind::kScratch);
@@ -112,7 +141,9 @@ void Program::check_range(const ChunkLoc& loc, const char* what, bool growing) c
                 loc.rank, loc.buffer.describe(), loc.index);
     return;
   }
-  int size = loc.buffer.kind == BufferKind::kInput ? spec_.input_chunks() : spec_.output_chunks();
+  int size = loc.buffer.kind == BufferKind::kInput    ? spec_.input_chunks()
+             : loc.buffer.kind == BufferKind::kOutput ? spec_.output_chunks()
+                                                      : spec_.states.at(static_cast<size_t>(state_index(loc.buffer.kind))).chunks;
   TUTTI_CHECK(loc.index >= 0 && loc.index + loc.count <= size, InvalidArgument,
               "program '{}': {}: rank {} {}[{}..{}) is out of range: the {} has {} chunks", name_, what, loc.rank,
               loc.buffer.describe(), loc.index, loc.index + loc.count, loc.buffer.describe(), size);
@@ -121,21 +152,22 @@ void Program::check_range(const ChunkLoc& loc, const char* what, bool growing) c
 Content& Program::slot(int rank, const Buffer& buffer, int index) {
   RankState& st = state_[rank];
   if (buffer.kind == BufferKind::kScratch) {
-    auto it = std::find(scratch_names_.begin(), scratch_names_.end(), buffer.scratch_name);
+    auto it = std::find(scratch_names_.begin(), scratch_names_.end(), buffer.name);
     size_t id = static_cast<size_t>(it - scratch_names_.begin());
-    if (it == scratch_names_.end()) scratch_names_.push_back(buffer.scratch_name);
+    if (it == scratch_names_.end()) scratch_names_.push_back(buffer.name);
     for (auto& rs : state_)
       if (rs.scratch.size() <= id) rs.scratch.resize(id + 1);
     auto& v = st.scratch[id];
     if (static_cast<int>(v.size()) <= index) v.resize(index + 1);
     return v[index];
   }
+  if (is_state(buffer.kind)) return st.states.at(static_cast<size_t>(state_index(buffer.kind))).at(static_cast<size_t>(index));
   Location l = spec_.canonical(rank, buffer.kind, index);
   return l.buffer == BufferKind::kInput ? st.input.at(l.index) : st.output.at(l.index);
 }
 
 const Content& Program::content(int rank, const Buffer& buffer, int index) const {
-  return const_cast<Program*>(this)->slot(rank, buffer, index);
+  return const_cast<Program*>(this)->slot(rank, resolve(buffer), index);
 }
 
 int Program::scratch_chunks(int rank, const std::string& name) const {
@@ -164,6 +196,12 @@ ChunkRef Program::record(Op op) {
               "{}: reduce of chunks with different counts (destination {}, source {})", what, op.dst.count, op.src.count);
   check_range(op.src, what.c_str(), op.src.buffer.kind == BufferKind::kScratch);
   check_range(op.dst, what.c_str(), op.dst.buffer.kind == BufferKind::kScratch);
+  // A chunk of a statistic (a state buffer with its own unit) is not a chunk of data: only kernels
+  // turn one into the other.
+  TUTTI_CHECK(op.kind == OpKind::kCompute || unit(op.src.buffer) == unit(op.dst.buffer), InvalidArgument,
+              "{}: {} chunks hold {} and {} chunks {}: a copy or reduction needs the same size", what,
+              op.src.buffer.describe(), unit(op.src.buffer) ? fmt::format("{} element(s)", unit(op.src.buffer)) : "the call's chunk",
+              op.dst.buffer.describe(), unit(op.dst.buffer) ? fmt::format("{} element(s)", unit(op.dst.buffer)) : "the call's chunk");
   std::vector<Content> incoming;
   for (int k = 0; k < op.src.count; ++k) {
     const Content& c = slot(op.src.rank, op.src.buffer, op.src.index + k);
@@ -221,7 +259,7 @@ ChunkRef Program::record(Op op) {
 }
 
 void Program::check_postcondition() const {
-  for (int r = 0; r < nranks(); ++r)
+  for (int r = 0; r < nranks(); ++r) {
     for (int i = 0; i < spec_.output_chunks(); ++i) {
       auto want = spec_.postcondition(r, i);
       if (!want) continue;
@@ -230,6 +268,16 @@ void Program::check_postcondition() const {
                   "program '{}' ({}): postcondition fails at rank {} output[{}]: holds {}, should hold {}", name_,
                   spec_.describe(), r, i, got.describe(), want->describe());
     }
+    for (size_t k = 0; k < spec_.states.size(); ++k)
+      for (int i = 0; i < spec_.states[k].chunks; ++i) {
+        auto want = spec_.state_postcondition(r, static_cast<int>(k), i);
+        if (!want) continue;
+        const Content& got = state_[r].states[k][static_cast<size_t>(i)];
+        TUTTI_CHECK(got == *want, InvalidArgument,
+                    "program '{}' ({}): postcondition fails at rank {} state '{}'[{}]: holds {}, should hold {}", name_,
+                    spec_.describe(), r, spec_.states[k].name, i, got.describe(), want->describe());
+      }
+  }
 }
 
 }  // namespace tutti::dsl

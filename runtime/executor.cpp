@@ -170,6 +170,11 @@ class BlockMachine {
                   in.send_peer >= 0 ? in.send_peer : in.recv_peer, p.name);
   }
   unsigned char* pointer(const plan::Ref& ref) const {
+    if (is_state(ref.buffer)) {
+      auto* base = static_cast<unsigned char*>(args.states[static_cast<size_t>(state_index(ref.buffer))]);
+      const int64_t unit = p.unit(ref.buffer);
+      return base + (unit ? ref.index * unit * esize : g.offset(ref.index));
+    }
     Location l = pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index));
     unsigned char* base = l.buffer == BufferKind::kInput    ? static_cast<unsigned char*>(const_cast<void*>(args.input))
                           : l.buffer == BufferKind::kOutput ? static_cast<unsigned char*>(args.output)
@@ -179,8 +184,13 @@ class BlockMachine {
   // Large outputs are written with non-temporal stores where nothing reads them back during the
   // call: plain receives and local copies into the user's buffers (never scratch, never the landing
   // place of a tile that is forwarded from there).
+  int64_t bytes_of(const plan::Ref& ref) const {
+    const int64_t unit = p.unit(ref.buffer);
+    return unit ? ref.count * unit * esize : g.bytes(ref.index, ref.count);
+  }
   bool streams(const plan::Ref& ref) const {
-    return stream_output && pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index)).buffer != BufferKind::kScratch;
+    const BufferKind b = pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index)).buffer;
+    return stream_output && b != BufferKind::kScratch && !is_state(b);
   }
 
   Communicator& comm;
@@ -214,7 +224,7 @@ bool BlockMachine::start(size_t b) {
   r.recv_tickets.clear();
   int64_t n = in.count();
   const plan::Ref& any = in.dst ? *in.dst : in.srcs.empty() ? plan::Ref{} : in.srcs[0];
-  r.bytes = n > 0 ? g.bytes(any.index, n) : 0;
+  r.bytes = n > 0 ? bytes_of(any) : 0;
   r.dst = in.dst ? pointer(*in.dst) : nullptr;
   switch (in.op) {
     case plan::Opcode::kNop: return true;
@@ -248,6 +258,9 @@ bool BlockMachine::start(size_t b) {
       std::vector<void*> outs;
       for (const plan::Ref& s : in.srcs) ins.push_back(pointer(s));
       for (const plan::Ref& w : in.writes()) outs.push_back(pointer(w));
+      std::vector<int64_t> counts;
+      for (const plan::Ref& s : in.srcs) counts.push_back(bytes_of(s) / esize);
+      for (const plan::Ref& w : in.writes()) counts.push_back(bytes_of(w) / esize);
       std::vector<double> values;
       for (const ScalarArg& a : in.scalars) {
         TUTTI_CHECK(a.slot < static_cast<int>(args.scalars.size()), InvalidArgument,
@@ -256,7 +269,8 @@ bool BlockMachine::start(size_t b) {
                     rank, p.name, r.block->id, k.name, a.slot, args.scalars.size());
         values.push_back(a.slot >= 0 ? args.scalars[static_cast<size_t>(a.slot)] : a.value);
       }
-      k.cpu(KernelArgs{ins.data(), outs.data(), r.bytes / esize, type, values.data()});
+      k.cpu(KernelArgs{ins.data(), outs.data(), counts[0], type, values.data(), counts.data(),
+                       counts.data() + in.srcs.size()});
       return true;
     }
     default: break;
@@ -360,16 +374,17 @@ bool BlockMachine::step(int worker, bool& done) {
           }
         }
         // Write-after-read within the block: an earlier send may still read what this step writes.
-        if (ready && in.dst) {
-          int64_t n = in.count();
-          unsigned char* d = pointer(*in.dst);
-          int64_t bytes = n > 0 ? g.bytes(in.dst->index, n) : 0;
-          if (r.busy(d, d + bytes)) {
-            ready = false;
-            r.need_begin = d;
-            r.need_end = d + bytes;
+        if (ready)
+          for (const plan::Ref& w : in.writes()) {
+            unsigned char* d = pointer(w);
+            const int64_t bytes = w.count > 0 ? bytes_of(w) : 0;
+            if (r.busy(d, d + bytes)) {
+              ready = false;
+              r.need_begin = d;
+              r.need_end = d + bytes;
+              break;
+            }
           }
-        }
         if (!ready) break;
         moved = true;
         r.started = true;
@@ -544,8 +559,14 @@ void run_host_p2p(Communicator& comm, const std::vector<P2pTransfer>& ops) {
       [&] { return fmt::format("waiting for {} point-to-point operation(s) of a group", posted.size()); });
 }
 
-void check_call(const PreparedPlan& pp, int nranks, int64_t count) {
+void check_call(const PreparedPlan& pp, int nranks, const ExecArgs& args) {
   const plan::Plan& p = pp.plan;
+  const int64_t count = args.count;
+  TUTTI_CHECK(args.states.size() == p.states.size(), InvalidArgument,
+              "plan '{}' names {} state buffer(s), the call passes {}", p.name, p.states.size(), args.states.size());
+  for (size_t k = 0; k < p.states.size(); ++k)
+    TUTTI_CHECK(args.states[k] != nullptr || p.states[k].chunks == 0, InvalidArgument,
+                "plan '{}': state buffer {} ('{}') is null", p.name, k, p.states[k].name);
   TUTTI_CHECK(p.nranks == nranks, InvalidArgument, "plan '{}' is for {} ranks, the communicator has {}", p.name,
               p.nranks, nranks);
   TUTTI_CHECK(count >= 0, InvalidArgument, "negative count {}", count);
@@ -557,7 +578,7 @@ void check_call(const PreparedPlan& pp, int nranks, int64_t count) {
 void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   const plan::Plan& p = pp.plan;
   const int rank = comm_.rank();
-  check_call(pp, comm_.size(), args.count);
+  check_call(pp, comm_.size(), args);
   const int64_t esize = static_cast<int64_t>(size_of(args.reduction.type));
   const exec::Geometry g{args.count, p.chunk_factor, esize};
   const plan::RankPlan& rp = p.ranks[rank];

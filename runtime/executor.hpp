@@ -42,9 +42,10 @@ struct PreparedPlan : std::enable_shared_from_this<PreparedPlan> {
   static std::shared_ptr<const PreparedPlan> make(plan::Plan plan);
 };
 
+struct ExecArgs;
 // What every executor checks of a call before running a plan: the plan's rank count, a count the
-// plan can split. Throws InvalidArgument naming the plan.
-void check_call(const PreparedPlan& plan, int nranks, int64_t count);
+// plan can split, a buffer for each of its state buffers. Throws InvalidArgument naming the plan.
+void check_call(const PreparedPlan& plan, int nranks, const ExecArgs& args);
 
 struct ExecArgs {
   const void* input = nullptr;  // sendbuff
@@ -56,6 +57,9 @@ struct ExecArgs {
   Protocol protocol = Protocol::kAuto;
   // The values of the plan's per-call kernel scalars (ScalarArg::per_call slots), this call's.
   std::vector<double> scalars;
+  // The plan's state buffers (plan::Plan::states), in order: the user's memory, read and written
+  // in place; each holds the plan's chunks of it (the call's chunk, or the buffer's unit).
+  std::vector<void*> states;
 };
 
 // One ncclSend (send) or ncclRecv of a group.

@@ -362,7 +362,7 @@ TEST(Mutations, SmallFifosDeadlockWhereLargerOnesDoNot) {
 struct Reference {
   std::map<std::tuple<int, int, std::string, int>, Content> cells;  // (rank, kind, scratch name, index)
   static std::tuple<int, int, std::string, int> key(const dsl::ChunkLoc& l, int k) {
-    return {l.rank, static_cast<int>(l.buffer.kind), l.buffer.scratch_name, l.index + k};
+    return {l.rank, static_cast<int>(l.buffer.kind), l.buffer.name, l.index + k};
   }
 };
 

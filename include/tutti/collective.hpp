@@ -30,8 +30,15 @@ const char* to_string(Collective c);
 // with or without '_' and '-'.
 std::optional<Collective> parse_collective(const std::string& text);
 
-enum class BufferKind : uint8_t { kInput = 0, kOutput = 1, kScratch = 2 };
-const char* to_string(BufferKind b);
+// A rank's buffers in a plan: the call's input and output, the executor's scratch, and the user's
+// state buffers (optimizer moments, parameters, statistics: CollectiveSpec::states), which persist
+// between calls and are passed to each one. State buffer k is `state_buffer(k)`.
+enum class BufferKind : uint16_t { kInput = 0, kOutput = 1, kScratch = 2, kState = 3 /* kState + k: state buffer k */ };
+constexpr BufferKind state_buffer(int k) { return static_cast<BufferKind>(static_cast<int>(BufferKind::kState) + k); }
+constexpr bool is_state(BufferKind b) { return static_cast<int>(b) >= static_cast<int>(BufferKind::kState); }
+constexpr int state_index(BufferKind b) { return static_cast<int>(b) - static_cast<int>(BufferKind::kState); }
+std::string to_string(BufferKind b);  // "input", "output", "scratch", "state0", "state1", ...
+std::optional<BufferKind> parse_buffer(const std::string& text);
 
 // How a connection moves data (MSCCL's `proto`): Simple (data, fence, flag per slot), LL (8-byte
 // lines of 4 data bytes and a 4-byte flag, no fence), LL128. kAuto leaves the choice to the compiler.
@@ -39,9 +46,12 @@ enum class Protocol { kAuto, kSimple, kLL, kLL128 };
 const char* to_string(Protocol p);
 
 
+// A leaf: the call's input chunk `index` of `rank`, or (state >= 0) chunk `index` of that state
+// buffer as the call found it.
 struct Contribution {
   int rank;
   int index;
+  int state = -1;
   auto operator<=>(const Contribution&) const = default;
 };
 
@@ -57,6 +67,7 @@ struct Content {
   bool operator==(const Content& other) const;
   bool operator<(const Content& other) const;
   static Content of(int rank, int index);
+  static Content of_state(int rank, int state, int index);  // state buffer `state`'s chunk at the call's start
   // Output `output` of `kernel` applied to `args` with the step's scalars.
   static Content apply(KernelId kernel, std::vector<Content> args, std::vector<ScalarArg> scalars = {}, int output = 0);
   void merge(const Content& other);  // reduction
@@ -79,6 +90,18 @@ struct Location {
   auto operator<=>(const Location&) const = default;
 };
 
+// A state buffer of a custom collective: the same number of chunks on every rank. A chunk is the
+// call's chunk (count / chunk_factor elements) or, with `unit` > 0, that many elements whatever the
+// count (a statistic such as a sum of squares). Messages and local steps move chunks between
+// buffers of one unit only.
+struct StateBufferSpec {
+  std::string name;
+  int chunks = 0;
+  int64_t unit = 0;
+  // What chunk `index` of `rank` must hold at the end; nullopt (or no function): not checked.
+  std::function<std::optional<Content>(int rank, int index)> post;
+};
+
 struct CollectiveSpec {
   Collective kind = Collective::kAllReduce;
   int nranks = 1;
@@ -89,6 +112,7 @@ struct CollectiveSpec {
   int custom_input_chunks = 0, custom_output_chunks = 0;
   std::function<std::optional<Content>(int rank, int index)> custom_pre;   // input content
   std::function<std::optional<Content>(int rank, int index)> custom_post;  // nullopt: not checked
+  std::vector<StateBufferSpec> states;  // the user's buffers besides input and output (custom only)
 
   int input_chunks() const;
   int output_chunks() const;
@@ -98,6 +122,10 @@ struct CollectiveSpec {
   Content precondition(int rank, int input_index) const;
   // Expected content of output chunk `index` on `rank`; nullopt when the collective leaves it unspecified.
   std::optional<Content> postcondition(int rank, int output_index) const;
+  // Expected content of chunk `index` of state buffer `state` at the end; nullopt: unchecked.
+  std::optional<Content> state_postcondition(int rank, int state, int index) const;
+  // The state buffer with this name; throws InvalidArgument naming it and the buffers there are.
+  int state_named(const std::string& name) const;
   std::string describe() const;  // "allreduce, 8 ranks, 8 chunks, in-place"
 };
 

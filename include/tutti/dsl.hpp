@@ -20,13 +20,16 @@
 
 namespace tutti::dsl {
 
-// A buffer of a rank: input, output, or a named scratch buffer (which grows as indices are used).
+// A buffer of a rank: input, output, a named scratch buffer (which grows as indices are used), or a
+// state buffer the collective declares (CollectiveSpec::states: the user's optimizer moments,
+// parameters, statistics), by name.
 struct Buffer {
-  BufferKind kind = BufferKind::kInput;
-  std::string scratch_name;  // scratch only
+  BufferKind kind = BufferKind::kInput;  // state buffers: kState until the program resolves the name
+  std::string name;                      // scratch and state buffers
   static Buffer input() { return {BufferKind::kInput, {}}; }
   static Buffer output() { return {BufferKind::kOutput, {}}; }
   static Buffer scratch(std::string name = "scratch") { return {BufferKind::kScratch, std::move(name)}; }
+  static Buffer state(std::string name) { return {BufferKind::kState, std::move(name)}; }
   bool operator==(const Buffer&) const = default;
   std::string describe() const;
 };
@@ -128,6 +131,8 @@ class Program {
   ChunkRef record(Op op);
   void check_range(const ChunkLoc& loc, const char* what, bool growing) const;
   Content& slot(int rank, const Buffer& buffer, int index);
+  Buffer resolve(const Buffer& buffer) const;  // a state buffer's name to its BufferKind
+  int64_t unit(const Buffer& buffer) const;    // elements per chunk (0: the call's chunk)
   std::string op_name(const Op& op) const;
 
   std::string name_;
@@ -138,6 +143,7 @@ class Program {
   struct RankState {
     std::vector<Content> input, output;
     std::vector<std::vector<Content>> scratch;  // by scratch name index
+    std::vector<std::vector<Content>> states;   // by CollectiveSpec::states index
   };
   std::vector<RankState> state_;
 };

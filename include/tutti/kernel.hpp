@@ -25,9 +25,13 @@ namespace tutti {
 struct KernelArgs {
   const void* const* inputs;  // KernelDef::inputs pointers, `count` elements of `type` each
   void* const* outputs;       // KernelDef::outputs pointers; any may equal an input (in place)
-  int64_t count;
+  int64_t count;              // elements of input 0
   DataType type;
   const double* scalars;      // the step's values of the kernel's scalars, in declared order
+  // Elements of each operand: equal to `count` except for operands in state buffers with a unit of
+  // their own (a statistic: a sum of squares has one element per chunk). Null: all are `count`.
+  const int64_t* input_counts = nullptr;
+  const int64_t* output_counts = nullptr;
 };
 using KernelFn = void (*)(const KernelArgs&);
 

@@ -414,7 +414,7 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
               "device calls of this communicator go through host staging",
               comm_.rank(), p.name);
   check();
-  check_call(pp, comm_.size(), args.count);
+  check_call(pp, comm_.size(), args);
   Uploaded& u = upload(pp, stream);
   if (u.plan.blocks.empty()) return;
   const int threads = options_.threads;

@@ -9,6 +9,10 @@ namespace tutti::device {
 
 DevicePlan flatten(const PreparedPlan& pp, int rank) {
   const plan::Plan& p = pp.plan;
+  TUTTI_CHECK(p.states.empty(), InvalidArgument,
+              "plan '{}' has state buffers ('{}', ...): the device interpreter runs input, output and scratch only "
+              "(run it on host buffers)",
+              p.name, p.states.empty() ? "" : p.states[0].name);
   TUTTI_CHECK(rank >= 0 && rank < p.nranks, InvalidArgument, "plan '{}': rank {} out of range ({} ranks)", p.name, rank,
               p.nranks);
   DevicePlan out;

@@ -170,7 +170,7 @@ void HostStagingExecutor::enqueue(std::unique_ptr<Job> job, void* stream) {
 void HostStagingExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   refuse_capture(args.stream, "a collective");
   check();
-  check_call(pp, comm_.size(), args.count);
+  check_call(pp, comm_.size(), args);
   Backend& b = device_.backend();
   const exec::Geometry g{args.count, pp.plan.chunk_factor, static_cast<int64_t>(size_of(args.reduction.type))};
   auto bytes_of = [&](int chunks) { return chunks > 0 ? static_cast<size_t>(g.bytes(0, chunks)) : size_t{0}; };
