@@ -291,6 +291,55 @@ std::string save_plan(const dsl::Program& program, const std::string& path, cons
   return c.report.summary(c.plan);
 }
 
+const std::string& CompiledPlan::name() const {
+  TUTTI_CHECK(prepared_, InvalidUsage, "CompiledPlan: empty (made by compile_plan)");
+  return prepared_->plan.name;
+}
+const std::string& CompiledPlan::summary() const { return summary_; }
+std::string CompiledPlan::json() const {
+  TUTTI_CHECK(prepared_, InvalidUsage, "CompiledPlan: empty (made by compile_plan)");
+  return plan::to_json(prepared_->plan);
+}
+
+CompiledPlan compile_plan(const dsl::Program& program) {
+  plan::Compiled c = plan::compile(program);
+  CompiledPlan out;
+  out.summary_ = c.report.summary(c.plan);
+  out.prepared_ = PreparedPlan::make(std::move(c.plan));
+  return out;
+}
+
+Work run_plan(Comm& comm, const CompiledPlan& plan, const PlanCall& call) {
+  ApiState& s = state_of(comm.state_, "run_plan");
+  TUTTI_CHECK(plan.prepared(), InvalidArgument, "rank {}: run_plan: the plan is empty (made by compile_plan)",
+              s.comm->rank());
+  TUTTI_CHECK(!s.in_group, InvalidUsage, "rank {}: run_plan '{}' inside a group: groups hold sends and receives only",
+              s.comm->rank(), plan.name());
+  TUTTI_CHECK(static_cast<int>(call.type) >= 0 && static_cast<int>(call.type) < kNumDataTypes, InvalidArgument,
+              "rank {}: run_plan '{}': invalid data type {}", s.comm->rank(), plan.name(), static_cast<int>(call.type));
+  ExecArgs args;
+  args.input = call.input;
+  args.output = call.output;
+  args.count = static_cast<int64_t>(call.count);
+  args.reduction.op = call.op;
+  args.reduction.type = call.type;
+  args.scalars = call.scalars;
+  args.states = call.states;
+  try {
+    check_call(*plan.prepared(), s.comm->size(), args);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("rank {}: run_plan: {}", s.comm->rank(), e.what()));
+  }
+  auto work = std::make_shared<WorkState>();
+  work->queue = s.queue;
+  work->ticket = s.queue->post([&s, prepared = plan.prepared(), args] {
+    s.dispatcher->resources()->executor.run(*prepared, args);
+    std::lock_guard lock(s.mu);
+    s.last_plan = prepared->plan.name;
+  });
+  return Work::make(std::move(work));
+}
+
 const char* version() { return TUTTI_VERSION_STRING; }
 
 }  // namespace tutti

@@ -199,7 +199,7 @@ ChunkRef Program::record(Op op) {
   // A chunk of a statistic (a state buffer with its own unit) is not a chunk of data: only kernels
   // turn one into the other.
   TUTTI_CHECK(op.kind == OpKind::kCompute || unit(op.src.buffer) == unit(op.dst.buffer), InvalidArgument,
-              "{}: {} chunks hold {} and {} chunks {}: a copy or reduction needs the same size", what,
+              "{}: {} chunks hold {} and {} chunks hold {}: a copy or reduction needs the same size", what,
               op.src.buffer.describe(), unit(op.src.buffer) ? fmt::format("{} element(s)", unit(op.src.buffer)) : "the call's chunk",
               op.dst.buffer.describe(), unit(op.dst.buffer) ? fmt::format("{} element(s)", unit(op.dst.buffer)) : "the call's chunk");
   std::vector<Content> incoming;

@@ -46,6 +46,9 @@ struct CommState;
 struct WorkState;
 }  // namespace api_detail
 
+class CompiledPlan;  // tutti/plan.hpp
+struct PlanCall;
+
 // The C++ element type of each DataType (types without a standard C++ type, such as bfloat16,
 // are reached through the untyped calls).
 template <class T>
@@ -164,6 +167,7 @@ class Comm {
   std::string last_plan() const;
 
  private:
+  friend Work run_plan(Comm& comm, const CompiledPlan& plan, const PlanCall& call);
   explicit Comm(std::unique_ptr<api_detail::CommState> s);
   void check_sizes(const char* call, size_t a, size_t b, size_t multiple) const;
   std::unique_ptr<api_detail::CommState> state_;

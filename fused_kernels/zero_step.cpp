@@ -1,0 +1,301 @@
+// The fused ZeRO optimizer step (tutti/fused.hpp): its kernels, its DSL program with the
+// postcondition the compiler proves, and the unfused reference.
+#include <fmt/format.h>
+
+#include <array>
+#include <cmath>
+#include <memory>
+#include <vector>
+#include <mutex>
+
+#include "core/datatype.hpp"
+#include "core/error.hpp"
+#include "tutti/fused.hpp"
+#include "tutti/kernel.hpp"
+
+namespace tutti::fused {
+namespace {
+
+// Scalar slots of every call of the plan (PlanCall::scalars), so one compiled plan serves any
+// optimizer settings and step.
+enum Slot : int { kGradScale, kLr, kBeta1, kBeta2, kEps, kWeightDecay, kStep, kMaxNorm, kSlots };
+
+void require_float(const KernelArgs& a, const char* kernel) {
+  if (a.type != DataType::kFloat32)
+    throw InvalidArgument(fmt::format("kernel '{}' runs on float32, not {}", kernel, name(a.type)));
+}
+
+// g *= scale, returning the sum of squares of the result (in double: shards are long).
+double unscale_and_square(float* g_out, const float* g, int64_t n, float scale) {
+  double sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i] * scale;
+    g_out[i] = x;
+    sum += static_cast<double>(x) * static_cast<double>(x);
+  }
+  return sum;
+}
+
+// inputs {g}, outputs {g', s}: g' = g * grad_scale; s = sum of squares of g' (one element).
+void unscale_sumsq(const KernelArgs& a) {
+  require_float(a, "zero.unscale_sumsq");
+  const double sum = unscale_and_square(static_cast<float*>(a.outputs[0]), static_cast<const float*>(a.inputs[0]),
+                                        a.count, static_cast<float>(a.scalars[0]));
+  *static_cast<float*>(a.outputs[1]) = static_cast<float>(sum);
+}
+
+// inputs {g, s}, outputs {g', s'}: as unscale_sumsq, adding to the running sum s.
+void unscale_sumsq_acc(const KernelArgs& a) {
+  require_float(a, "zero.unscale_sumsq_acc");
+  const float before = *static_cast<const float*>(a.inputs[1]);
+  const double sum = unscale_and_square(static_cast<float*>(a.outputs[0]), static_cast<const float*>(a.inputs[0]),
+                                        a.count, static_cast<float>(a.scalars[0]));
+  *static_cast<float*>(a.outputs[1]) = static_cast<float>(static_cast<double>(before) + sum);
+}
+
+// inputs {g, m, v, p, total}, outputs {m', v', p'}: AdamW with the gradients clipped by the global
+// norm sqrt(total), as the trainer's optimizer computes it; nothing changes when total is not finite.
+void adamw(const KernelArgs& a) {
+  require_float(a, "zero.adamw");
+  const auto* g = static_cast<const float*>(a.inputs[0]);
+  const auto* m_in = static_cast<const float*>(a.inputs[1]);
+  const auto* v_in = static_cast<const float*>(a.inputs[2]);
+  const auto* p_in = static_cast<const float*>(a.inputs[3]);
+  const float total = *static_cast<const float*>(a.inputs[4]);
+  auto* m = static_cast<float*>(a.outputs[0]);
+  auto* v = static_cast<float*>(a.outputs[1]);
+  auto* p = static_cast<float*>(a.outputs[2]);
+  const int64_t n = a.count;
+  if (!std::isfinite(total)) {  // a skipped step: the outputs keep their inputs
+    for (int64_t i = 0; i < n; ++i) m[i] = m_in[i], v[i] = v_in[i], p[i] = p_in[i];
+    return;
+  }
+  const float lr = static_cast<float>(a.scalars[0]), beta1 = static_cast<float>(a.scalars[1]),
+              beta2 = static_cast<float>(a.scalars[2]), eps = static_cast<float>(a.scalars[3]),
+              wd = static_cast<float>(a.scalars[4]), max_norm = static_cast<float>(a.scalars[6]);
+  const double step = a.scalars[5];
+  const float norm = std::sqrt(total);
+  const float clip = max_norm > 0 ? std::min(1.0f, max_norm / (norm + 1e-6f)) : 1.0f;
+  const double c1 = 1.0 - std::pow(static_cast<double>(beta1), step);
+  const double c2 = 1.0 - std::pow(static_cast<double>(beta2), step);
+  const float step_size = static_cast<float>(static_cast<double>(lr) / c1);
+  const float c2_sqrt = static_cast<float>(std::sqrt(c2));
+  const float decay = 1.0f - lr * wd;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * clip;
+    const float mi = m_in[i] * beta1 + gi * (1.0f - beta1);
+    const float vi = v_in[i] * beta2 + gi * gi * (1.0f - beta2);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p_in[i] * decay - step_size * (mi / (std::sqrt(vi) / c2_sqrt + eps));
+  }
+}
+
+struct KernelIds {
+  KernelId unscale_sumsq, unscale_sumsq_acc, adamw;
+};
+
+const KernelIds& ids() {
+  static const KernelIds k = [] {
+    auto get = [](KernelDef def) {
+      if (auto id = find_kernel(def.name)) return *id;
+      return register_kernel(std::move(def));
+    };
+    KernelIds out;
+    // Costs: passes over the chunk's bytes, as a copy's (one read, one write) is 1.
+    out.unscale_sumsq = get(KernelDef{"zero.unscale_sumsq", {"grad_scale"}, unscale_sumsq, 1.0, 1, 2});
+    out.unscale_sumsq_acc = get(KernelDef{"zero.unscale_sumsq_acc", {"grad_scale"}, unscale_sumsq_acc, 1.0, 2, 2});
+    out.adamw = get(KernelDef{"zero.adamw",
+                              {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "max_norm"},
+                              adamw,
+                              3.5,
+                              5,
+                              3});
+    return out;
+  }();
+  return k;
+}
+
+std::vector<ScalarArg> adamw_scalars() {
+  std::vector<ScalarArg> s;
+  for (int slot = kLr; slot <= kMaxNorm; ++slot) s.push_back(ScalarArg::per_call(slot));
+  return s;
+}
+
+std::vector<double> call_scalars(const AdamW& o) {
+  std::vector<double> s(kSlots);
+  s[kGradScale] = o.grad_scale;
+  s[kLr] = o.lr;
+  s[kBeta1] = o.beta1;
+  s[kBeta2] = o.beta2;
+  s[kEps] = o.eps;
+  s[kWeightDecay] = o.weight_decay;
+  s[kStep] = static_cast<double>(o.step);
+  s[kMaxNorm] = o.max_norm;
+  return s;
+}
+
+// State buffers of the program, in order.
+enum State : int { kParams, kM, kV, kStats };
+
+}  // namespace
+
+void register_kernels() { (void)ids(); }
+
+dsl::Program zero_step_program(int n, int K) {
+  TUTTI_CHECK(n >= 1 && K >= 1, InvalidArgument, "zero_step_program: {} ranks and {} pieces per shard", n, K);
+  const KernelIds& k = ids();
+  const ScalarArg scale = ScalarArg::per_call(kGradScale);
+  const std::vector<ScalarArg> opt = adamw_scalars();
+
+  // What the plan must compute, as terms over the call's leaves: the gradients (input chunks) and
+  // the state buffers as the call finds them. Built once; the postconditions share them.
+  struct Terms {
+    std::vector<std::vector<Content>> unscaled;  // [q][j]: chunk j of shard q, summed and unscaled
+    Content total;                               // the global sum of squares
+    std::vector<std::vector<std::array<Content, 3>>> updated;  // [q][j]: AdamW's m, v, p
+  };
+  auto t = std::make_shared<Terms>();
+  t->unscaled.resize(static_cast<size_t>(n));
+  for (int q = 0; q < n; ++q) {
+    Content running;
+    for (int j = 0; j < K; ++j) {
+      Content sum;
+      for (int r = 0; r < n; ++r) sum.merge(Content::of(r, q * K + j));
+      std::vector<Content> args = {sum};
+      if (j > 0) args.push_back(running);
+      const KernelId kernel = j == 0 ? k.unscale_sumsq : k.unscale_sumsq_acc;
+      t->unscaled[q].push_back(Content::apply(kernel, args, {scale}, 0));
+      running = Content::apply(kernel, args, {scale}, 1);
+    }
+    t->total.merge(running);
+  }
+  t->updated.resize(static_cast<size_t>(n));
+  for (int q = 0; q < n; ++q)
+    for (int j = 0; j < K; ++j) {
+      std::vector<Content> args = {t->unscaled[q][j], Content::of_state(q, kM, j), Content::of_state(q, kV, j),
+                                   Content::of_state(q, kParams, q * K + j), t->total};
+      t->updated[q].push_back({Content::apply(k.adamw, args, opt, 0), Content::apply(k.adamw, args, opt, 1),
+                               Content::apply(k.adamw, args, opt, 2)});
+    }
+  auto updated = [t](int q, int j, int output) {
+    return std::optional<Content>(t->updated[static_cast<size_t>(q)][static_cast<size_t>(j)][static_cast<size_t>(output)]);
+  };
+
+  CollectiveSpec s;
+  s.kind = Collective::kCustom;
+  s.nranks = n;
+  s.chunk_factor = K;
+  s.custom_input_chunks = n * K;
+  s.custom_output_chunks = 0;
+  s.states = {
+      StateBufferSpec{"params", n * K, 0, [=](int, int i) { return updated(i / K, i % K, 2); }},
+      StateBufferSpec{"m", K, 0, [=](int q, int j) { return updated(q, j, 0); }},
+      StateBufferSpec{"v", K, 0, [=](int q, int j) { return updated(q, j, 1); }},
+      StateBufferSpec{"stats", n + 1, 1,
+                      [t](int, int i) { return i == 0 ? std::optional<Content>(t->total) : std::nullopt; }},
+  };
+  dsl::Program p(fmt::format("zero_step_n{}_k{}", n, K), s);
+  const dsl::Buffer in = dsl::Buffer::input(), params = dsl::Buffer::state("params"), m = dsl::Buffer::state("m"),
+                    v = dsl::Buffer::state("v"), stats = dsl::Buffer::state("stats");
+  for (int q = 0; q < n; ++q)
+    for (int j = 0; j < K; ++j) {
+      // Reduce-scatter, in place: rank q's slice of its gradients collects every rank's.
+      auto g = p.chunk(q, in, q * K + j);
+      for (int r = 0; r < n; ++r)
+        if (r != q) g.reduce(p.chunk(r, in, q * K + j));
+      // Unscale and sum the squares while the chunk is in cache.
+      auto own = p.chunk(q, stats, 1 + q);
+      if (j == 0) p.apply(k.unscale_sumsq, {g}, {g, own}, {scale});
+      else p.apply(k.unscale_sumsq_acc, {g, own}, {g, own}, {scale});
+    }
+  // Every rank's sum of squares to every rank, then the total in rank order on each (so all ranks
+  // clip by the same float).
+  for (int q = 0; q < n; ++q)
+    for (int r = 0; r < n; ++r)
+      if (r != q) p.chunk(q, stats, 1 + q).copy(r, stats, 1 + q);
+  for (int q = 0; q < n; ++q) {
+    auto t = p.chunk(q, stats, 1).copy(q, stats, 0);
+    for (int r = 1; r < n; ++r) t.reduce(p.chunk(q, stats, 1 + r));
+  }
+  // AdamW on the owned shard, each chunk all-gathered as soon as it is updated.
+  for (int q = 0; q < n; ++q)
+    for (int j = 0; j < K; ++j) {
+      auto pj = p.chunk(q, params, q * K + j);
+      p.apply(k.adamw, {p.chunk(q, in, q * K + j), p.chunk(q, m, j), p.chunk(q, v, j), pj, p.chunk(q, stats, 0)},
+              {p.chunk(q, m, j), p.chunk(q, v, j), pj}, opt);
+      for (int r = 0; r < n; ++r)
+        if (r != q) pj.copy(r, params, q * K + j);
+    }
+  return p;
+}
+
+namespace {
+
+int default_pieces(int64_t shard) {
+  constexpr int64_t kPieceBytes = 256 << 10;
+  int64_t want = std::max<int64_t>(1, shard * static_cast<int64_t>(sizeof(float)) / kPieceBytes);
+  want = std::min<int64_t>(want, 1024);  // the verifier's work grows with the steps
+  while (shard % want != 0) --want;
+  return static_cast<int>(want);
+}
+
+}  // namespace
+
+ZeroStep::ZeroStep(Comm& comm, int64_t shard, int pieces)
+    : comm_(comm), shard_(shard), pieces_(pieces > 0 ? pieces : default_pieces(shard)),
+      stats_(std::make_unique<float[]>(static_cast<size_t>(comm.size()) + 1)) {
+  TUTTI_CHECK(shard >= 1, InvalidArgument, "rank {}: ZeroStep: shard {} must be at least 1", comm.rank(), shard);
+  TUTTI_CHECK(shard % pieces_ == 0, InvalidArgument, "rank {}: ZeroStep: a shard of {} does not split into {} pieces",
+              comm.rank(), shard, pieces_);
+  plan_ = compile_plan(zero_step_program(comm.size(), pieces_));
+}
+
+Work ZeroStep::run(float* grads, float* params, float* m, float* v, const AdamW& opt) {
+  TUTTI_CHECK(grads && params && m && v, InvalidArgument, "rank {}: ZeroStep::run: a null buffer", comm_.rank());
+  PlanCall call;
+  call.input = grads;
+  call.count = static_cast<size_t>(shard_);
+  call.type = DataType::kFloat32;
+  call.states = {params, m, v, stats_.get()};
+  call.scalars = call_scalars(opt);
+  return run_plan(comm_, plan_, call);
+}
+
+void ZeroStep::run_unfused(float* grads, float* params, float* m, float* v, const AdamW& opt) {
+  const KernelIds& k = ids();
+  const int n = comm_.size(), q = comm_.rank();
+  const int64_t piece = shard_ / pieces_;
+  float* mine = grads + q * shard_;
+  comm_.reduce_scatter(grads, mine, static_cast<size_t>(shard_), DataType::kFloat32, RedOp::kSum).wait();
+  // The same kernels on the same pieces as the fused plan, so the results agree bit for bit.
+  const double scale = opt.grad_scale;
+  float* own = stats_.get() + 1 + q;
+  for (int j = 0; j < pieces_; ++j) {
+    float* g = mine + j * piece;
+    const void* ins[2] = {g, own};
+    void* outs[2] = {g, own};
+    kernel_def(j == 0 ? k.unscale_sumsq : k.unscale_sumsq_acc)
+        .cpu(KernelArgs{ins, outs, piece, DataType::kFloat32, &scale});
+  }
+  comm_.all_gather(own, stats_.get() + 1, 1, DataType::kFloat32).wait();
+  float total = stats_[1];
+  for (int r = 1; r < n; ++r) total += stats_[static_cast<size_t>(1 + r)];
+  stats_[0] = total;
+  const std::vector<double> all = call_scalars(opt);
+  for (int j = 0; j < pieces_; ++j) {
+    const int64_t at = j * piece;
+    float* p = params + q * shard_ + at;
+    const void* ins[5] = {mine + at, m + at, v + at, p, stats_.get()};
+    void* outs[3] = {m + at, v + at, p};
+    kernel_def(k.adamw).cpu(KernelArgs{ins, outs, piece, DataType::kFloat32, all.data() + kLr});
+  }
+  comm_.all_gather(params + q * shard_, params, static_cast<size_t>(shard_), DataType::kFloat32).wait();
+}
+
+double ZeroStep::last_norm() const { return std::sqrt(static_cast<double>(stats_[0])); }
+bool ZeroStep::last_finite() const { return std::isfinite(stats_[0]); }
+
+}  // namespace tutti::fused

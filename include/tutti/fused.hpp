@@ -1,0 +1,80 @@
+#pragma once
+// Fused compute + communication: operations whose plan runs kernels on chunks as soon as their data
+// is there, verified like every plan (DESIGN.md 7). Each has an unfused reference built from plain
+// collectives plus the same kernels, which its tests and benchmark compare it with.
+//
+// The ZeRO optimizer step (ZeRO-1/2): the gradients are reduce-scattered, each rank unscales its
+// shard and sums its squares (clipping and the non-finite check need the global norm), the ranks
+// exchange those sums, each rank runs AdamW on the shard it owns, and the updated parameters are
+// all-gathered, chunk by chunk as AdamW finishes them. The compiler proves the plan computes, for
+// every parameter chunk, adamw(unscale(sum over ranks of the gradient chunk), m, v, p, norm).
+//
+//   tutti::fused::ZeroStep step(comm, shard);           // compiles and verifies the plan once
+//   tutti::fused::AdamW opt{.lr = 3e-4f, .step = 1, .max_norm = 1.0f};
+//   step.run(grads, params, m, v, opt).wait();           // grads, params: size() * shard floats
+//   double norm = step.last_norm();                      // once the Work is done
+//
+// Host float32 buffers. Kernels: "zero.unscale_sumsq", "zero.unscale_sumsq_acc", "zero.adamw"
+// (tutti/kernel.hpp), registered by register_kernels(), which ZeroStep calls.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tutti/plan.hpp"
+#include "tutti/tutti.hpp"
+
+namespace tutti::fused {
+
+// The fused operations' kernels, registered once in the process (plans that name them can then be
+// loaded from JSON). Idempotent, thread-safe.
+void register_kernels();
+
+// AdamW as PyTorch's torch.optim.AdamW (decoupled weight decay, bias correction), after clipping
+// the global gradient norm to max_norm (0: no clipping, as torch.nn.utils.clip_grad_norm_).
+struct AdamW {
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  int64_t step = 1;          // 1 for the first step (bias correction)
+  float max_norm = 0.0f;
+  float grad_scale = 1.0f;   // gradients are multiplied by it first (1 / the loss scale)
+};
+
+class ZeroStep {
+ public:
+  // `shard`: parameters each rank owns; `pieces`: chunks per shard that flow through the pipeline
+  // (0: about 256 KiB each). Compiles and verifies the plan; throws InvalidArgument if it fails.
+  ZeroStep(Comm& comm, int64_t shard, int pieces = 0);
+
+  // grads: size() * shard gradients, summed over the ranks as they arrive; afterwards this rank's
+  // slice (rank() * shard ...) holds the unscaled sum and the rest is unspecified. params: size() *
+  // shard parameters, the same on every rank before and after. m, v: this rank's shard of the
+  // moments. When the summed gradients hold a non-finite value, nothing is updated (a skipped
+  // step, as a loss scaler's) and last_finite() says so. One call at a time per ZeroStep.
+  Work run(float* grads, float* params, float* m, float* v, const AdamW& opt);
+  // The same result from plain collectives and the same kernels, one pass after another: a
+  // reduce-scatter, the unscale and sum of squares, an all-gather of the sums, AdamW, an all-gather
+  // of the parameters. Blocks until done.
+  void run_unfused(float* grads, float* params, float* m, float* v, const AdamW& opt);
+
+  // Of the last call, once it is done: the global norm of the unscaled gradients, and whether it
+  // is finite (false: the step was skipped).
+  double last_norm() const;
+  bool last_finite() const;
+
+  const CompiledPlan& plan() const { return plan_; }
+  int pieces() const { return pieces_; }
+
+ private:
+  Comm& comm_;
+  int64_t shard_;
+  int pieces_;
+  CompiledPlan plan_;
+  std::unique_ptr<float[]> stats_;  // [0]: the global sum of squares; [1 + r]: rank r's
+};
+
+// The DSL program of the fused step for `nranks` ranks and `pieces` chunks per shard (what ZeroStep
+// compiles; tutti-compile and the tests use it too).
+dsl::Program zero_step_program(int nranks, int pieces);
+
+}  // namespace tutti::fused

@@ -1,0 +1,258 @@
+// Fused operations (tutti/fused.hpp): the compiler's proof of each fused plan, mutations of it that
+// the verifier catches, and each fused run against its unfused reference, bit for bit, and against
+// plain arithmetic.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <thread>
+
+#include "compiler/compile.hpp"
+#include "compiler/verify.hpp"
+#include "core/error.hpp"
+#include "tutti/fused.hpp"
+
+using namespace tutti;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Runs f(comm) on `n` ranks as threads; rethrows the first failure.
+void on_ranks(int n, const std::function<void(Comm&)>& f) {
+  auto comms = Comm::create_local(n);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        f(comms[static_cast<size_t>(r)]);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+// nccl-tests style data: small integers (and halves), so every sum is exact in any order.
+float grad_value(int rank, int64_t i, int step) { return static_cast<float>(((rank + 1) * 7 + i * 3 + step) % 17 - 8); }
+float param_value(int64_t i) { return static_cast<float>(i % 13 - 6) * 0.125f; }
+
+struct Buffers {
+  std::vector<float> grads, params, m, v;
+  Buffers(int n, int64_t shard, int rank, int step)
+      : grads(static_cast<size_t>(n * shard)), params(static_cast<size_t>(n * shard)), m(static_cast<size_t>(shard)),
+        v(static_cast<size_t>(shard)) {
+    for (int64_t i = 0; i < n * shard; ++i) {
+      grads[static_cast<size_t>(i)] = grad_value(rank, i, step);
+      params[static_cast<size_t>(i)] = param_value(i);
+    }
+  }
+  void next_grads(int n, int rank, int step) {
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = grad_value(rank, static_cast<int64_t>(i), step);
+    (void)n;
+  }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST(ZeroStep, TheFusedProgramIsProvedAgainstAdamwOfTheSummedGradients) {
+  for (auto [n, k] : {std::pair{2, 1}, {2, 4}, {3, 2}, {4, 3}}) {
+    plan::Compiled c = plan::compile(fused::zero_step_program(n, k));
+    EXPECT_EQ(c.plan.states.size(), 4u);
+    EXPECT_EQ(c.plan.states[3].unit, 1);  // the statistics: one element per chunk
+    // The proof is in terms of the leaves; the description names the kernels.
+    const CollectiveSpec spec = fused::zero_step_program(n, k).spec();
+    const std::string post = spec.state_postcondition(0, 0, 0)->describe();
+    EXPECT_NE(post.find("zero.adamw.2[$1, $2, $3, $4, $5, $6, $7]"), std::string::npos) << post;
+    EXPECT_NE(post.find("zero.unscale_sumsq[$0]({r0:i0, r1:i0"), std::string::npos) << post;
+  }
+}
+
+TEST(ZeroStep, MutationsOfTheFusedPlanAreCaught) {
+  dsl::Program program = fused::zero_step_program(2, 2);
+  const CollectiveSpec spec = program.spec();
+  plan::Compiled c = plan::compile(program);
+  plan::VerifyOptions options;
+  options.spec = &spec;
+  options.check_hazards = true;
+  auto find = [&](int rank, const std::function<bool(const plan::Instruction&)>& pred) -> plan::Instruction& {
+    for (auto& b : c.plan.ranks[static_cast<size_t>(rank)].blocks)
+      for (auto& in : b.steps)
+        if (pred(in)) return in;
+    throw std::runtime_error("no such instruction");
+  };
+  const KernelId adamw = *find_kernel("zero.adamw"), unscale = *find_kernel("zero.unscale_sumsq");
+  auto is = [](KernelId k) { return [k](const plan::Instruction& in) { return in.op == plan::Opcode::kCompute && in.kernel == k; }; };
+  {  // AdamW on the other piece's gradients
+    plan::Plan saved = c.plan;
+    plan::Instruction& in = find(0, is(adamw));
+    in.srcs[0].index += 1;
+    EXPECT_NE(error_of([&] { plan::verify(c.plan, options); }).find("postcondition"), std::string::npos);
+    c.plan = saved;
+  }
+  {  // the unscale with a fixed factor instead of the call's
+    plan::Plan saved = c.plan;
+    find(1, is(unscale)).scalars[0] = ScalarArg(1.0);
+    EXPECT_NE(error_of([&] { plan::verify(c.plan, options); }).find("postcondition"), std::string::npos);
+    c.plan = saved;
+  }
+  {  // AdamW before the norm is complete: moved before the step that adds the peer's sum of squares
+    plan::Plan saved = c.plan;
+    bool moved = false;
+    for (auto& b : c.plan.ranks[0].blocks)
+      for (size_t s = 1; s < b.steps.size() && !moved; ++s)
+        if (is(adamw)(b.steps[s]) && b.steps[s - 1].op == plan::Opcode::kReduce) {
+          std::swap(b.steps[s], b.steps[s - 1]);
+          std::swap(b.steps[s].deps, b.steps[s - 1].deps);
+          moved = true;
+        }
+    ASSERT_TRUE(moved);
+    EXPECT_NE(error_of([&] { plan::verify(c.plan, options); }).find("postcondition"), std::string::npos);
+    c.plan = saved;
+  }
+  {  // the sum of squares sent as if it were a chunk of gradients
+    plan::Plan saved = c.plan;
+    plan::Instruction& in = find(0, [](const plan::Instruction& x) {
+      return x.op == plan::Opcode::kSend && is_state(x.srcs[0].buffer) && state_index(x.srcs[0].buffer) == 3;
+    });
+    in.srcs[0].buffer = BufferKind::kInput;
+    EXPECT_NE(error_of([&] { plan::verify(c.plan, options); }).find("element(s)"), std::string::npos);
+    c.plan = saved;
+  }
+  EXPECT_EQ(error_of([&] { plan::verify(c.plan, options); }), "");
+}
+
+TEST(ZeroStep, ADslMistakeInAStatisticIsReportedAtTheOperation) {
+  CollectiveSpec s;
+  s.kind = Collective::kCustom;
+  s.nranks = 2;
+  s.custom_input_chunks = 2;
+  s.states = {StateBufferSpec{"stats", 2, 1, {}}};
+  dsl::Program p("bad", s);
+  const std::string e = error_of([&] { p.chunk(0, dsl::Buffer::input(), 0).copy(1, dsl::Buffer::state("stats"), 0); });
+  EXPECT_NE(e.find("state 'stats' chunks hold 1 element(s): a copy"), std::string::npos) << e;
+  EXPECT_NE(error_of([&] { p.chunk(0, dsl::Buffer::state("nope"), 0); }).find("no state buffer is named 'nope'"),
+            std::string::npos);
+}
+
+class ZeroStepRanks : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ZeroStepRanks, FusedEqualsUnfusedBitForBitAndPlainArithmetic) {
+  const auto [n, pieces] = GetParam();
+  const int64_t shard = 1024;  // divisible by the pieces of every case
+  on_ranks(n, [&, n = n, pieces = pieces](Comm& comm) {
+    const int q = comm.rank();
+    fused::ZeroStep step(comm, shard, pieces);
+    Buffers fused(n, shard, q, 0), unfused(n, shard, q, 0);
+    std::vector<float> m_ref(static_cast<size_t>(shard), 0.0f), v_ref(m_ref), p_ref(fused.params);
+    std::fill(fused.m.begin(), fused.m.end(), 0.0f);
+    std::fill(fused.v.begin(), fused.v.end(), 0.0f);
+    unfused.m = fused.m;
+    unfused.v = fused.v;
+    for (int t = 1; t <= 3; ++t) {
+      fused::AdamW opt;
+      opt.lr = 0.01f * static_cast<float>(t);
+      opt.weight_decay = 0.1f;
+      opt.step = t;
+      opt.grad_scale = 0.5f;
+      opt.max_norm = t == 2 ? 0.0f : 50.0f;  // clipping in steps 1 and 3 (the norm is in the hundreds)
+      fused.next_grads(n, q, t);
+      unfused.next_grads(n, q, t);
+      step.run(fused.grads.data(), fused.params.data(), fused.m.data(), fused.v.data(), opt).wait();
+      const double norm = step.last_norm();
+      step.run_unfused(unfused.grads.data(), unfused.params.data(), unfused.m.data(), unfused.v.data(), opt);
+      EXPECT_EQ(step.last_norm(), norm);
+      EXPECT_TRUE(step.last_finite());
+      EXPECT_TRUE(same_bits(fused.params, unfused.params)) << "step " << t;
+      EXPECT_TRUE(same_bits(fused.m, unfused.m)) << "step " << t;
+      EXPECT_TRUE(same_bits(fused.v, unfused.v)) << "step " << t;
+      // Plain arithmetic in double: the summed gradients, the norm, clipping, AdamW.
+      double sumsq = 0;
+      std::vector<double> g(static_cast<size_t>(n * shard));
+      for (int64_t i = 0; i < n * shard; ++i) {
+        for (int r = 0; r < n; ++r) g[static_cast<size_t>(i)] += grad_value(r, i, t);
+        g[static_cast<size_t>(i)] *= opt.grad_scale;
+        sumsq += g[static_cast<size_t>(i)] * g[static_cast<size_t>(i)];
+      }
+      EXPECT_NEAR(norm, std::sqrt(sumsq), 1e-5 * std::sqrt(sumsq));
+      const double clip = opt.max_norm > 0 ? std::min(1.0, opt.max_norm / (std::sqrt(sumsq) + 1e-6)) : 1.0;
+      // This rank's shard (the others' come from their owners, which the bitwise check covers).
+      for (int64_t i = q * shard; i < (q + 1) * shard; ++i) {
+        const size_t o = static_cast<size_t>(i - q * shard);
+        double mi = m_ref[o], vi = v_ref[o];
+        const double gi = g[static_cast<size_t>(i)] * clip;
+        mi = 0.9 * mi + 0.1 * gi;
+        vi = 0.999 * vi + 0.001 * gi * gi;
+        const double mhat = mi / (1 - std::pow(0.9, t)), vhat = vi / (1 - std::pow(0.999, t));
+        double p = p_ref[static_cast<size_t>(i)] * (1 - opt.lr * opt.weight_decay) - opt.lr * mhat / (std::sqrt(vhat) + 1e-8);
+        p_ref[static_cast<size_t>(i)] = static_cast<float>(p);
+      }
+      for (int64_t i = q * shard; i < (q + 1) * shard; ++i)
+        ASSERT_NEAR(fused.params[static_cast<size_t>(i)], p_ref[static_cast<size_t>(i)], 2e-5)
+            << "rank " << q << " step " << t << " parameter " << i;
+      p_ref = fused.params;  // the next step starts from the library's floats
+      m_ref = fused.m;
+      v_ref = fused.v;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ZeroStepRanks, ::testing::Values(std::pair{2, 4}, std::pair{3, 1}, std::pair{4, 8}),
+                         [](const auto& info) {
+                           return "n" + std::to_string(info.param.first) + "_pieces" + std::to_string(info.param.second);
+                         });
+
+TEST(ZeroStep, ANonFiniteGradientSkipsTheStepOnEveryRank) {
+  const int n = 2;
+  const int64_t shard = 64;
+  on_ranks(n, [&](Comm& comm) {
+    fused::ZeroStep step(comm, shard, 2);
+    for (bool use_fused : {true, false}) {
+      Buffers b(n, shard, comm.rank(), 0);
+      std::fill(b.m.begin(), b.m.end(), 0.25f);
+      std::fill(b.v.begin(), b.v.end(), 0.5f);
+      const Buffers before = b;
+      // One gradient of rank 1, in rank 0's shard: only rank 0 sees it, both must skip.
+      if (comm.rank() == 1) b.grads[5] = std::numeric_limits<float>::infinity();
+      fused::AdamW opt;
+      if (use_fused) step.run(b.grads.data(), b.params.data(), b.m.data(), b.v.data(), opt).wait();
+      else step.run_unfused(b.grads.data(), b.params.data(), b.m.data(), b.v.data(), opt);
+      EXPECT_FALSE(step.last_finite());
+      EXPECT_TRUE(same_bits(b.params, before.params)) << (use_fused ? "fused" : "unfused");
+      EXPECT_TRUE(same_bits(b.m, before.m));
+      EXPECT_TRUE(same_bits(b.v, before.v));
+    }
+  });
+}
+
+TEST(ZeroStep, BadCallsAreNamed) {
+  on_ranks(2, [&](Comm& comm) {
+    EXPECT_NE(error_of([&] { fused::ZeroStep(comm, 10, 3); }).find("a shard of 10 does not split into 3 pieces"),
+              std::string::npos);
+    fused::ZeroStep step(comm, 8, 2);
+    std::vector<float> x(16);
+    EXPECT_NE(error_of([&] { step.run(x.data(), nullptr, x.data(), x.data(), {}); }).find("null buffer"),
+              std::string::npos);
+    // A plan with state buffers run without them.
+    PlanCall call;
+    call.input = x.data();
+    call.count = 8;
+    EXPECT_NE(error_of([&] { run_plan(comm, step.plan(), call); }).find("names 4 state buffer(s), the call passes 0"),
+              std::string::npos);
+  });
+}
