@@ -6,6 +6,7 @@
 
 #include "collectives/dispatcher.hpp"
 #include "compiler/compile.hpp"
+#include "core/datatype.hpp"
 #include "core/error.hpp"
 #include "runtime/call_queue.hpp"
 #include "runtime/communicator.hpp"
@@ -338,6 +339,13 @@ Work run_plan(Comm& comm, const CompiledPlan& plan, const PlanCall& call) {
     s.last_plan = prepared->plan.name;
   });
   return Work::make(std::move(work));
+}
+
+double predict_plan_us(Comm& comm, const CompiledPlan& plan, size_t count, DataType type) {
+  ApiState& s = state_of(comm.state_, "predict_plan_us");
+  TUTTI_CHECK(plan.prepared(), InvalidArgument, "rank {}: predict_plan_us: the plan is empty (made by compile_plan)",
+              s.comm->rank());
+  return s.dispatcher->predict_us(plan.prepared()->plan, static_cast<uint64_t>(count) * size_of(type));
 }
 
 const char* version() { return TUTTI_VERSION_STRING; }

@@ -416,6 +416,11 @@ double Dispatcher::predict_transfer_us(int peer, size_t bytes) {
   return path.latency_us + model.instruction_us + static_cast<double>(bytes) / (path.gbps * 1e3);
 }
 
+double Dispatcher::predict_us(const plan::Plan& p, uint64_t bytes) {
+  auto [t, model] = host_model(comm_);
+  return plan::simulate(p, t, bytes, model).time_us;
+}
+
 double Dispatcher::predict_us(const CollectiveCall& call) {
   const int n = comm_.size();
   const Collective c = call.collective;

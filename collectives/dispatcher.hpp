@@ -94,6 +94,8 @@ class Dispatcher {
   // host's topology with tutti-tune --calibrate's calibration when there is one. Runs nothing and
   // talks to no peer (ncclGroupSimulateEnd).
   double predict_us(const CollectiveCall& call);
+  // The same for a given plan (a user's, run with run_plan) on pieces of `bytes`.
+  double predict_us(const plan::Plan& plan, uint64_t bytes);
   // The same for one message of `bytes` to or from `peer`.
   double predict_transfer_us(int peer, size_t bytes);
   // The plan the last run used (for logs and tests).

@@ -140,9 +140,11 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
   for (int r = 0; r < p.nranks; ++r) {
     const topo::Device& d = t.devices[t.rank_device[r]];
     const RankPlan& rp = p.ranks[r];
+    int64_t state_chunks = 0;  // the user's buffers of the call's chunk size (statistics are tiny)
+    for (const StateBuffer& sb : p.states) state_chunks += sb.unit ? 0 : sb.chunks;
     touched[r] =
         static_cast<double>((p.inplace ? std::max(rp.input_chunks, rp.output_chunks) : rp.input_chunks + rp.output_chunks) +
-                            rp.scratch_chunks) * chunk_bytes;
+                            rp.scratch_chunks + state_chunks) * chunk_bytes;
     double gbps = m.memory_rate_gbps(touched[r]);
     double reduce_gbps = m.reduce_rate_gbps(touched[r]);
     if (d.type == topo::DeviceType::kGpu) {
@@ -242,7 +244,12 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
             if (k >= list.size() || transfers[list[k]].done > now) continue;  // not here yet
             received[key] = k + 1;
           }
-          double msg = static_cast<double>(in.count()) * chunk_bytes;
+          // A statistic's chunk (a state buffer with a unit) is a few elements, 8 bytes each at most.
+          const BufferKind payload = in.dst ? in.dst->buffer : in.srcs.empty() ? BufferKind::kInput : in.srcs[0].buffer;
+          double msg = p.unit(payload) ? static_cast<double>(in.count() * p.unit(payload)) * 8.0
+                                       : static_cast<double>(in.count()) * chunk_bytes;
+          if (in.op == Opcode::kCompute && !in.srcs.empty() && !p.unit(in.srcs[0].buffer))
+            msg = static_cast<double>(in.count()) * chunk_bytes;  // a kernel's cost counts its data operand
           if (in.op == Opcode::kCopy) local = msg / mem[r];
           if (in.op == Opcode::kCompute) local = kernel_def(in.kernel).copy_cost * msg / mem[r];  // its registered cost
           if (in.op == Opcode::kReduce) local = msg / red[r];

@@ -10,6 +10,7 @@
 
 #include "core/datatype.hpp"
 #include "core/error.hpp"
+#include "fused_kernels/optimizer_kernels.hpp"
 #include "tutti/fused.hpp"
 #include "tutti/kernel.hpp"
 
@@ -25,23 +26,11 @@ void require_float(const KernelArgs& a, const char* kernel) {
     throw InvalidArgument(fmt::format("kernel '{}' runs on float32, not {}", kernel, name(a.type)));
 }
 
-// g *= scale, returning the sum of squares of the result (in double: shards are long).
-double unscale_and_square(float* g_out, const float* g, int64_t n, float scale) {
-  double sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = g[i] * scale;
-    g_out[i] = x;
-    sum += static_cast<double>(x) * static_cast<double>(x);
-  }
-  return sum;
-}
-
 // inputs {g}, outputs {g', s}: g' = g * grad_scale; s = sum of squares of g' (one element).
 void unscale_sumsq(const KernelArgs& a) {
   require_float(a, "zero.unscale_sumsq");
-  const double sum = unscale_and_square(static_cast<float*>(a.outputs[0]), static_cast<const float*>(a.inputs[0]),
-                                        a.count, static_cast<float>(a.scalars[0]));
+  const double sum = unscale_square(static_cast<float*>(a.outputs[0]), static_cast<const float*>(a.inputs[0]), a.count,
+                                    static_cast<float>(a.scalars[0]));
   *static_cast<float*>(a.outputs[1]) = static_cast<float>(sum);
 }
 
@@ -49,8 +38,8 @@ void unscale_sumsq(const KernelArgs& a) {
 void unscale_sumsq_acc(const KernelArgs& a) {
   require_float(a, "zero.unscale_sumsq_acc");
   const float before = *static_cast<const float*>(a.inputs[1]);
-  const double sum = unscale_and_square(static_cast<float*>(a.outputs[0]), static_cast<const float*>(a.inputs[0]),
-                                        a.count, static_cast<float>(a.scalars[0]));
+  const double sum = unscale_square(static_cast<float*>(a.outputs[0]), static_cast<const float*>(a.inputs[0]), a.count,
+                                    static_cast<float>(a.scalars[0]));
   *static_cast<float*>(a.outputs[1]) = static_cast<float>(static_cast<double>(before) + sum);
 }
 
@@ -79,18 +68,9 @@ void adamw(const KernelArgs& a) {
   const float clip = max_norm > 0 ? std::min(1.0f, max_norm / (norm + 1e-6f)) : 1.0f;
   const double c1 = 1.0 - std::pow(static_cast<double>(beta1), step);
   const double c2 = 1.0 - std::pow(static_cast<double>(beta2), step);
-  const float step_size = static_cast<float>(static_cast<double>(lr) / c1);
-  const float c2_sqrt = static_cast<float>(std::sqrt(c2));
-  const float decay = 1.0f - lr * wd;
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] * clip;
-    const float mi = m_in[i] * beta1 + gi * (1.0f - beta1);
-    const float vi = v_in[i] * beta2 + gi * gi * (1.0f - beta2);
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = p_in[i] * decay - step_size * (mi / (std::sqrt(vi) / c2_sqrt + eps));
-  }
+  AdamwArgs args{g, m_in, v_in, p_in, m, v, p, clip, beta1, beta2, eps, 1.0f - lr * wd,
+                 static_cast<float>(static_cast<double>(lr) / c1), static_cast<float>(std::sqrt(c2))};
+  adamw_update(args, n);
 }
 
 struct KernelIds {

@@ -190,7 +190,7 @@ class BlockMachine {
   }
   bool streams(const plan::Ref& ref) const {
     const BufferKind b = pp.spec.canonical(rank, ref.buffer, static_cast<int>(ref.index)).buffer;
-    return stream_output && b != BufferKind::kScratch && !is_state(b);
+    return stream_output && b != BufferKind::kScratch && p.unit(b) == 0;
   }
 
   Communicator& comm;
@@ -393,6 +393,9 @@ bool BlockMachine::step(int worker, bool& done) {
           if (tracing) traced(r);
           r.started = false;
           ++r.pc;
+          // A kernel is the one long local step: after each, the other blocks (a send its result
+          // feeds, a peer's message) and the connections get their turn before the next.
+          if (in.op == plan::Opcode::kCompute) break;
           continue;
         }
       }
@@ -586,7 +589,10 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   if (scratch_.size() < scratch_bytes) scratch_.resize(scratch_bytes);
   comm_.ensure_channels(std::max(p.channels(), 1) + kPlanChannelBase);
 
-  const int64_t output_bytes = g.bytes(0, pp.spec.output_chunks());
+  // The user's buffers the call writes: the output and the state buffers of the call's chunk size.
+  int64_t output_bytes = g.bytes(0, pp.spec.output_chunks());
+  for (const plan::StateBuffer& sb : p.states)
+    if (sb.unit == 0 && sb.chunks > 0) output_bytes += g.bytes(0, sb.chunks);
   const bool stream_output =
       options_.stream_threshold > 0 && static_cast<uint64_t>(output_bytes) >= options_.stream_threshold;
 

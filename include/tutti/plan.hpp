@@ -66,4 +66,9 @@ struct PlanCall {
 // state buffers); the run's errors come from the Work. Host buffers, the CPU executor.
 Work run_plan(Comm& comm, const CompiledPlan& plan, const PlanCall& call);
 
+// What a call of `count` elements of `type` per rank piece would take, predicted by the simulator
+// on this host's topology (with tutti-tune --calibrate's calibration when there is one), each
+// kernel costed by its registered cost. Runs nothing, talks to no peer.
+double predict_plan_us(Comm& comm, const CompiledPlan& plan, size_t count, DataType type);
+
 }  // namespace tutti

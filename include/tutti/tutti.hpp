@@ -168,6 +168,7 @@ class Comm {
 
  private:
   friend Work run_plan(Comm& comm, const CompiledPlan& plan, const PlanCall& call);
+  friend double predict_plan_us(Comm& comm, const CompiledPlan& plan, size_t count, DataType type);
   explicit Comm(std::unique_ptr<api_detail::CommState> s);
   void check_sizes(const char* call, size_t a, size_t b, size_t multiple) const;
   std::unique_ptr<api_detail::CommState> state_;

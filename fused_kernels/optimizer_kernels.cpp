@@ -1,0 +1,86 @@
+#include "fused_kernels/optimizer_kernels.hpp"
+
+// Highway's per-target compilation: this file is re-included once per instruction set, and the
+// best one the CPU has is chosen at run time (as core/reduce.cpp).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "fused_kernels/optimizer_kernels.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <cmath>
+
+HWY_BEFORE_NAMESPACE();
+namespace tutti::fused::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+double UnscaleSquare(float* out, const float* in, int64_t n, float scale) {
+  // Floats as many as a double vector's lanes at a time, so each widens to doubles in one step.
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(dd));
+  const auto vs = hn::Set(df, scale);
+  auto acc0 = hn::Zero(dd), acc1 = hn::Zero(dd);
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const auto x0 = hn::Mul(hn::LoadU(df, in + i), vs);
+    const auto x1 = hn::Mul(hn::LoadU(df, in + i + N), vs);
+    hn::StoreU(x0, df, out + i);
+    hn::StoreU(x1, df, out + i + N);
+    const auto d0 = hn::PromoteTo(dd, x0), d1 = hn::PromoteTo(dd, x1);
+    acc0 = hn::MulAdd(d0, d0, acc0);
+    acc1 = hn::MulAdd(d1, d1, acc1);
+  }
+  double sum = hn::GetLane(hn::SumOfLanes(dd, hn::Add(acc0, acc1)));
+  for (; i < n; ++i) {
+    const float x = in[i] * scale;
+    out[i] = x;
+    sum += static_cast<double>(x) * static_cast<double>(x);
+  }
+  return sum;
+}
+
+void AdamwUpdate(const AdamwArgs& a, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto clip = hn::Set(d, a.clip), b1 = hn::Set(d, a.beta1), b2 = hn::Set(d, a.beta2),
+             one_b1 = hn::Set(d, 1.0f - a.beta1), one_b2 = hn::Set(d, 1.0f - a.beta2), eps = hn::Set(d, a.eps),
+             decay = hn::Set(d, a.decay), step_size = hn::Set(d, a.step_size), inv_c2 = hn::Set(d, 1.0f / a.c2_sqrt);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto g = hn::Mul(hn::LoadU(d, a.g + i), clip);
+    const auto m = hn::Add(hn::Mul(hn::LoadU(d, a.m_in + i), b1), hn::Mul(g, one_b1));
+    const auto v = hn::Add(hn::Mul(hn::LoadU(d, a.v_in + i), b2), hn::Mul(hn::Mul(g, g), one_b2));
+    const auto denom = hn::Add(hn::Mul(hn::Sqrt(v), inv_c2), eps);
+    const auto p = hn::Sub(hn::Mul(hn::LoadU(d, a.p_in + i), decay), hn::Mul(step_size, hn::Div(m, denom)));
+    hn::StoreU(m, d, a.m + i);
+    hn::StoreU(v, d, a.v + i);
+    hn::StoreU(p, d, a.p + i);
+  }
+  const float inv_c2_s = 1.0f / a.c2_sqrt;
+  for (; i < n; ++i) {  // the same operations, one element at a time
+    const float g = a.g[i] * a.clip;
+    const float m = a.m_in[i] * a.beta1 + g * (1.0f - a.beta1);
+    const float v = a.v_in[i] * a.beta2 + (g * g) * (1.0f - a.beta2);
+    const float denom = std::sqrt(v) * inv_c2_s + a.eps;
+    a.m[i] = m;
+    a.v[i] = v;
+    a.p[i] = a.p_in[i] * a.decay - a.step_size * (m / denom);
+  }
+}
+
+}  // namespace tutti::fused::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tutti::fused {
+HWY_EXPORT(UnscaleSquare);
+HWY_EXPORT(AdamwUpdate);
+
+double unscale_square(float* out, const float* in, int64_t n, float scale) {
+  return HWY_DYNAMIC_DISPATCH(UnscaleSquare)(out, in, n, scale);
+}
+
+void adamw_update(const AdamwArgs& args, int64_t n) { HWY_DYNAMIC_DISPATCH(AdamwUpdate)(args, n); }
+
+}  // namespace tutti::fused
+#endif
