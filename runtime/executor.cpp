@@ -269,8 +269,11 @@ bool BlockMachine::start(size_t b) {
                     rank, p.name, r.block->id, k.name, a.slot, args.scalars.size());
         values.push_back(a.slot >= 0 ? args.scalars[static_cast<size_t>(a.slot)] : a.value);
       }
+      const plan::Ref& first = in.srcs[0];
+      const int64_t unit = p.unit(first.buffer);
+      const int64_t offset = unit ? first.index * unit : g.chunk_begin(first.index);
       k.cpu(KernelArgs{ins.data(), outs.data(), counts[0], type, values.data(), counts.data(),
-                       counts.data() + in.srcs.size()});
+                       counts.data() + in.srcs.size(), offset});
       return true;
     }
     default: break;

@@ -256,3 +256,96 @@ TEST(ZeroStep, BadCallsAreNamed) {
               std::string::npos);
   });
 }
+
+// --- all-reduce / reduce-scatter -> bias + dropout + residual (+ LayerNorm) ----------------------
+
+TEST(BiasDropoutResidual, EveryFormIsProvedAgainstTheEpilogueOfTheSum) {
+  for (bool sp : {false, true})
+    for (bool ln : {false, true}) {
+      fused::EpilogueOptions o;
+      o.sequence_parallel = sp;
+      o.layer_norm = ln;
+      plan::Compiled c = plan::compile(fused::bias_dropout_residual_program(3, 2, 8, o));
+      EXPECT_EQ(c.plan.states[0].unit, 8);  // the bias: one row
+      const std::string post = fused::bias_dropout_residual_program(3, 2, 8, o).spec().postcondition(1, 1)->describe();
+      EXPECT_NE(post.find(ln ? "fused.bias_dropout_residual_ln[$0, $1, $2]({r0:i" : "fused.bias_dropout_residual[$0, $1]({r0:i"),
+                std::string::npos)
+          << post;
+    }
+}
+
+class EpilogueForms : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
+
+TEST_P(EpilogueForms, FusedEqualsUnfusedBitForBitAndTheArithmetic) {
+  const auto [n, sp, ln] = GetParam();
+  const int64_t hidden = 24, rows = 12 * n;
+  fused::EpilogueOptions o;
+  o.sequence_parallel = sp;
+  o.layer_norm = ln;
+  o.dropout = 0.25f;
+  o.seed = 1234;
+  on_ranks(n, [&, n = n, sp = sp, ln = ln](Comm& comm) {
+    const int q = comm.rank();
+    fused::BiasDropoutResidual op(comm, rows, hidden, o, 3);
+    const int64_t total = rows * hidden, mine = sp ? total / n : total, first = sp ? q * mine : 0;
+    auto partial_of = [&](int r, int64_t i) { return static_cast<float>((i * 5 + r * 3) % 11 - 5); };
+    std::vector<float> partial(static_cast<size_t>(total)), bias(static_cast<size_t>(hidden)), gamma(bias), beta(bias),
+        residual(static_cast<size_t>(mine));
+    for (int64_t i = 0; i < total; ++i) partial[static_cast<size_t>(i)] = partial_of(q, i);
+    for (int64_t c = 0; c < hidden; ++c)
+      bias[static_cast<size_t>(c)] = static_cast<float>(c % 3) - 1, gamma[static_cast<size_t>(c)] = 1.0f + 0.125f * static_cast<float>(c % 4),
+          beta[static_cast<size_t>(c)] = 0.5f * static_cast<float>(c % 2);
+    for (int64_t i = 0; i < mine; ++i) residual[static_cast<size_t>(i)] = static_cast<float>((first + i) % 7);
+    std::vector<float> partial2 = partial, out(static_cast<size_t>(mine)), out2(out), lnv(out), ln2(out);
+    op.run(partial.data(), bias.data(), residual.data(), out.data(), gamma.data(), beta.data(), ln ? lnv.data() : nullptr)
+        .wait();
+    op.run_unfused(partial2.data(), bias.data(), residual.data(), out2.data(), gamma.data(), beta.data(),
+                   ln ? ln2.data() : nullptr);
+    EXPECT_TRUE(same_bits(out, out2));
+    if (ln) {
+      EXPECT_TRUE(same_bits(lnv, ln2));
+    }
+    // out is the residual plus either nothing (dropped) or (sum + bias) / (1 - p), exactly for
+    // these small integers; about a quarter dropped.
+    int64_t dropped = 0;
+    for (int64_t i = 0; i < mine; ++i) {
+      float sum = 0;
+      for (int r = 0; r < n; ++r) sum += partial_of(r, first + i);
+      const float kept = (sum + bias[static_cast<size_t>((first + i) % hidden)]) / 0.75f;
+      const float got = out[static_cast<size_t>(i)] - residual[static_cast<size_t>(i)];
+      if (got == 0.0f && kept != 0.0f) ++dropped;
+      else ASSERT_FLOAT_EQ(got, kept) << "element " << first + i;
+    }
+    EXPECT_GT(dropped, mine / 8);
+    EXPECT_LT(dropped, mine * 3 / 8);
+    if (ln) {  // each row of (ln - beta) / gamma has mean 0 and variance 1
+      for (int64_t r = 0; r < mine; r += hidden) {
+        double s = 0, s2 = 0;
+        for (int64_t c = 0; c < hidden; ++c) {
+          const double x = (lnv[static_cast<size_t>(r + c)] - beta[static_cast<size_t>(c)]) / gamma[static_cast<size_t>(c)];
+          s += x, s2 += x * x;
+        }
+        EXPECT_NEAR(s / hidden, 0.0, 1e-5);
+        EXPECT_NEAR(s2 / hidden, 1.0, 1e-3);
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Forms, EpilogueForms,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return "n" + std::to_string(std::get<0>(info.param)) + (std::get<1>(info.param) ? "_sp" : "_ar") +
+                                  (std::get<2>(info.param) ? "_ln" : "");
+                         });
+
+TEST(BiasDropoutResidual, BadShapesAreNamed) {
+  on_ranks(2, [&](Comm& comm) {
+    EXPECT_NE(error_of([&] { fused::BiasDropoutResidual(comm, 7, 4, {}); }).find("7 rows of 4 do not split over 2 ranks"),
+              std::string::npos);
+    fused::EpilogueOptions o;
+    o.dropout = 1.0f;
+    EXPECT_NE(error_of([&] { fused::BiasDropoutResidual(comm, 8, 4, o); }).find("dropout 1 is not in [0, 1)"),
+              std::string::npos);
+  });
+}

@@ -73,6 +73,51 @@ class ZeroStep {
   std::unique_ptr<float[]> stats_;  // [0]: the global sum of squares; [1 + r]: rank r's
 };
 
+// The epilogue of a row-parallel linear layer (Megatron-LM's): the ranks' partial outputs are
+// summed, then out = residual + dropout(sum + bias), and optionally ln = LayerNorm(out). Fused, each
+// rank sums one block of rows, applies the epilogue to it at once, and (all-reduce form) all-gathers
+// the finished rows: the epilogue runs on 1/size() of the rows per rank instead of all of them. The
+// sequence-parallel form is a reduce-scatter: each rank keeps its rows/size() rows.
+//
+// Dropout keeps element i of the rows x hidden tensor when a hash of (seed, i) says so, and scales
+// kept elements by 1 / (1 - p): the same mask whichever rank computes the element.
+struct EpilogueOptions {
+  float dropout = 0.0f;        // probability of dropping an element
+  uint64_t seed = 0;           // the dropout mask's
+  bool layer_norm = false;     // also ln = (out - mean) / sqrt(var + eps) * gamma + beta, per row
+  float ln_eps = 1e-5f;
+  bool sequence_parallel = false;  // reduce-scatter form
+};
+
+class BiasDropoutResidual {
+ public:
+  // rows x hidden activations; `pieces`: row blocks per rank in the pipeline (0: about 256 KiB).
+  // rows must split into size() * pieces blocks. Compiles and verifies the plan.
+  BiasDropoutResidual(Comm& comm, int64_t rows, int64_t hidden, const EpilogueOptions& options, int pieces = 0);
+
+  // partial: rows x hidden, this rank's partial sums (summed over the ranks in place: afterwards
+  // unspecified). bias, gamma, beta: hidden. residual, out, ln: rows x hidden, or this rank's rows /
+  // size() x hidden in the sequence-parallel form. residual and bias are the same on every rank in
+  // the all-reduce form (tensor parallelism replicates them). ln, gamma, beta: with layer_norm only.
+  Work run(float* partial, const float* bias, const float* residual, float* out, const float* gamma = nullptr,
+           const float* beta = nullptr, float* ln = nullptr);
+  // The same from an all-reduce (or reduce-scatter) and the epilogue over the rows after it.
+  void run_unfused(float* partial, const float* bias, const float* residual, float* out, const float* gamma = nullptr,
+                   const float* beta = nullptr, float* ln = nullptr);
+
+  const CompiledPlan& plan() const { return plan_; }
+  int pieces() const { return pieces_; }
+
+ private:
+  Comm& comm_;
+  int64_t rows_, hidden_;
+  EpilogueOptions options_;
+  int pieces_;
+  CompiledPlan plan_;
+};
+
+dsl::Program bias_dropout_residual_program(int nranks, int pieces, int64_t hidden, const EpilogueOptions& options);
+
 // The DSL program of the fused step for `nranks` ranks and `pieces` chunks per shard (what ZeroStep
 // compiles; tutti-compile and the tests use it too).
 dsl::Program zero_step_program(int nranks, int pieces);

@@ -32,6 +32,9 @@ struct KernelArgs {
   // their own (a statistic: a sum of squares has one element per chunk). Null: all are `count`.
   const int64_t* input_counts = nullptr;
   const int64_t* output_counts = nullptr;
+  // Where input 0 starts in its buffer, in elements: position-dependent kernels (a dropout mask,
+  // rows of a matrix) see the same positions however the plan cuts the buffer into chunks.
+  int64_t offset = 0;
 };
 using KernelFn = void (*)(const KernelArgs&);
 

@@ -4,6 +4,7 @@
 // fused plan beside the measurement.
 //
 //   tutti-run -n 2 tutti-fused-bench --op zero --mib 64
+//   tutti-run -n 2 tutti-fused-bench --op epilogue --rows 8192 --hidden 768 [--sp] [--ln]
 //
 // Times are the median over --iters runs of the slowest rank (each run starts after a barrier).
 #include <CLI/CLI.hpp>
@@ -12,6 +13,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "tutti/fused.hpp"
@@ -46,7 +49,14 @@ int main(int argc, char** argv) {
   std::string op = "zero";
   double mib = 64;
   int iters = 5, warmup = 1, pieces = 0;
-  app.add_option("--op", op, "operation: zero (the ZeRO optimizer step)")->check(CLI::IsMember({"zero"}));
+  int64_t rows = 8192, hidden = 768;
+  bool sp = false, ln = false;
+  app.add_option("--op", op, "operation: zero (the ZeRO optimizer step), epilogue (all-reduce -> bias + dropout + residual)")
+      ->check(CLI::IsMember({"zero", "epilogue"}));
+  app.add_option("--rows", rows, "epilogue: rows (tokens: batch x sequence)");
+  app.add_option("--hidden", hidden, "epilogue: hidden size");
+  app.add_flag("--sp", sp, "epilogue: the sequence-parallel form (reduce-scatter)");
+  app.add_flag("--ln", ln, "epilogue: with LayerNorm");
   app.add_option("--mib", mib, "gradient bytes over all ranks, MiB (the ZeRO step: float32 gradients)");
   app.add_option("--iters", iters, "timed runs of each")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed runs of each first");
@@ -56,34 +66,64 @@ int main(int argc, char** argv) {
   try {
     tutti::Comm comm = tutti::Comm::from_env();
     const int n = comm.size(), q = comm.rank();
-    int64_t shard = static_cast<int64_t>(mib * (1 << 20) / sizeof(float)) / n;
-    shard -= shard % 1024;  // pieces of whole cache lines
-    tutti::fused::ZeroStep step(comm, shard, pieces);
-    std::vector<float> grads(static_cast<size_t>(n * shard)), params(grads.size()), m(static_cast<size_t>(shard)),
-        v(m.size());
-    auto fill = [&] {
-      for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>((i * 7 + static_cast<size_t>(q)) % 17) - 8;
-    };
-    for (size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i % 13) * 0.01f;
-    tutti::fused::AdamW opt;
-    opt.lr = 1e-4f;
-    opt.max_norm = 1.0f;
     std::vector<double> fused, unfused;
-    for (int it = 0; it < warmup + iters; ++it) {
-      opt.step = it + 1;
-      fill();
-      const double tf = timed(comm, [&] { step.run(grads.data(), params.data(), m.data(), v.data(), opt).wait(); });
-      fill();
-      const double tu = timed(comm, [&] { step.run_unfused(grads.data(), params.data(), m.data(), v.data(), opt); });
-      if (it >= warmup) fused.push_back(tf), unfused.push_back(tu);
+    std::string what;      // the case, for the header line
+    double predicted = 0;  // the simulator's time for the fused plan, us
+    // Runs both forms `warmup + iters` times, alternating; `prepare` restores the inputs first.
+    auto measure = [&](const std::function<void()>& prepare, const std::function<void()>& run_fused,
+                       const std::function<void()>& run_unfused) {
+      for (int it = 0; it < warmup + iters; ++it) {
+        prepare();
+        const double tf = timed(comm, run_fused);
+        prepare();
+        const double tu = timed(comm, run_unfused);
+        if (it >= warmup) fused.push_back(tf), unfused.push_back(tu);
+      }
+    };
+    if (op == "zero") {
+      int64_t shard = static_cast<int64_t>(mib * (1 << 20) / sizeof(float)) / n;
+      shard -= shard % 1024;  // pieces of whole cache lines
+      tutti::fused::ZeroStep step(comm, shard, pieces);
+      std::vector<float> grads(static_cast<size_t>(n * shard)), params(grads.size()), m(static_cast<size_t>(shard)),
+          v(m.size());
+      for (size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i % 13) * 0.01f;
+      tutti::fused::AdamW opt;
+      opt.lr = 1e-4f;
+      opt.max_norm = 1.0f;
+      measure(
+          [&] {
+            ++opt.step;
+            for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>((i * 7 + static_cast<size_t>(q)) % 17) - 8;
+          },
+          [&] { step.run(grads.data(), params.data(), m.data(), v.data(), opt).wait(); },
+          [&] { step.run_unfused(grads.data(), params.data(), m.data(), v.data(), opt); });
+      predicted = tutti::predict_plan_us(comm, step.plan(), static_cast<size_t>(shard), tutti::DataType::kFloat32);
+      what = fmt::format("{} ranks, {:.1f} MiB of float32 gradients, {} per shard, {} pieces, clipping", n,
+                         static_cast<double>(n * shard * 4) / (1 << 20), shard, step.pieces());
+    } else {
+      tutti::fused::EpilogueOptions o;
+      o.dropout = 0.1f;
+      o.sequence_parallel = sp;
+      o.layer_norm = ln;
+      tutti::fused::BiasDropoutResidual epi(comm, rows, hidden, o, pieces);
+      const int64_t total = rows * hidden, mine = sp ? total / n : total;
+      std::vector<float> partial(static_cast<size_t>(total)), bias(static_cast<size_t>(hidden), 0.5f), gamma(bias),
+          beta(bias), residual(static_cast<size_t>(mine), 1.0f), out(residual.size()), lnv(ln ? residual.size() : 0);
+      measure(
+          [&] {
+            ++o.seed;
+            for (size_t i = 0; i < partial.size(); ++i) partial[i] = static_cast<float>((i + static_cast<size_t>(q)) % 9);
+          },
+          [&] { epi.run(partial.data(), bias.data(), residual.data(), out.data(), gamma.data(), beta.data(), lnv.data()).wait(); },
+          [&] { epi.run_unfused(partial.data(), bias.data(), residual.data(), out.data(), gamma.data(), beta.data(), lnv.data()); });
+      predicted = tutti::predict_plan_us(comm, epi.plan(), static_cast<size_t>(total), tutti::DataType::kFloat32);
+      what = fmt::format("{} ranks, {} x {} float32 activations ({:.1f} MiB), {}{}, dropout 0.1, {} pieces", n, rows, hidden,
+                         static_cast<double>(total * 4) / (1 << 20), sp ? "reduce-scatter" : "all-reduce",
+                         ln ? " + LayerNorm" : "", epi.pieces());
     }
     if (q == 0) {
       const double f = median(fused), u = median(unfused);
-      const double predicted =
-          tutti::predict_plan_us(comm, step.plan(), static_cast<size_t>(shard), tutti::DataType::kFloat32);
-      std::printf("# tutti-fused-bench --op %s: %d ranks, %.1f MiB of float32 gradients, %lld per shard, %d pieces\n",
-                  op.c_str(), n, static_cast<double>(n * shard * 4) / (1 << 20), static_cast<long long>(shard),
-                  step.pieces());
+      std::printf("# tutti-fused-bench --op %s: %s\n", op.c_str(), what.c_str());
       std::printf("%-10s %12s %12s %8s %14s\n", "op", "fused_ms", "unfused_ms", "ratio", "predicted_ms");
       std::printf("%-10s %12.2f %12.2f %8.2f %14.2f\n", op.c_str(), f * 1e3, u * 1e3, u / f, predicted / 1e3);
     }
