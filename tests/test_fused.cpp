@@ -349,3 +349,73 @@ TEST(BiasDropoutResidual, BadShapesAreNamed) {
               std::string::npos);
   });
 }
+
+// --- GEMM overlapped with reduce-scatter / all-gather --------------------------------------------
+
+TEST(GemmOverlap, BothProgramsAreProved) {
+  for (int n : {2, 3}) {
+    plan::Compiled a = plan::compile(fused::gemm_reduce_scatter_program(n, 2, 12 * n, 5, 7));
+    plan::Compiled b = plan::compile(fused::all_gather_gemm_program(n, 2, 12 * n, 5, 7));
+    EXPECT_EQ(a.plan.states[0].unit, 6 * 5);  // x's blocks: 6 rows of 5
+    EXPECT_EQ(b.plan.states[1].unit, 6 * 7);  // y's blocks: 6 rows of 7
+  }
+  // The proof names each rank's product: a block sent to the wrong owner fails it.
+  plan::Compiled a = plan::compile(fused::gemm_reduce_scatter_program(2, 1, 4, 3, 3));
+  const CollectiveSpec spec = fused::gemm_reduce_scatter_program(2, 1, 4, 3, 3).spec();
+  for (auto& b : a.plan.ranks[0].blocks)
+    for (auto& in : b.steps)
+      if (in.op == plan::Opcode::kCompute && is_state(in.srcs[0].buffer)) in.srcs[0].index = 1 - in.srcs[0].index;
+  plan::VerifyOptions o;
+  o.spec = &spec;
+  EXPECT_NE(error_of([&] { plan::verify(a.plan, o); }).find("postcondition"), std::string::npos);
+}
+
+class GemmRanks : public ::testing::TestWithParam<int> {};
+
+// Small integers: every product and sum is exact, so any blocking and order give the same floats.
+TEST_P(GemmRanks, FusedEqualsUnfusedAndTheArithmetic) {
+  const int n = GetParam();
+  const int64_t rows = 8 * n, k = 6, cols = 5;
+  on_ranks(n, [&](Comm& comm) {
+    const int q = comm.rank();
+    std::vector<float> x(static_cast<size_t>(rows * k)), w(static_cast<size_t>(k * cols));
+    auto xv = [](int r, int64_t i, int64_t c) { return static_cast<float>((i * 3 + c + r) % 5 - 2); };
+    auto wv = [](int r, int64_t c, int64_t j) { return static_cast<float>((c * 2 + j * 3 + r) % 7 - 3); };
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t c = 0; c < k; ++c) x[static_cast<size_t>(i * k + c)] = xv(q, i, c);
+    for (int64_t c = 0; c < k; ++c)
+      for (int64_t j = 0; j < cols; ++j) w[static_cast<size_t>(c * cols + j)] = wv(q, c, j);
+    {  // row-parallel: out = reduce_scatter(x @ w)
+      fused::GemmReduceScatter op(comm, rows, k, cols, 2);
+      const int64_t mine = rows / n * cols;
+      std::vector<float> out(static_cast<size_t>(mine)), out2(out);
+      op.run(x.data(), w.data(), out.data()).wait();
+      op.run_unfused(x.data(), w.data(), out2.data());
+      EXPECT_TRUE(same_bits(out, out2));
+      for (int64_t i = 0; i < rows / n; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          float want = 0;
+          for (int r = 0; r < n; ++r)
+            for (int64_t c = 0; c < k; ++c) want += xv(r, q * (rows / n) + i, c) * wv(r, c, j);
+          ASSERT_EQ(out[static_cast<size_t>(i * cols + j)], want) << "row " << i << " col " << j;
+        }
+    }
+    {  // column-parallel: gathered = all_gather(x rows); y = gathered @ w
+      fused::AllGatherGemm op(comm, rows, k, cols, 2);
+      const float* xs = x.data() + q * (rows / n) * k;  // this rank's rows
+      std::vector<float> g(static_cast<size_t>(rows * k)), g2(g), y(static_cast<size_t>(rows * cols)), y2(y);
+      op.run(xs, w.data(), g.data(), y.data()).wait();
+      op.run_unfused(xs, w.data(), g2.data(), y2.data());
+      EXPECT_TRUE(same_bits(g, g2));
+      EXPECT_TRUE(same_bits(y, y2));
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          float want = 0;
+          for (int64_t c = 0; c < k; ++c) want += xv(static_cast<int>(i / (rows / n)), i, c) * wv(q, c, j);
+          ASSERT_EQ(y[static_cast<size_t>(i * cols + j)], want) << "row " << i << " col " << j;
+        }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, GemmRanks, ::testing::Values(2, 3, 4));

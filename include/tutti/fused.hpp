@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tutti/plan.hpp"
 #include "tutti/tutti.hpp"
@@ -117,6 +118,54 @@ class BiasDropoutResidual {
 };
 
 dsl::Program bias_dropout_residual_program(int nranks, int pieces, int64_t hidden, const EpilogueOptions& options);
+
+// Linear layers under sequence parallelism (Megatron-LM's), with the GEMM cut into row blocks that
+// flow through the collective as they are finished or arrive. GEMMs are OpenBLAS's (sgemm, row
+// major); set OPENBLAS_NUM_THREADS as for any program with several ranks per host.
+//
+// Row-parallel: out = reduce_scatter(x @ w). x: rows x k (this rank's slice of the features), w:
+// k x n; out: rows / size() x n, the sum over the ranks of their products' rows for this rank.
+// Fused, each rank computes the blocks of the other ranks' rows first, sending each as it is done,
+// and its own last, so the sends run under the GEMM.
+class GemmReduceScatter {
+ public:
+  GemmReduceScatter(Comm& comm, int64_t rows, int64_t k, int64_t n, int pieces = 0);
+  Work run(const float* x, const float* w, float* out);
+  void run_unfused(const float* x, const float* w, float* out);  // the GEMM, then reduce_scatter
+  const CompiledPlan& plan() const { return plan_; }
+  int pieces() const { return pieces_; }
+
+ private:
+  Comm& comm_;
+  int64_t rows_, k_, n_;
+  int pieces_;
+  CompiledPlan plan_;
+  std::vector<float> product_;  // the unfused GEMM's rows x n
+};
+
+// Column-parallel: gathered = all_gather(x); y = gathered @ w. x: rows / size() x k (this rank's
+// rows), w: k x n (this rank's slice of the outputs); gathered: rows x k, y: rows x n. Fused, the
+// GEMM runs on each block of rows as it arrives (this rank's own first).
+class AllGatherGemm {
+ public:
+  AllGatherGemm(Comm& comm, int64_t rows, int64_t k, int64_t n, int pieces = 0);
+  Work run(const float* x, const float* w, float* gathered, float* y);
+  void run_unfused(const float* x, const float* w, float* gathered, float* y);  // all_gather, then the GEMM
+  const CompiledPlan& plan() const { return plan_; }
+  int pieces() const { return pieces_; }
+
+ private:
+  Comm& comm_;
+  int64_t rows_, k_, n_;
+  int pieces_;
+  CompiledPlan plan_;
+};
+
+// c = a @ b (rows x k by k x n, row major): the GEMM the fused operations run on each block.
+void gemm(const float* a, const float* b, float* c, int64_t rows, int64_t k, int64_t n);
+
+dsl::Program gemm_reduce_scatter_program(int nranks, int pieces, int64_t rows, int64_t k, int64_t n);
+dsl::Program all_gather_gemm_program(int nranks, int pieces, int64_t rows, int64_t k, int64_t n);
 
 // The DSL program of the fused step for `nranks` ranks and `pieces` chunks per shard (what ZeroStep
 // compiles; tutti-compile and the tests use it too).

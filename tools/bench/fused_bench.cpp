@@ -5,6 +5,10 @@
 //
 //   tutti-run -n 2 tutti-fused-bench --op zero --mib 64
 //   tutti-run -n 2 tutti-fused-bench --op epilogue --rows 8192 --hidden 768 [--sp] [--ln]
+//   OPENBLAS_NUM_THREADS=1 tutti-run -n 2 tutti-fused-bench --op gemm_rs --rows 2048 --k 3072 --n 768
+//   OPENBLAS_NUM_THREADS=1 tutti-run -n 2 tutti-fused-bench --op ag_gemm --rows 2048 --k 768 --n 3072
+// The GEMM overlaps also print how much of the collective's own time the fused run hid: (GEMM alone
+// + collective alone - fused) / collective alone.
 //
 // Times are the median over --iters runs of the slowest rank (each run starts after a barrier).
 #include <CLI/CLI.hpp>
@@ -52,7 +56,10 @@ int main(int argc, char** argv) {
   int64_t rows = 8192, hidden = 768;
   bool sp = false, ln = false;
   app.add_option("--op", op, "operation: zero (the ZeRO optimizer step), epilogue (all-reduce -> bias + dropout + residual)")
-      ->check(CLI::IsMember({"zero", "epilogue"}));
+      ->check(CLI::IsMember({"zero", "epilogue", "gemm_rs", "ag_gemm"}));
+  int64_t gk = 3072, gn = 768;
+  app.add_option("--k", gk, "gemm_rs / ag_gemm: the GEMM's inner size (this rank's slice for gemm_rs)");
+  app.add_option("--n", gn, "gemm_rs / ag_gemm: the GEMM's columns (this rank's slice for ag_gemm)");
   app.add_option("--rows", rows, "epilogue: rows (tokens: batch x sequence)");
   app.add_option("--hidden", hidden, "epilogue: hidden size");
   app.add_flag("--sp", sp, "epilogue: the sequence-parallel form (reduce-scatter)");
@@ -69,6 +76,9 @@ int main(int argc, char** argv) {
     std::vector<double> fused, unfused;
     std::string what;      // the case, for the header line
     double predicted = 0;  // the simulator's time for the fused plan, us
+    int used = 0;          // pieces
+    std::string extra;     // a line more (GEMM overlaps)
+    std::function<double(double)> hidden_of;
     // Runs both forms `warmup + iters` times, alternating; `prepare` restores the inputs first.
     auto measure = [&](const std::function<void()>& prepare, const std::function<void()>& run_fused,
                        const std::function<void()>& run_unfused) {
@@ -100,6 +110,47 @@ int main(int argc, char** argv) {
       predicted = tutti::predict_plan_us(comm, step.plan(), static_cast<size_t>(shard), tutti::DataType::kFloat32);
       what = fmt::format("{} ranks, {:.1f} MiB of float32 gradients, {} per shard, {} pieces, clipping", n,
                          static_cast<double>(n * shard * 4) / (1 << 20), shard, step.pieces());
+    } else if (op == "gemm_rs" || op == "ag_gemm") {
+      const bool rs = op == "gemm_rs";
+      const int64_t per = rows / n;
+      std::vector<float> x(static_cast<size_t>((rs ? rows : per) * gk), 0.5f), w(static_cast<size_t>(gk * gn), 0.25f),
+          out(static_cast<size_t>(rs ? per * gn : rows * gn)), gathered(rs ? 0 : static_cast<size_t>(rows * gk)),
+          product(static_cast<size_t>(rows * gn));
+      std::vector<double> gemm_alone, comm_alone;
+      auto nothing = [] {};
+      if (rs) {
+        tutti::fused::GemmReduceScatter g(comm, rows, gk, gn, pieces);
+        measure(nothing, [&] { g.run(x.data(), w.data(), out.data()).wait(); },
+                [&] { g.run_unfused(x.data(), w.data(), out.data()); });
+        predicted = tutti::predict_plan_us(comm, g.plan(), static_cast<size_t>(per * gn), tutti::DataType::kFloat32);
+        used = g.pieces();
+      } else {
+        tutti::fused::AllGatherGemm g(comm, rows, gk, gn, pieces);
+        measure(nothing, [&] { g.run(x.data(), w.data(), gathered.data(), out.data()).wait(); },
+                [&] { g.run_unfused(x.data(), w.data(), gathered.data(), out.data()); });
+        predicted = tutti::predict_plan_us(comm, g.plan(), static_cast<size_t>(per * gk), tutti::DataType::kFloat32);
+        used = g.pieces();
+      }
+      // The two halves alone: the whole GEMM of the unfused form, and its collective.
+      for (int it = 0; it < warmup + iters; ++it) {
+        const double tg = timed(comm, [&] {
+          tutti::fused::gemm(rs ? x.data() : gathered.data(), w.data(), rs ? product.data() : out.data(), rows, gk, gn);
+        });
+        const double tc = timed(comm, [&] {
+          if (rs)
+            comm.reduce_scatter(product.data(), out.data(), static_cast<size_t>(per * gn), tutti::DataType::kFloat32,
+                                tutti::RedOp::kSum).wait();
+          else
+            comm.all_gather(x.data(), gathered.data(), static_cast<size_t>(per * gk), tutti::DataType::kFloat32).wait();
+        });
+        if (it >= warmup) gemm_alone.push_back(tg), comm_alone.push_back(tc);
+      }
+      extra = fmt::format("  gemm alone {:.2f} ms, {} alone {:.2f} ms, hidden {:.0f}% of it", median(gemm_alone) * 1e3,
+                          rs ? "reduce_scatter" : "all_gather", median(comm_alone) * 1e3, 0.0);
+      hidden_of = [gemm = median(gemm_alone), coll = median(comm_alone)](double fused_s) {
+        return std::clamp((gemm + coll - fused_s) / coll, 0.0, 1.0);
+      };
+      what = fmt::format("{} ranks, GEMM {} x {} by {} x {} float32 per rank, {} pieces", n, rows, gk, gk, gn, used);
     } else {
       tutti::fused::EpilogueOptions o;
       o.dropout = 0.1f;
@@ -126,6 +177,10 @@ int main(int argc, char** argv) {
       std::printf("# tutti-fused-bench --op %s: %s\n", op.c_str(), what.c_str());
       std::printf("%-10s %12s %12s %8s %14s\n", "op", "fused_ms", "unfused_ms", "ratio", "predicted_ms");
       std::printf("%-10s %12.2f %12.2f %8.2f %14.2f\n", op.c_str(), f * 1e3, u * 1e3, u / f, predicted / 1e3);
+      if (hidden_of) {
+        extra.replace(extra.find("hidden 0%"), 9, fmt::format("hidden {:.0f}%", hidden_of(f) * 100));
+        std::printf("%s\n", extra.c_str());
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tutti-fused-bench: %s\n", e.what());
