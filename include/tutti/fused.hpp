@@ -167,6 +167,40 @@ void gemm(const float* a, const float* b, float* c, int64_t rows, int64_t k, int
 dsl::Program gemm_reduce_scatter_program(int nranks, int pieces, int64_t rows, int64_t k, int64_t n);
 dsl::Program all_gather_gemm_program(int nranks, int pieces, int64_t rows, int64_t k, int64_t n);
 
+// Mixture-of-experts dispatch and combine over an expert-parallel group (one rank's experts per
+// rank), with a fixed capacity of `capacity` token slots from each rank to each rank (GShard's;
+// unused slots have index -1). Per rank: `tokens` rows of `hidden`.
+//
+// dispatch: expert_in block r (capacity x hidden) on rank q = the rows of rank r's x that rank r
+//   routes to q, gathered by index[q] (int32, capacity per destination) as each block is sent.
+// combine: y = sum over the blocks that come back of gate * expert_out row, scattered to the token
+//   each slot came from, weighted as each block arrives (own block first, then rank + 1, ...).
+class MoeExchange {
+ public:
+  MoeExchange(Comm& comm, int64_t tokens, int64_t hidden, int64_t capacity);
+  // x: tokens x hidden; index: size() x capacity int32 (slot -> token, -1: empty); expert_in:
+  // size() x capacity x hidden.
+  Work dispatch(const float* x, const int32_t* index, float* expert_in);
+  // expert_out: size() x capacity x hidden (block r: the outputs for rank r's tokens); gate:
+  // size() x capacity, the weights of index's slots; y: tokens x hidden (written whole: 0 where no
+  // slot points).
+  Work combine(const float* expert_out, const float* gate, const int32_t* index, float* y);
+  // The same from all_to_all and separate gather / weighted scatter passes.
+  void dispatch_unfused(const float* x, const int32_t* index, float* expert_in);
+  void combine_unfused(const float* expert_out, const float* gate, const int32_t* index, float* y);
+  const CompiledPlan& dispatch_plan() const { return dispatch_; }
+  const CompiledPlan& combine_plan() const { return combine_; }
+
+ private:
+  Comm& comm_;
+  int64_t tokens_, hidden_, capacity_;
+  CompiledPlan dispatch_, combine_;
+  std::vector<float> staging_;  // the unfused forms' grouped tokens
+};
+
+dsl::Program moe_dispatch_program(int nranks, int64_t tokens, int64_t hidden, int64_t capacity);
+dsl::Program moe_combine_program(int nranks, int64_t tokens, int64_t hidden, int64_t capacity);
+
 // The DSL program of the fused step for `nranks` ranks and `pieces` chunks per shard (what ZeroStep
 // compiles; tutti-compile and the tests use it too).
 dsl::Program zero_step_program(int nranks, int pieces);

@@ -7,6 +7,7 @@
 //   tutti-run -n 2 tutti-fused-bench --op epilogue --rows 8192 --hidden 768 [--sp] [--ln]
 //   OPENBLAS_NUM_THREADS=1 tutti-run -n 2 tutti-fused-bench --op gemm_rs --rows 2048 --k 3072 --n 768
 //   OPENBLAS_NUM_THREADS=1 tutti-run -n 2 tutti-fused-bench --op ag_gemm --rows 2048 --k 768 --n 3072
+//   tutti-run -n 2 tutti-fused-bench --op moe --rows 4096 --hidden 768     (dispatch + combine)
 // The GEMM overlaps also print how much of the collective's own time the fused run hid: (GEMM alone
 // + collective alone - fused) / collective alone.
 //
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
   int64_t rows = 8192, hidden = 768;
   bool sp = false, ln = false;
   app.add_option("--op", op, "operation: zero (the ZeRO optimizer step), epilogue (all-reduce -> bias + dropout + residual)")
-      ->check(CLI::IsMember({"zero", "epilogue", "gemm_rs", "ag_gemm"}));
+      ->check(CLI::IsMember({"zero", "epilogue", "gemm_rs", "ag_gemm", "moe"}));
   int64_t gk = 3072, gn = 768;
   app.add_option("--k", gk, "gemm_rs / ag_gemm: the GEMM's inner size (this rank's slice for gemm_rs)");
   app.add_option("--n", gn, "gemm_rs / ag_gemm: the GEMM's columns (this rank's slice for ag_gemm)");
@@ -151,6 +152,32 @@ int main(int argc, char** argv) {
         return std::clamp((gemm + coll - fused_s) / coll, 0.0, 1.0);
       };
       what = fmt::format("{} ranks, GEMM {} x {} by {} x {} float32 per rank, {} pieces", n, rows, gk, gk, gn, used);
+    } else if (op == "moe") {
+      // Top-1 routing, token t of rank q to rank (t * 7 + q) % n, capacity 1.25 x the even share.
+      const int64_t capacity = rows / n + rows / n / 4;
+      tutti::fused::MoeExchange moe(comm, rows, hidden, capacity);
+      std::vector<float> x(static_cast<size_t>(rows * hidden), 1.0f), y(x.size()),
+          expert(static_cast<size_t>(n * capacity * hidden)), gate(static_cast<size_t>(n * capacity), 0.5f);
+      std::vector<int32_t> index(static_cast<size_t>(n * capacity), -1);
+      std::vector<int64_t> used(static_cast<size_t>(n), 0);
+      for (int64_t t = 0; t < rows; ++t) {
+        const int d = static_cast<int>((t * 7 + q) % n);
+        if (used[static_cast<size_t>(d)] < capacity) index[static_cast<size_t>(d * capacity + used[static_cast<size_t>(d)]++)] = static_cast<int32_t>(t);
+      }
+      measure([] {},
+              [&] {
+                moe.dispatch(x.data(), index.data(), expert.data()).wait();
+                moe.combine(expert.data(), gate.data(), index.data(), y.data()).wait();
+              },
+              [&] {
+                moe.dispatch_unfused(x.data(), index.data(), expert.data());
+                moe.combine_unfused(expert.data(), gate.data(), index.data(), y.data());
+              });
+      const size_t count = static_cast<size_t>(n * capacity * hidden);
+      predicted = tutti::predict_plan_us(comm, moe.dispatch_plan(), count, tutti::DataType::kFloat32) +
+                  tutti::predict_plan_us(comm, moe.combine_plan(), count, tutti::DataType::kFloat32);
+      what = fmt::format("{} ranks, {} tokens x {} float32 per rank, capacity {} per destination, dispatch + combine", n,
+                         rows, hidden, capacity);
     } else {
       tutti::fused::EpilogueOptions o;
       o.dropout = 0.1f;
