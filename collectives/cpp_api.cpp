@@ -12,6 +12,7 @@
 #include "runtime/communicator.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/rendezvous.hpp"
+#include "runtime/shared_buffers.hpp"
 #include "runtime/unique_id.hpp"
 #include "tutti/plan.hpp"
 #include "tutti/tutti.hpp"
@@ -281,6 +282,12 @@ std::string Comm::last_plan() const {
 }
 
 void load_plan(const std::string& path) { Dispatcher::load_plan(path); }
+
+void* alloc_shared(size_t bytes) { return allocate_shared_buffer(bytes); }
+
+void free_shared(void* p) {
+  TUTTI_CHECK(free_shared_buffer(p), InvalidArgument, "free_shared: {} was not allocated by alloc_shared", p);
+}
 
 std::string save_plan(const dsl::Program& program, const std::string& path, const PlanOptions& options) {
   plan::CompileOptions o;

@@ -784,7 +784,6 @@ NCCL_API(ncclResult_t, ncclCommUserRank, const ncclComm_t comm, int* rank) {
 
 namespace {
 std::mutex g_mem_mutex;
-std::map<void*, ShmSegment> g_mem;
 struct Registration {
   void* buff;
   size_t size;
@@ -814,11 +813,7 @@ NCCL_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
     }
 #endif
     // A shared segment: peers on this host can map it by name.
-    ShmSegment seg = ShmSegment::create("mem", std::max<size_t>(size, 1));
-    *ptr = seg.data();
-    register_shared_buffer(*ptr, seg.size(), seg.name());
-    std::lock_guard lock(g_mem_mutex);
-    g_mem.emplace(*ptr, std::move(seg));
+    *ptr = allocate_shared_buffer(size);
     return ncclSuccess;
   });
 }
@@ -832,10 +827,7 @@ NCCL_API(ncclResult_t, ncclMemFree, void* ptr) {
       return ncclSuccess;
     }
 #endif
-    auto it = g_mem.find(ptr);
-    TUTTI_CHECK(it != g_mem.end(), InvalidArgument, "ncclMemFree: {} was not allocated by ncclMemAlloc", ptr);
-    unregister_shared_buffer(ptr);
-    g_mem.erase(it);
+    TUTTI_CHECK(free_shared_buffer(ptr), InvalidArgument, "ncclMemFree: {} was not allocated by ncclMemAlloc", ptr);
     return ncclSuccess;
   });
 }

@@ -39,6 +39,44 @@ double UnscaleSquare(float* out, const float* in, int64_t n, float scale) {
   return sum;
 }
 
+// The sum of squares of x, accumulated exactly as UnscaleSquare accumulates it (so a separate
+// norm pass over unscaled data gives the same double).
+double SumSquares(const float* in, int64_t n) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(dd));
+  auto acc0 = hn::Zero(dd), acc1 = hn::Zero(dd);
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const auto d0 = hn::PromoteTo(dd, hn::LoadU(df, in + i)), d1 = hn::PromoteTo(dd, hn::LoadU(df, in + i + N));
+    acc0 = hn::MulAdd(d0, d0, acc0);
+    acc1 = hn::MulAdd(d1, d1, acc1);
+  }
+  double sum = hn::GetLane(hn::SumOfLanes(dd, hn::Add(acc0, acc1)));
+  for (; i < n; ++i) sum += static_cast<double>(in[i]) * static_cast<double>(in[i]);
+  return sum;
+}
+
+// x *= factor; returns whether every result is finite.
+bool ScaleCheck(float* x, int64_t n, float factor) {
+  const hn::ScalableTag<float> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto f = hn::Set(d, factor), inf = hn::Set(d, HUGE_VALF);
+  auto finite = hn::Eq(f, f);  // all true
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto v = hn::Mul(hn::LoadU(d, x + i), f);
+    hn::StoreU(v, d, x + i);
+    finite = hn::And(finite, hn::Lt(hn::Abs(v), inf));
+  }
+  bool ok = hn::AllTrue(d, finite);
+  for (; i < n; ++i) {
+    x[i] *= factor;
+    ok = ok && std::isfinite(x[i]);
+  }
+  return ok;
+}
+
 void AdamwUpdate(const AdamwArgs& a, int64_t n) {
   const hn::ScalableTag<float> d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -75,6 +113,11 @@ HWY_AFTER_NAMESPACE();
 namespace tutti::fused {
 HWY_EXPORT(UnscaleSquare);
 HWY_EXPORT(AdamwUpdate);
+HWY_EXPORT(SumSquares);
+HWY_EXPORT(ScaleCheck);
+
+double sum_squares(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumSquares)(x, n); }
+bool scale_check(float* x, int64_t n, float factor) { return HWY_DYNAMIC_DISPATCH(ScaleCheck)(x, n, factor); }
 
 double unscale_square(float* out, const float* in, int64_t n, float scale) {
   return HWY_DYNAMIC_DISPATCH(UnscaleSquare)(out, in, n, scale);

@@ -10,6 +10,14 @@ namespace tutti::fused {
 // out = in * scale (out may be in); returns the sum of the squares of out, accumulated in double.
 double unscale_square(float* out, const float* in, int64_t n, float scale);
 
+// The sum of squares of x in double, accumulated as unscale_square does (the same double for the
+// same floats): the unfused norm pass.
+double sum_squares(const float* x, int64_t n);
+
+// x *= factor in place; returns whether every result is finite (the unscale + non-finite check pass
+// of a loss scaler, torch._amp_foreach_non_finite_check_and_unscale_'s).
+bool scale_check(float* x, int64_t n, float factor);
+
 // One AdamW update of n elements with the gradient multiplied by `clip` (outputs may be inputs):
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
 //   p = p * decay - step_size * m / (sqrt(v) / c2_sqrt + eps)

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <vector>
 #include <mutex>
@@ -244,27 +245,45 @@ Work ZeroStep::run(float* grads, float* params, float* m, float* v, const AdamW&
   return run_plan(comm_, plan_, call);
 }
 
-void ZeroStep::run_unfused(float* grads, float* params, float* m, float* v, const AdamW& opt) {
+void ZeroStep::run_unfused(float* grads, float* params, float* m, float* v, const AdamW& opt, Unfused form) {
   const KernelIds& k = ids();
   const int n = comm_.size(), q = comm_.rank();
   const int64_t piece = shard_ / pieces_;
   float* mine = grads + q * shard_;
   comm_.reduce_scatter(grads, mine, static_cast<size_t>(shard_), DataType::kFloat32, RedOp::kSum).wait();
-  // The same kernels on the same pieces as the fused plan, so the results agree bit for bit.
-  const double scale = opt.grad_scale;
+  // Every pass over the same pieces as the fused plan, so the results agree bit for bit.
   float* own = stats_.get() + 1 + q;
-  for (int j = 0; j < pieces_; ++j) {
-    float* g = mine + j * piece;
-    const void* ins[2] = {g, own};
-    void* outs[2] = {g, own};
-    kernel_def(j == 0 ? k.unscale_sumsq : k.unscale_sumsq_acc)
-        .cpu(KernelArgs{ins, outs, piece, DataType::kFloat32, &scale});
+  std::vector<double> all = call_scalars(opt);
+  if (form == Unfused::kOnePass) {
+    const double scale = opt.grad_scale;
+    for (int j = 0; j < pieces_; ++j) {
+      float* g = mine + j * piece;
+      const void* ins[2] = {g, own};
+      void* outs[2] = {g, own};
+      kernel_def(j == 0 ? k.unscale_sumsq : k.unscale_sumsq_acc)
+          .cpu(KernelArgs{ins, outs, piece, DataType::kFloat32, &scale});
+    }
+  } else {
+    int32_t finite = 1, all_finite = 1;
+    for (int j = 0; j < pieces_; ++j)
+      finite &= scale_check(mine + j * piece, piece, opt.grad_scale) ? 1 : 0;
+    comm_.all_reduce(&finite, &all_finite, 1, DataType::kInt32, RedOp::kMin).wait();
+    for (int j = 0; j < pieces_; ++j) {
+      const double sum = sum_squares(mine + j * piece, piece);
+      *own = static_cast<float>(j == 0 ? sum : static_cast<double>(*own) + sum);
+    }
+    if (!all_finite) *own = std::numeric_limits<float>::infinity();
   }
   comm_.all_gather(own, stats_.get() + 1, 1, DataType::kFloat32).wait();
   float total = stats_[1];
   for (int r = 1; r < n; ++r) total += stats_[static_cast<size_t>(1 + r)];
   stats_[0] = total;
-  const std::vector<double> all = call_scalars(opt);
+  if (form == Unfused::kTorch && std::isfinite(total) && opt.max_norm > 0) {
+    // clip_grad_norm_: the gradients scaled in place, then an optimizer that does not clip.
+    const float clip = std::min(1.0f, opt.max_norm / (std::sqrt(total) + 1e-6f));
+    for (int j = 0; j < pieces_; ++j) scale_check(mine + j * piece, piece, clip);
+    all[kMaxNorm] = 0;
+  }
   for (int j = 0; j < pieces_; ++j) {
     const int64_t at = j * piece;
     float* p = params + q * shard_ + at;

@@ -6,6 +6,8 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "runtime/shm_segment.hpp"
+
 namespace tutti {
 namespace {
 
@@ -53,6 +55,32 @@ bool find_shared_buffer(const void* p, size_t bytes, SharedBufferRef& out) {
   out.segment = it->second.segment;
   out.segment_bytes = it->second.bytes;
   out.offset = a - it->first;
+  return true;
+}
+
+namespace {
+std::mutex g_owned_mutex;
+std::map<void*, ShmSegment>& owned() {
+  static std::map<void*, ShmSegment> m;  // guarded by g_owned_mutex
+  return m;
+}
+}  // namespace
+
+void* allocate_shared_buffer(size_t bytes) {
+  ShmSegment seg = ShmSegment::create("mem", std::max<size_t>(bytes, 1));
+  void* p = seg.data();
+  register_shared_buffer(p, seg.size(), seg.name());
+  std::lock_guard lock(g_owned_mutex);
+  owned().emplace(p, std::move(seg));
+  return p;
+}
+
+bool free_shared_buffer(void* p) {
+  std::lock_guard lock(g_owned_mutex);
+  auto it = owned().find(p);
+  if (it == owned().end()) return false;
+  unregister_shared_buffer(p);
+  owned().erase(it);
   return true;
 }
 

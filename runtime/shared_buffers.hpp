@@ -23,4 +23,10 @@ void unregister_shared_buffer(const void* base);
 // Whether [p, p + bytes) lies inside one registered segment; fills `out` if so.
 bool find_shared_buffer(const void* p, size_t bytes, SharedBufferRef& out);
 
+// A new registered segment of at least `bytes` (ncclMemAlloc's host memory, tutti::alloc_shared).
+// Throws a system Error naming the size when it cannot be made.
+void* allocate_shared_buffer(size_t bytes);
+// Frees what allocate_shared_buffer returned; false (and nothing done) for any other pointer.
+bool free_shared_buffer(void* p);
+
 }  // namespace tutti

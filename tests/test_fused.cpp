@@ -175,7 +175,9 @@ TEST_P(ZeroStepRanks, FusedEqualsUnfusedBitForBitAndPlainArithmetic) {
       unfused.next_grads(n, q, t);
       step.run(fused.grads.data(), fused.params.data(), fused.m.data(), fused.v.data(), opt).wait();
       const double norm = step.last_norm();
-      step.run_unfused(unfused.grads.data(), unfused.params.data(), unfused.m.data(), unfused.v.data(), opt);
+      // Both unfused forms, alternating steps, on the same state.
+      const auto form = t % 2 ? fused::ZeroStep::Unfused::kTorch : fused::ZeroStep::Unfused::kOnePass;
+      step.run_unfused(unfused.grads.data(), unfused.params.data(), unfused.m.data(), unfused.v.data(), opt, form);
       EXPECT_EQ(step.last_norm(), norm);
       EXPECT_TRUE(step.last_finite());
       EXPECT_TRUE(same_bits(fused.params, unfused.params)) << "step " << t;
@@ -222,7 +224,8 @@ TEST(ZeroStep, ANonFiniteGradientSkipsTheStepOnEveryRank) {
   const int64_t shard = 64;
   on_ranks(n, [&](Comm& comm) {
     fused::ZeroStep step(comm, shard, 2);
-    for (bool use_fused : {true, false}) {
+    for (int form : {0, 1, 2}) {  // fused, unfused as PyTorch, unfused in one pass
+      const bool use_fused = form == 0;
       Buffers b(n, shard, comm.rank(), 0);
       std::fill(b.m.begin(), b.m.end(), 0.25f);
       std::fill(b.v.begin(), b.v.end(), 0.5f);
@@ -231,9 +234,11 @@ TEST(ZeroStep, ANonFiniteGradientSkipsTheStepOnEveryRank) {
       if (comm.rank() == 1) b.grads[5] = std::numeric_limits<float>::infinity();
       fused::AdamW opt;
       if (use_fused) step.run(b.grads.data(), b.params.data(), b.m.data(), b.v.data(), opt).wait();
-      else step.run_unfused(b.grads.data(), b.params.data(), b.m.data(), b.v.data(), opt);
+      else
+        step.run_unfused(b.grads.data(), b.params.data(), b.m.data(), b.v.data(), opt,
+                         form == 1 ? fused::ZeroStep::Unfused::kTorch : fused::ZeroStep::Unfused::kOnePass);
       EXPECT_FALSE(step.last_finite());
-      EXPECT_TRUE(same_bits(b.params, before.params)) << (use_fused ? "fused" : "unfused");
+      EXPECT_TRUE(same_bits(b.params, before.params)) << "form " << form;
       EXPECT_TRUE(same_bits(b.m, before.m));
       EXPECT_TRUE(same_bits(b.v, before.v));
     }

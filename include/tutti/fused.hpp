@@ -53,10 +53,17 @@ class ZeroStep {
   // moments. When the summed gradients hold a non-finite value, nothing is updated (a skipped
   // step, as a loss scaler's) and last_finite() says so. One call at a time per ZeroStep.
   Work run(float* grads, float* params, float* m, float* v, const AdamW& opt);
-  // The same result from plain collectives and the same kernels, one pass after another: a
-  // reduce-scatter, the unscale and sum of squares, an all-gather of the sums, AdamW, an all-gather
-  // of the parameters. Blocks until done.
-  void run_unfused(float* grads, float* params, float* m, float* v, const AdamW& opt);
+  // The same result from plain collectives and passes over the shard, one after another. Blocks
+  // until done. Two forms, the same floats:
+  // - kTorch: what a PyTorch ZeRO step runs: a reduce-scatter; the loss scaler's unscale with its
+  //   non-finite check (one pass, torch._amp_foreach_non_finite_check_and_unscale_) and an
+  //   all-reduce of the flag; clip_grad_norm_'s sum of squares (a pass), the sums' all-gather and
+  //   its scaling of the gradients (a pass); a fused AdamW (a pass); an all-gather of the
+  //   parameters.
+  // - kOnePass: the same with this library's kernels: unscale and sum of squares in one pass, the
+  //   clipping inside AdamW (so only the collectives and the pipelining are not fused).
+  enum class Unfused { kTorch, kOnePass };
+  void run_unfused(float* grads, float* params, float* m, float* v, const AdamW& opt, Unfused form = Unfused::kTorch);
 
   // Of the last call, once it is done: the global norm of the unscaled gradients, and whether it
   // is finite (false: the step was skipped).

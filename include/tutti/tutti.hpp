@@ -174,6 +174,13 @@ class Comm {
   std::unique_ptr<api_detail::CommState> state_;
 };
 
+// Host memory that the ranks on this host read in place (a named shared-memory segment, as
+// ncclMemAlloc's): collectives and plans move each of its bytes once, straight from the sender's
+// buffer, instead of through a FIFO. Page-aligned, zeroed. Free it with free_shared; throws a
+// tutti::Error naming the size if the segment cannot be made.
+void* alloc_shared(size_t bytes);
+void free_shared(void* p);  // InvalidArgument for a pointer alloc_shared did not return
+
 // Makes a plan file (tutti JSON, or MSCCL XML) available to every communicator made afterwards in
 // this process: it is verified now (InvalidArgument with the verifier's message if it fails) and
 // used for calls it fits (its collective, ranks and size window), or forced with TUTTI_ALGO.
