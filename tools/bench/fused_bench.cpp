@@ -18,6 +18,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <span>
 #include <functional>
 #include <string>
 #include <vector>
@@ -63,6 +65,7 @@ struct Floats {
 };
 
 double median(std::vector<double> v) {
+  if (v.empty()) return 0;  // --check times nothing
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
@@ -88,7 +91,10 @@ int main(int argc, char** argv) {
   app.add_option("--mib", mib, "gradient bytes over all ranks, MiB (the ZeRO step: float32 gradients)");
   app.add_option("--iters", iters, "timed runs of each")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed runs of each first");
-  bool shared = false;
+  bool shared = false, check = false;
+  app.add_flag("--check", check,
+               "run each form once from the same inputs and state, compare the results bit for bit, exit 1 if they "
+               "differ (a test: the ranks are processes)");
   app.add_flag("--shared", shared, "zero: gradients and parameters in tutti::alloc_shared memory (read in place by peers)");
   app.add_option("--pieces", pieces, "chunks per shard in the fused pipeline (0: about 256 KiB each)");
   CLI11_PARSE(app, argc, argv);
@@ -103,8 +109,40 @@ int main(int argc, char** argv) {
     std::string extra;     // a line more (GEMM overlaps)
     std::function<double(double)> hidden_of;
     // Runs both forms `warmup + iters` times, alternating; `prepare` restores the inputs first.
+    // With --check: the op's results and mutable state, restored between the two forms.
+    std::vector<std::span<float>> state;
+    int mismatches = 0;
     auto measure = [&](const std::function<void()>& prepare, const std::function<void()>& run_fused,
                        const std::function<void()>& run_unfused) {
+      if (check) {
+        auto snapshot = [&] {
+          std::vector<std::vector<float>> v;
+          for (auto s : state) v.emplace_back(s.begin(), s.end());
+          return v;
+        };
+        auto restore = [&](const std::vector<std::vector<float>>& v) {
+          for (size_t b = 0; b < state.size(); ++b) std::copy(v[b].begin(), v[b].end(), state[b].begin());
+        };
+        prepare();
+        const auto before = snapshot();
+        run_fused();
+        const auto fused_result = snapshot();
+        prepare();
+        restore(before);
+        run_unfused();
+        const auto unfused_result = snapshot();
+        for (size_t b = 0; b < state.size(); ++b) {
+          const auto& x = fused_result[b];
+          const auto& y = unfused_result[b];
+          if (std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0) continue;
+          size_t i = 0;
+          while (std::memcmp(&x[i], &y[i], sizeof(float)) == 0) ++i;
+          std::fprintf(stderr, "tutti-fused-bench --check: rank %d, %s, buffer %zu: fused and unfused differ at %zu (%g vs %g)\n",
+                       q, op.c_str(), b, i, static_cast<double>(x[i]), static_cast<double>(y[i]));
+          ++mismatches;
+        }
+        return;
+      }
       for (int it = 0; it < warmup + iters; ++it) {
         prepare();
         const double tf = timed(comm, run_fused);
@@ -123,15 +161,18 @@ int main(int argc, char** argv) {
       tutti::fused::AdamW opt;
       opt.lr = 1e-4f;
       opt.max_norm = 1.0f;
+      opt.step = 0;
       auto prepare = [&] {
-        ++opt.step;
+        if (!check || opt.step == 0) ++opt.step;  // --check: both forms take the same step
         for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>((i * 7 + static_cast<size_t>(q)) % 17) - 8;
       };
+      // --check: the optimizer's state (the gradients afterwards differ: PyTorch's order clips them in place).
+      state = {std::span<float>(params.data(), params.size()), std::span<float>(m), std::span<float>(v)};
       measure(prepare, [&] { step.run(grads.data(), params.data(), m.data(), v.data(), opt).wait(); },
               [&] { step.run_unfused(grads.data(), params.data(), m.data(), v.data(), opt); });
       // The stronger reference too: the library's one-pass kernels, only the collectives unfused.
       std::vector<double> one_pass;
-      for (int it = 0; it < warmup + iters; ++it) {
+      for (int it = 0; it < (check ? 0 : warmup + iters); ++it) {
         prepare();
         const double t = timed(comm, [&] {
           step.run_unfused(grads.data(), params.data(), m.data(), v.data(), opt,
@@ -141,7 +182,7 @@ int main(int argc, char** argv) {
       }
       extra = fmt::format("  unfused with one-pass kernels (kOnePass) {:.2f} ms: ratio {:.2f}", median(one_pass) * 1e3,
                           0.0);
-      hidden_of = [op = median(one_pass)](double fused_s) { return op / fused_s; };
+      if (!check) hidden_of = [op = median(one_pass)](double fused_s) { return op / fused_s; };
       predicted = tutti::predict_plan_us(comm, step.plan(), static_cast<size_t>(shard), tutti::DataType::kFloat32);
       what = fmt::format("{} ranks, {:.1f} MiB of float32 gradients, {} per shard, {} pieces, clipping{}; unfused as "
                          "PyTorch runs it (kTorch)", n,
@@ -155,6 +196,8 @@ int main(int argc, char** argv) {
           product(static_cast<size_t>(rows * gn));
       std::vector<double> gemm_alone, comm_alone;
       auto nothing = [] {};
+      state = {std::span<float>(out)};
+      if (!rs) state.push_back(std::span<float>(gathered));
       if (rs) {
         tutti::fused::GemmReduceScatter g(comm, rows, gk, gn, pieces);
         measure(nothing, [&] { g.run(x.data(), w.data(), out.data()).wait(); },
@@ -169,7 +212,7 @@ int main(int argc, char** argv) {
         used = g.pieces();
       }
       // The two halves alone: the whole GEMM of the unfused form, and its collective.
-      for (int it = 0; it < warmup + iters; ++it) {
+      for (int it = 0; it < (check ? 0 : warmup + iters); ++it) {
         const double tg = timed(comm, [&] {
           tutti::fused::gemm(rs ? x.data() : gathered.data(), w.data(), rs ? product.data() : out.data(), rows, gk, gn);
         });
@@ -184,9 +227,10 @@ int main(int argc, char** argv) {
       }
       extra = fmt::format("  gemm alone {:.2f} ms, {} alone {:.2f} ms, hidden {:.0f}% of it", median(gemm_alone) * 1e3,
                           rs ? "reduce_scatter" : "all_gather", median(comm_alone) * 1e3, 0.0);
-      hidden_of = [gemm = median(gemm_alone), coll = median(comm_alone)](double fused_s) {
-        return std::clamp((gemm + coll - fused_s) / coll, 0.0, 1.0);
-      };
+      if (!check)
+        hidden_of = [gemm = median(gemm_alone), coll = median(comm_alone)](double fused_s) {
+          return std::clamp((gemm + coll - fused_s) / coll, 0.0, 1.0);
+        };
       what = fmt::format("{} ranks, GEMM {} x {} by {} x {} float32 per rank, {} pieces", n, rows, gk, gk, gn, used);
     } else if (op == "moe") {
       // Top-1 routing, token t of rank q to rank (t * 7 + q) % n, capacity 1.25 x the even share.
@@ -200,6 +244,7 @@ int main(int argc, char** argv) {
         const int d = static_cast<int>((t * 7 + q) % n);
         if (used[static_cast<size_t>(d)] < capacity) index[static_cast<size_t>(d * capacity + used[static_cast<size_t>(d)]++)] = static_cast<int32_t>(t);
       }
+      state = {std::span<float>(expert), std::span<float>(y)};
       measure([] {},
               [&] {
                 moe.dispatch(x.data(), index.data(), expert.data()).wait();
@@ -223,9 +268,11 @@ int main(int argc, char** argv) {
       const int64_t total = rows * hidden, mine = sp ? total / n : total;
       std::vector<float> partial(static_cast<size_t>(total)), bias(static_cast<size_t>(hidden), 0.5f), gamma(bias),
           beta(bias), residual(static_cast<size_t>(mine), 1.0f), out(residual.size()), lnv(ln ? residual.size() : 0);
+      state = {std::span<float>(out)};
+      if (ln) state.push_back(std::span<float>(lnv));
       measure(
           [&] {
-            ++o.seed;
+            if (!check || o.seed == 0) ++o.seed;
             for (size_t i = 0; i < partial.size(); ++i) partial[i] = static_cast<float>((i + static_cast<size_t>(q)) % 9);
           },
           [&] { epi.run(partial.data(), bias.data(), residual.data(), out.data(), gamma.data(), beta.data(), lnv.data()).wait(); },
@@ -234,6 +281,10 @@ int main(int argc, char** argv) {
       what = fmt::format("{} ranks, {} x {} float32 activations ({:.1f} MiB), {}{}, dropout 0.1, {} pieces", n, rows, hidden,
                          static_cast<double>(total * 4) / (1 << 20), sp ? "reduce-scatter" : "all-reduce",
                          ln ? " + LayerNorm" : "", epi.pieces());
+    }
+    if (check) {
+      if (q == 0 && mismatches == 0) std::printf("tutti-fused-bench --check %s: fused == unfused bit for bit on rank 0\n", op.c_str());
+      return mismatches == 0 ? 0 : 1;
     }
     if (q == 0) {
       const double f = median(fused), u = median(unfused);
