@@ -1,0 +1,22 @@
+#!/bin/bash
+# Every fused operation against its unfused reference, in the same run, with 2 and 4 processes on
+# this host (tutti-run). The ZeRO step at 2 processes runs 5 times (its floor is checked there).
+#   tools/bench/compare_fused.sh [build-dir]
+set -euo pipefail
+B=${1:-build}/bin
+run() { "$B/tutti-run" "$@"; }
+F="$B/tutti-fused-bench"
+for n in 2 4; do
+  echo "## $n processes"
+  reps=1
+  [ "$n" = 2 ] && reps=5
+  for _ in $(seq $reps); do run -n $n "$F" --op zero --mib 64 --iters 7; done
+  run -n $n "$F" --op zero --mib 64 --iters 7 --shared
+  for flags in "" "--ln" "--sp" "--sp --ln"; do
+    # shellcheck disable=SC2086
+    run -n $n "$F" --op epilogue --rows 8192 --hidden 768 --iters 7 $flags
+  done
+  OPENBLAS_NUM_THREADS=1 run -n $n "$F" --op gemm_rs --rows 2048 --k $((3072 / n)) --n 768 --iters 5
+  OPENBLAS_NUM_THREADS=1 run -n $n "$F" --op ag_gemm --rows 2048 --k 768 --n $((3072 / n)) --iters 5
+  run -n $n "$F" --op moe --rows 4096 --hidden 768 --iters 7
+done
