@@ -89,7 +89,9 @@ void AdamwUpdate(const AdamwArgs& a, int64_t n) {
     const auto m = hn::Add(hn::Mul(hn::LoadU(d, a.m_in + i), b1), hn::Mul(g, one_b1));
     const auto v = hn::Add(hn::Mul(hn::LoadU(d, a.v_in + i), b2), hn::Mul(hn::Mul(g, g), one_b2));
     const auto denom = hn::Add(hn::Mul(hn::Sqrt(v), inv_c2), eps);
-    const auto p = hn::Sub(hn::Mul(hn::LoadU(d, a.p_in + i), decay), hn::Mul(step_size, hn::Div(m, denom)));
+    const auto dec = a.decay_mask ? hn::Sub(hn::Set(d, 1.0f), hn::Mul(hn::Set(d, a.lr_wd), hn::LoadU(d, a.decay_mask + i)))
+                                  : decay;
+    const auto p = hn::Sub(hn::Mul(hn::LoadU(d, a.p_in + i), dec), hn::Mul(step_size, hn::Div(m, denom)));
     hn::StoreU(m, d, a.m + i);
     hn::StoreU(v, d, a.v + i);
     hn::StoreU(p, d, a.p + i);
@@ -102,7 +104,8 @@ void AdamwUpdate(const AdamwArgs& a, int64_t n) {
     const float denom = std::sqrt(v) * inv_c2_s + a.eps;
     a.m[i] = m;
     a.v[i] = v;
-    a.p[i] = a.p_in[i] * a.decay - a.step_size * (m / denom);
+    const float dec = a.decay_mask ? 1.0f - a.lr_wd * a.decay_mask[i] : a.decay;
+    a.p[i] = a.p_in[i] * dec - a.step_size * (m / denom);
   }
 }
 

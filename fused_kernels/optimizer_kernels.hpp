@@ -27,6 +27,9 @@ struct AdamwArgs {
   const float *g, *m_in, *v_in, *p_in;
   float *m, *v, *p;
   float clip, beta1, beta2, eps, decay, step_size, c2_sqrt;
+  // Per-parameter weight decay: decay_i = 1 - lr_wd * decay_mask[i] replaces `decay` (null: not used).
+  const float* decay_mask = nullptr;
+  float lr_wd = 0;
 };
 void adamw_update(const AdamwArgs& args, int64_t n);
 

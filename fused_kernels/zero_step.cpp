@@ -74,8 +74,26 @@ void adamw(const KernelArgs& a) {
   adamw_update(args, n);
 }
 
+// inputs {g, m, v, p, decay}, outputs {m', v', p'}: AdamW with the gradients times the call's
+// clip and per-parameter weight decay (decay[i] multiplies weight_decay): update()'s kernel.
+void adamw_masked(const KernelArgs& a) {
+  require_float(a, "zero.adamw_masked");
+  const float lr = static_cast<float>(a.scalars[0]), beta1 = static_cast<float>(a.scalars[1]),
+              beta2 = static_cast<float>(a.scalars[2]), eps = static_cast<float>(a.scalars[3]),
+              wd = static_cast<float>(a.scalars[4]), clip = static_cast<float>(a.scalars[6]);
+  const double step = a.scalars[5];
+  const double c1 = 1.0 - std::pow(static_cast<double>(beta1), step);
+  const double c2 = 1.0 - std::pow(static_cast<double>(beta2), step);
+  AdamwArgs args{static_cast<const float*>(a.inputs[0]), static_cast<const float*>(a.inputs[1]),
+                 static_cast<const float*>(a.inputs[2]), static_cast<const float*>(a.inputs[3]),
+                 static_cast<float*>(a.outputs[0]), static_cast<float*>(a.outputs[1]), static_cast<float*>(a.outputs[2]),
+                 clip, beta1, beta2, eps, 1.0f - lr * wd, static_cast<float>(static_cast<double>(lr) / c1),
+                 static_cast<float>(std::sqrt(c2)), static_cast<const float*>(a.inputs[4]), lr * wd};
+  adamw_update(args, a.count);
+}
+
 struct KernelIds {
-  KernelId unscale_sumsq, unscale_sumsq_acc, adamw;
+  KernelId unscale_sumsq, unscale_sumsq_acc, adamw, adamw_masked;
 };
 
 const KernelIds& ids() {
@@ -94,6 +112,12 @@ const KernelIds& ids() {
                               3.5,
                               5,
                               3});
+    out.adamw_masked = get(KernelDef{"zero.adamw_masked",
+                                     {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "clip"},
+                                     adamw_masked,
+                                     4.0,
+                                     5,
+                                     3});
     return out;
   }();
   return k;
@@ -213,6 +237,83 @@ dsl::Program zero_step_program(int n, int K) {
   return p;
 }
 
+dsl::Program zero_reduce_program(int n, int K) {
+  TUTTI_CHECK(n >= 1 && K >= 1, InvalidArgument, "zero_reduce_program: {} ranks and {} pieces per shard", n, K);
+  const KernelIds& k = ids();
+  const ScalarArg scale = ScalarArg::per_call(0);
+  // Rank q's stats[q]: the running sum of squares over its slice; the slice itself unscaled.
+  auto terms = std::make_shared<std::vector<std::vector<Content>>>(static_cast<size_t>(n));  // [q][0..K): chunks, [K]: sum
+  for (int q = 0; q < n; ++q) {
+    Content running;
+    for (int j = 0; j < K; ++j) {
+      Content sum;
+      for (int r = 0; r < n; ++r) sum.merge(Content::of(r, q * K + j));
+      std::vector<Content> args = {sum};
+      if (j > 0) args.push_back(running);
+      const KernelId kernel = j == 0 ? k.unscale_sumsq : k.unscale_sumsq_acc;
+      (*terms)[q].push_back(Content::apply(kernel, args, {scale}, 0));
+      running = Content::apply(kernel, args, {scale}, 1);
+    }
+    (*terms)[q].push_back(running);
+  }
+  CollectiveSpec s;
+  s.kind = Collective::kCustom;
+  s.nranks = n;
+  s.chunk_factor = K;
+  s.custom_input_chunks = n * K;
+  s.states = {StateBufferSpec{"stats", n, 1, [terms, K](int q, int i) {
+                                return i == q ? std::optional<Content>((*terms)[q][K]) : std::nullopt;
+                              }}};
+  dsl::Program p(fmt::format("zero_reduce_n{}_k{}", n, K), s);
+  const dsl::Buffer in = dsl::Buffer::input(), stats = dsl::Buffer::state("stats");
+  for (int q = 0; q < n; ++q)
+    for (int j = 0; j < K; ++j) {
+      auto g = p.chunk(q, in, q * K + j);
+      for (int r = 0; r < n; ++r)
+        if (r != q) g.reduce(p.chunk(r, in, q * K + j));
+      auto own = p.chunk(q, stats, q);
+      if (j == 0) p.apply(k.unscale_sumsq, {g}, {g, own}, {scale});
+      else p.apply(k.unscale_sumsq_acc, {g, own}, {g, own}, {scale});
+    }
+  return p;
+}
+
+dsl::Program zero_update_program(int n, int K) {
+  TUTTI_CHECK(n >= 1 && K >= 1, InvalidArgument, "zero_update_program: {} ranks and {} pieces per shard", n, K);
+  const KernelIds& k = ids();
+  std::vector<ScalarArg> opt;
+  for (int slot = 0; slot < 7; ++slot) opt.push_back(ScalarArg::per_call(slot));  // lr ... step, clip
+  enum { kMaster, kMom, kVel, kParams, kDecay };
+  auto updated = [=](int q, int j, int output) {
+    return Content::apply(k.adamw_masked,
+                          {Content::of(q, q * K + j), Content::of_state(q, kMom, j), Content::of_state(q, kVel, j),
+                           Content::of_state(q, kMaster, j), Content::of_state(q, kDecay, j)},
+                          opt, output);
+  };
+  CollectiveSpec s;
+  s.kind = Collective::kCustom;
+  s.nranks = n;
+  s.chunk_factor = K;
+  s.custom_input_chunks = n * K;  // the gradients, as reduce() left them (this rank's slice is read)
+  s.states = {StateBufferSpec{"master", K, 0, [=](int q, int j) { return std::optional<Content>(updated(q, j, 2)); }},
+              StateBufferSpec{"m", K, 0, [=](int q, int j) { return std::optional<Content>(updated(q, j, 0)); }},
+              StateBufferSpec{"v", K, 0, [=](int q, int j) { return std::optional<Content>(updated(q, j, 1)); }},
+              StateBufferSpec{"params", n * K, 0,
+                              [=](int, int i) { return std::optional<Content>(updated(i / K, i % K, 2)); }},
+              StateBufferSpec{"decay", K, 0, {}}};
+  dsl::Program p(fmt::format("zero_update_n{}_k{}", n, K), s);
+  const dsl::Buffer in = dsl::Buffer::input(), master = dsl::Buffer::state("master"), m = dsl::Buffer::state("m"),
+                    v = dsl::Buffer::state("v"), params = dsl::Buffer::state("params"), decay = dsl::Buffer::state("decay");
+  for (int q = 0; q < n; ++q)
+    for (int j = 0; j < K; ++j) {
+      auto w = p.chunk(q, master, j);
+      p.apply(k.adamw_masked, {p.chunk(q, in, q * K + j), p.chunk(q, m, j), p.chunk(q, v, j), w, p.chunk(q, decay, j)},
+              {p.chunk(q, m, j), p.chunk(q, v, j), w}, opt);
+      for (int r = 0; r < n; ++r) w.copy(r, params, q * K + j);  // every rank's parameters, this one's included
+    }
+  return p;
+}
+
 namespace {
 
 int default_pieces(int64_t shard) {
@@ -292,6 +393,36 @@ void ZeroStep::run_unfused(float* grads, float* params, float* m, float* v, cons
     kernel_def(k.adamw).cpu(KernelArgs{ins, outs, piece, DataType::kFloat32, all.data() + kLr});
   }
   comm_.all_gather(params + q * shard_, params, static_cast<size_t>(shard_), DataType::kFloat32).wait();
+}
+
+Work ZeroStep::reduce(float* grads, float grad_scale) {
+  TUTTI_CHECK(grads, InvalidArgument, "rank {}: ZeroStep::reduce: a null buffer", comm_.rank());
+  if (!reduce_plan_.prepared()) reduce_plan_ = compile_plan(zero_reduce_program(comm_.size(), pieces_));
+  PlanCall call;
+  call.input = grads;
+  call.count = static_cast<size_t>(shard_);
+  call.states = {stats_.get() + 1};
+  call.scalars = {grad_scale};
+  return run_plan(comm_, reduce_plan_, call);
+}
+
+double ZeroStep::local_sum_squares() const { return stats_[static_cast<size_t>(1 + comm_.rank())]; }
+
+Work ZeroStep::update(const float* grads, float* master, float* m, float* v, float* params, const float* decay,
+                      const AdamW& opt, float clip) {
+  TUTTI_CHECK(grads && master && m && v && params, InvalidArgument, "rank {}: ZeroStep::update: a null buffer",
+              comm_.rank());
+  if (!update_plan_.prepared()) update_plan_ = compile_plan(zero_update_program(comm_.size(), pieces_));
+  if (!decay) {
+    if (ones_.empty()) ones_.assign(static_cast<size_t>(shard_), 1.0f);
+    decay = ones_.data();
+  }
+  PlanCall call;
+  call.input = grads;
+  call.count = static_cast<size_t>(shard_);
+  call.states = {master, m, v, params, const_cast<float*>(decay)};  // decay is only read
+  call.scalars = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, static_cast<double>(opt.step), clip};
+  return run_plan(comm_, update_plan_, call);
 }
 
 double ZeroStep::last_norm() const { return std::sqrt(static_cast<double>(stats_[0])); }

@@ -489,3 +489,58 @@ TEST(Moe, AnIndexOutOfRangeIsNamed) {
     EXPECT_NE(f.find("MoeExchange::dispatch: slot 2 (destination 1) names token 7 of 4"), std::string::npos) << f;
   });
 }
+
+// --- the ZeRO step in halves (a trainer's norm spans several groups) ------------------------------
+
+TEST(ZeroStep, TheHalvesAreProved) {
+  for (auto [n, k] : {std::pair{2, 3}, {3, 1}}) {
+    plan::compile(fused::zero_reduce_program(n, k));
+    plan::compile(fused::zero_update_program(n, k));
+  }
+}
+
+TEST(ZeroStep, ReduceThenUpdateEqualsTheWholeStepBitForBit) {
+  for (int n : {2, 3}) {
+    const int64_t shard = 96;
+    on_ranks(n, [&](Comm& comm) {
+      const int q = comm.rank();
+      fused::ZeroStep step(comm, shard, 4);
+      Buffers whole(n, shard, q, 1), halves(n, shard, q, 1);
+      std::vector<float> master(halves.params.begin() + q * shard, halves.params.begin() + (q + 1) * shard);
+      fused::AdamW opt;
+      opt.lr = 0.02f;
+      opt.weight_decay = 0.1f;
+      opt.max_norm = 20.0f;
+      opt.grad_scale = 0.5f;
+      step.run(whole.grads.data(), whole.params.data(), whole.m.data(), whole.v.data(), opt).wait();
+      step.reduce(halves.grads.data(), opt.grad_scale).wait();
+      // The caller's norm: every rank's sum in rank order, as the whole step adds them.
+      std::vector<float> sums(static_cast<size_t>(n));
+      const float mine = static_cast<float>(step.local_sum_squares());
+      comm.all_gather(&mine, sums.data(), 1, DataType::kFloat32).wait();
+      float total = sums[0];
+      for (int r = 1; r < n; ++r) total += sums[static_cast<size_t>(r)];
+      EXPECT_NEAR(std::sqrt(total), step.last_norm(), 1e-6 * step.last_norm());  // run()'s norm
+      const float clip = std::min(1.0f, opt.max_norm / (std::sqrt(total) + 1e-6f));
+      EXPECT_LT(clip, 1.0f);  // the case clips
+      step.update(halves.grads.data(), master.data(), halves.m.data(), halves.v.data(), halves.params.data(), nullptr,
+                  opt, clip)
+          .wait();
+      EXPECT_TRUE(same_bits(halves.params, whole.params));
+      EXPECT_TRUE(same_bits(halves.m, whole.m));
+      EXPECT_TRUE(same_bits(halves.v, whole.v));
+      EXPECT_TRUE(same_bits(master, std::vector<float>(whole.params.begin() + q * shard, whole.params.begin() + (q + 1) * shard)));
+      // Per-parameter decay: zero multipliers leave weight decay out for those parameters.
+      std::vector<float> no_decay(static_cast<size_t>(shard), 0.0f), m2(halves.m), v2(halves.v), master2(master);
+      std::vector<float> params2(halves.params);
+      step.update(halves.grads.data(), master2.data(), m2.data(), v2.data(), params2.data(), no_decay.data(), opt, clip)
+          .wait();
+      fused::AdamW plain = opt;
+      plain.weight_decay = 0;
+      step.update(halves.grads.data(), master.data(), halves.m.data(), halves.v.data(), halves.params.data(), nullptr,
+                  plain, clip)
+          .wait();
+      EXPECT_TRUE(same_bits(params2, halves.params));
+    });
+  }
+}

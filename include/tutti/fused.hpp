@@ -70,6 +70,22 @@ class ZeroStep {
   double last_norm() const;
   bool last_finite() const;
 
+  // The step in two halves, for a trainer whose gradient norm spans more than this group (several
+  // parameter groups, tensor parallelism): reduce() each group as backward finishes it, add the
+  // groups' local_sum_squares() over every dimension, then update() each group with the clip.
+  //
+  // reduce: the in-place reduce-scatter of grads, each chunk unscaled (times grad_scale, e.g.
+  // 1 / size() for a mean) and its squares summed as it is reduced.
+  Work reduce(float* grads, float grad_scale);
+  // The sum of squares of this rank's unscaled slice, once reduce()'s Work is done.
+  double local_sum_squares() const;
+  // update: AdamW on this rank's slice of grads (as reduce left it), times `clip`, into master, m
+  // and v (this rank's shard each), and each updated chunk all-gathered into params (size() *
+  // shard) as it is done. decay: per-parameter multipliers of opt.weight_decay (0 or 1: which
+  // tensors decay); null: all 1. opt.max_norm and opt.grad_scale are not used (clip is given).
+  Work update(const float* grads, float* master, float* m, float* v, float* params, const float* decay,
+              const AdamW& opt, float clip);
+
   const CompiledPlan& plan() const { return plan_; }
   int pieces() const { return pieces_; }
 
@@ -77,9 +93,14 @@ class ZeroStep {
   Comm& comm_;
   int64_t shard_;
   int pieces_;
-  CompiledPlan plan_;
+  CompiledPlan plan_, reduce_plan_, update_plan_;  // the halves' plans are compiled on first use
   std::unique_ptr<float[]> stats_;  // [0]: the global sum of squares; [1 + r]: rank r's
+  std::vector<float> ones_;         // update()'s decay multipliers when none are given
 };
+
+// The halves' programs (ZeroStep::reduce and ZeroStep::update).
+dsl::Program zero_reduce_program(int nranks, int pieces);
+dsl::Program zero_update_program(int nranks, int pieces);
 
 // The epilogue of a row-parallel linear layer (Megatron-LM's): the ranks' partial outputs are
 // summed, then out = residual + dropout(sum + bias), and optionally ln = LayerNorm(out). Fused, each
