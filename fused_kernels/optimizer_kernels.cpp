@@ -1,7 +1,9 @@
 #include "fused_kernels/optimizer_kernels.hpp"
 
 // Highway's per-target compilation: this file is re-included once per instruction set, and the
-// best one the CPU has is chosen at run time (as core/reduce.cpp).
+// best one the CPU has is chosen at run time (as core/reduce.cpp). Built with -ffp-contract=off:
+// every element gets the same multiplies and adds on every target and in the scalar tail, so a
+// parameter's update does not depend on where a chunk boundary falls (fused == unfused bit for bit).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "fused_kernels/optimizer_kernels.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -82,13 +84,13 @@ void AdamwUpdate(const AdamwArgs& a, int64_t n) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const auto clip = hn::Set(d, a.clip), b1 = hn::Set(d, a.beta1), b2 = hn::Set(d, a.beta2),
              one_b1 = hn::Set(d, 1.0f - a.beta1), one_b2 = hn::Set(d, 1.0f - a.beta2), eps = hn::Set(d, a.eps),
-             decay = hn::Set(d, a.decay), step_size = hn::Set(d, a.step_size), inv_c2 = hn::Set(d, 1.0f / a.c2_sqrt);
+             decay = hn::Set(d, a.decay), step_size = hn::Set(d, a.step_size), c2 = hn::Set(d, a.c2_sqrt);
   int64_t i = 0;
   for (; i + N <= n; i += N) {
     const auto g = hn::Mul(hn::LoadU(d, a.g + i), clip);
     const auto m = hn::Add(hn::Mul(hn::LoadU(d, a.m_in + i), b1), hn::Mul(g, one_b1));
     const auto v = hn::Add(hn::Mul(hn::LoadU(d, a.v_in + i), b2), hn::Mul(hn::Mul(g, g), one_b2));
-    const auto denom = hn::Add(hn::Mul(hn::Sqrt(v), inv_c2), eps);
+    const auto denom = hn::Add(hn::Div(hn::Sqrt(v), c2), eps);
     const auto dec = a.decay_mask ? hn::Sub(hn::Set(d, 1.0f), hn::Mul(hn::Set(d, a.lr_wd), hn::LoadU(d, a.decay_mask + i)))
                                   : decay;
     const auto p = hn::Sub(hn::Mul(hn::LoadU(d, a.p_in + i), dec), hn::Mul(step_size, hn::Div(m, denom)));
@@ -96,12 +98,11 @@ void AdamwUpdate(const AdamwArgs& a, int64_t n) {
     hn::StoreU(v, d, a.v + i);
     hn::StoreU(p, d, a.p + i);
   }
-  const float inv_c2_s = 1.0f / a.c2_sqrt;
   for (; i < n; ++i) {  // the same operations, one element at a time
     const float g = a.g[i] * a.clip;
     const float m = a.m_in[i] * a.beta1 + g * (1.0f - a.beta1);
     const float v = a.v_in[i] * a.beta2 + (g * g) * (1.0f - a.beta2);
-    const float denom = std::sqrt(v) * inv_c2_s + a.eps;
+    const float denom = std::sqrt(v) / a.c2_sqrt + a.eps;
     a.m[i] = m;
     a.v[i] = v;
     const float dec = a.decay_mask ? 1.0f - a.lr_wd * a.decay_mask[i] : a.decay;

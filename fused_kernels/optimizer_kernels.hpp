@@ -20,7 +20,7 @@ bool scale_check(float* x, int64_t n, float factor);
 
 // One AdamW update of n elements with the gradient multiplied by `clip` (outputs may be inputs):
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
-//   p = p * decay - step_size * m / (sqrt(v) / c2_sqrt + eps)
+//   p = p * decay - step_size * (m / (sqrt(v) / c2_sqrt + eps))
 // with step_size = lr / (1 - beta1^step), c2_sqrt = sqrt(1 - beta2^step), decay = 1 - lr * wd
 // (torch.optim.AdamW's update).
 struct AdamwArgs {

@@ -149,6 +149,14 @@ enum State : int { kParams, kM, kV, kStats };
 
 void register_kernels() { (void)ids(); }
 
+void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamW& opt, float clip) {
+  const double c1 = 1.0 - std::pow(static_cast<double>(opt.beta1), static_cast<double>(opt.step));
+  const double c2 = 1.0 - std::pow(static_cast<double>(opt.beta2), static_cast<double>(opt.step));
+  AdamwArgs args{g, m, v, p, m, v, p, clip, opt.beta1, opt.beta2, opt.eps, 1.0f - opt.lr * opt.weight_decay,
+                 static_cast<float>(static_cast<double>(opt.lr) / c1), static_cast<float>(std::sqrt(c2))};
+  adamw_update(args, n);
+}
+
 dsl::Program zero_step_program(int n, int K) {
   TUTTI_CHECK(n >= 1 && K >= 1, InvalidArgument, "zero_step_program: {} ranks and {} pieces per shard", n, K);
   const KernelIds& k = ids();

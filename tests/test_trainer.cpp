@@ -251,14 +251,17 @@ TEST(Parity, OnTheGpuDp2AndTp2TrainLikeOneRank) {
 }
 
 // ZeRO changes where the optimizer runs, not the arithmetic: with two dp ranks the reduce-scatter
-// and the all-reduce add the same two values (one order), so every stage equals plain data
-// parallelism bit for bit. (Clipping is off: the norm is summed over shards in another order.)
+// and the all-reduce add the same two values (one order), the fused step's mean (times 1/2) is the
+// all-reduce's (divided by 2), and every layout runs one AdamW loop (tutti::fused::adamw), so every
+// stage equals plain data parallelism bit for bit. (Clipping is off: the norm is summed over
+// shards in another order.)
 TEST(Parity, ZeroStagesEqualPlainDataParallelBitForBit) {
   test_support::RunOptions no_clip;
   no_clip.grad_clip = 0;
   const RunResult dp = run_layout(make_layout(1, 2), no_clip);
   for (int zero : {1, 2, 3}) {
     const RunResult z = run_layout(make_layout(1, 2, false, zero), no_clip);
+    EXPECT_EQ(z.fused_zero, zero <= 2) << "zero " << zero;  // ZeRO-1/2: the fused step (tutti/fused.hpp)
     EXPECT_EQ(z.losses, dp.losses) << "zero " << zero;
     for (const auto& [name, w] : dp.params) EXPECT_EQ(z.params.at(name), w) << "zero " << zero << ": " << name;
   }

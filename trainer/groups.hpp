@@ -55,6 +55,8 @@ class Collectives {
   // through host copies, and the asynchronous forms complete before they return. Correct first;
   // device buffers in the C++ API are the fast path to come.
   void stage_through_host(Ops* ops) { stage_ = ops; }
+  // The group's communicator (null for a group of one): for the fused operations (tutti/fused.hpp).
+  tutti::Comm* comm() { return comm_ && comm_->valid() ? &*comm_ : nullptr; }
 
  private:
   // Runs `call` on host copies of [in, in + n_in) and [out, out + n_out) when staging.

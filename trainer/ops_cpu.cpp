@@ -14,6 +14,7 @@
 #include <new>
 
 #include "trainer/ops.hpp"
+#include "tutti/fused.hpp"
 #include "tutti/types.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -341,18 +342,19 @@ class CpuOps final : public Ops {
 
   void adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
              float wd, int step, float grad_scale) override {
-    const double c1 = 1.0 - std::pow(static_cast<double>(beta1), step);
-    const double c2 = 1.0 - std::pow(static_cast<double>(beta2), step);
-    const float step_size = static_cast<float>(static_cast<double>(lr) / c1);
-    const float c2_sqrt = static_cast<float>(std::sqrt(c2));
-    const float decay = 1.0f - lr * wd;
+    // The fused ZeRO step's loop (tutti/fused.hpp), so every layout updates with the same floats.
+    tutti::fused::AdamW opt;
+    opt.lr = lr;
+    opt.beta1 = beta1;
+    opt.beta2 = beta2;
+    opt.eps = eps;
+    opt.weight_decay = wd;
+    opt.step = step;
+    const int64_t block = (n + threads_ - 1) / std::max(threads_, 1);
 #pragma omp parallel for num_threads(threads_)
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = g[i] * grad_scale;
-      p[i] *= decay;
-      m[i] = m[i] * beta1 + gi * (1.0f - beta1);
-      v[i] = v[i] * beta2 + gi * gi * (1.0f - beta2);
-      p[i] -= step_size * (m[i] / (std::sqrt(v[i]) / c2_sqrt + eps));
+    for (int t = 0; t < threads_; ++t) {
+      const int64_t lo = std::min(n, t * block), hi = std::min(n, lo + block);
+      if (hi > lo) tutti::fused::adamw(p + lo, g + lo, m + lo, v + lo, hi - lo, opt, grad_scale);
     }
   }
 

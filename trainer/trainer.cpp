@@ -34,6 +34,20 @@ Trainer::Trainer(const ModelConfig& model, const OptimConfig& optim, Groups& gro
   }
   m_ = ops_.alloc(opt_size_);
   v_ = ops_.alloc(opt_size_);
+  // ZeRO-1/2 with host buffers run the fused step (ZeRO-3 gathers groups as the model uses them).
+  if (zero() && lay.zero <= 2 && groups.dp.comm() && std::string(ops.name()) == "cpu") {
+    const int d = groups.at.dp_rank;
+    for (const Group& g : gs) {
+      fused_.push_back(std::make_unique<tutti::fused::ZeroStep>(*groups.dp.comm(), g.shard()));
+      std::vector<float> decay(static_cast<size_t>(g.shard()), 0.0f);
+      const int64_t lo = g.offset + d * g.shard(), hi = lo + g.shard();
+      for (const Tensor& t : model_->layout().tensors())
+        if (t.decay)
+          for (int64_t i = std::max(lo, t.offset); i < std::min(hi, t.offset + t.size()); ++i)
+            decay[static_cast<size_t>(i - lo)] = 1.0f;
+      decay_.push_back(std::move(decay));
+    }
+  }
   resident_.assign(gs.size(), true);
   if (lay.zero == 3)
     for (size_t g = 0; g < gs.size(); ++g) {
@@ -158,9 +172,12 @@ StepResult Trainer::step(const int32_t* sequences) {
   hooks.grads_ready = [&](int g) {
     const Group& gr = gs[static_cast<size_t>(g)];
     if (lay.dp > 1) {
-      pending_.push_back(zero() ? groups_.dp.reduce_scatter_async(grads + gr.offset, grads + gr.offset + d * gr.shard(),
-                                                                  gr.shard(), RedOp::kAvg)
-                                : groups_.dp.all_reduce_async(grads + gr.offset, gr.size, RedOp::kAvg));
+      if (!fused_.empty())  // the mean over dp as the reduction's scale (exact for powers of two)
+        pending_.push_back(fused_[static_cast<size_t>(g)]->reduce(grads + gr.offset, 1.0f / static_cast<float>(lay.dp)));
+      else
+        pending_.push_back(zero() ? groups_.dp.reduce_scatter_async(grads + gr.offset, grads + gr.offset + d * gr.shard(),
+                                                                    gr.shard(), RedOp::kAvg)
+                                  : groups_.dp.all_reduce_async(grads + gr.offset, gr.size, RedOp::kAvg));
       pending_group_.push_back(g);
       retired.push_back(false);
       retire_done(false);
@@ -184,12 +201,36 @@ StepResult Trainer::step(const int32_t* sequences) {
   pending_.clear();
   pending_group_.clear();
   out.loss = mean_over_dp(out.loss);
-  out.grad_norm = grad_norm();
+  if (!fused_.empty() && lay.tp == 1) {
+    // The reductions summed the squares of each chunk as it arrived.
+    double local = 0;
+    for (const auto& z : fused_) local += z->local_sum_squares();
+    out.grad_norm = std::sqrt(groups_.dp.all_reduce_value(local));
+  } else {
+    out.grad_norm = grad_norm();
+  }
   const float clip =
       optim_.grad_clip > 0 ? std::min(1.0f, optim_.grad_clip / static_cast<float>(out.grad_norm + 1e-6)) : 1.0f;
   out.lr = optim_.lr_at(step_);
   ++step_;
 
+  if (!fused_.empty()) {
+    tutti::fused::AdamW opt;
+    opt.lr = out.lr;
+    opt.beta1 = optim_.beta1;
+    opt.beta2 = optim_.beta2;
+    opt.eps = optim_.eps;
+    opt.weight_decay = optim_.weight_decay;
+    opt.step = step_;
+    std::vector<tutti::Work> works;
+    for (size_t g = 0; g < gs.size(); ++g)
+      works.push_back(fused_[g]->update(grads + gs[g].offset, master_ + shard_start_[g], m_ + shard_start_[g],
+                                        v_ + shard_start_[g], model_->params() + gs[g].offset, decay_[g].data(), opt,
+                                        clip));
+    for (tutti::Work& w : works) groups_.dp.wait(w);
+    out.comm_wait_s = groups_.tp.wait_seconds() + groups_.dp.wait_seconds() - wait0;
+    return out;
+  }
   // AdamW over the parameters this rank updates, tensor by tensor (weight decay is per tensor).
   for (const Tensor& t : pl.tensors()) {
     const Group& g = gs[static_cast<size_t>(t.group)];

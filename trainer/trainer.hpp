@@ -23,6 +23,7 @@
 #include "trainer/gpt.hpp"
 #include "trainer/groups.hpp"
 #include "trainer/ops.hpp"
+#include "tutti/fused.hpp"
 
 namespace tutti::train {
 
@@ -71,6 +72,9 @@ class Trainer {
   // ZeRO-3: gathers every group's parameters into model().params() (for reading them whole).
   void gather_all();
 
+  // Whether ZeRO runs the fused step (ZeRO-1/2, data parallel, host buffers).
+  bool fused_zero() const { return !fused_.empty(); }
+
   // Floats of the optimizer's region: layout().size() without ZeRO, sum of group shards with.
   int64_t optimizer_size() const { return opt_size_; }
   // Arena offset of the optimizer region's element i (ZeRO: the owned shards, group by group).
@@ -97,6 +101,11 @@ class Trainer {
   std::vector<bool> resident_;  // ZeRO-3: groups whose parameters are gathered now
   std::vector<tutti::Work> pending_;
   std::vector<int> pending_group_;
+  // ZeRO-1/2 on host buffers: the fused ZeRO step per group (tutti/fused.hpp), in its two halves
+  // (the norm spans every group and the tp ranks): reduce() as backward finishes a group, update()
+  // after the norm, each updated chunk all-gathered as it is done.
+  std::vector<std::unique_ptr<tutti::fused::ZeroStep>> fused_;
+  std::vector<std::vector<float>> decay_;  // per group: 1 where this rank's shard decays, else 0
 };
 
 }  // namespace tutti::train

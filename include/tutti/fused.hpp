@@ -41,6 +41,11 @@ struct AdamW {
   float grad_scale = 1.0f;   // gradients are multiplied by it first (1 / the loss scale)
 };
 
+// AdamW on n parameters in place, gradients times `clip` (opt.max_norm and opt.grad_scale are not
+// used): the element loop every fused step runs, vectorised, for callers that update parameters
+// themselves and want the same floats (the trainer's unsharded optimizer).
+void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamW& opt, float clip);
+
 class ZeroStep {
  public:
   // `shard`: parameters each rank owns; `pieces`: chunks per shard that flow through the pipeline

@@ -56,6 +56,7 @@ RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions&
   const int per = kBatch / layout.dp;
   std::vector<int32_t> seqs(static_cast<size_t>(per * (mc.seq + 1)));
   RunResult out;
+  out.fused_zero = trainer.fused_zero();
   int first = 0;
   if (!options.resume_dir.empty()) first = load_checkpoint(options.resume_dir, trainer).step;
   for (int s = first; s < kSteps; ++s) {
@@ -84,7 +85,7 @@ RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions&
 }
 
 void add_parts(RunResult& sum, const RunResult& part) {
-  if (sum.losses.empty()) sum.losses = part.losses;
+  if (sum.losses.empty()) sum.losses = part.losses, sum.fused_zero = part.fused_zero;
   for (const auto& [name, w] : part.params) {
     auto& s = sum.params[name];
     if (s.empty()) s.assign(w.size(), 0.0f);

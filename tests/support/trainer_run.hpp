@@ -26,6 +26,7 @@ struct RunResult {
   // Whole tensors after the last step. A rank fills only the parts it alone holds (dp rank 0; whole
   // tensors on tp rank 0), zeros elsewhere, so the ranks' results add up to the model exactly.
   std::map<std::string, std::vector<float>> params;
+  bool fused_zero = false;  // the trainer ran the fused ZeRO step (tutti/fused.hpp)
 };
 
 struct RunOptions {
