@@ -230,6 +230,8 @@ std::string msccl_name(Collective c) {
 }  // namespace
 
 std::string export_msccl_xml(const Plan& p) {
+  TUTTI_CHECK(p.states.empty(), InvalidArgument, "plan '{}' names state buffers ('{}', ...): MSCCL XML has only input, "
+              "output and scratch", p.name, p.states.empty() ? "" : p.states[0].name);
   TUTTI_CHECK(p.collective != Collective::kCustom && p.collective != Collective::kSendRecv, InvalidArgument,
               "MSCCL XML has no collective for '{}'", to_string(p.collective));
   bool divided = p.collective == Collective::kAllGather || p.collective == Collective::kReduceScatter ||

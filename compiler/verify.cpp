@@ -122,6 +122,9 @@ class Checker {
   }
 
   void structure() {
+    if (!p_.states.empty() && p_.collective != Collective::kCustom)
+      fail("structure", fmt::format("the {} plan names state buffers: only custom collectives have them",
+                                    to_string(p_.collective)));
     if (p_.states.size() != spec_.states.size())
       fail("structure", fmt::format("the plan has {} state buffer(s), its collective {}", p_.states.size(),
                                     spec_.states.size()));

@@ -22,8 +22,11 @@ ChunkRef ChunkRef::reduce(const ChunkRef& src, Annotations a) const {
   return program_->record(Op{OpKind::kReduce, src.loc_, loc_, a});
 }
 
-ChunkRef ChunkRef::apply(KernelId kernel, std::vector<ScalarArg> scalars, Annotations a) const {
-  return program_->apply(kernel, {*this}, {*this}, std::move(scalars), a)[0];
+ChunkRef ChunkRef::then(KernelId kernel, std::vector<ScalarArg> scalars, const std::vector<ChunkRef>& inputs,
+                        const std::vector<ChunkRef>& outputs, Annotations a) const {
+  std::vector<ChunkRef> ins = {*this};
+  ins.insert(ins.end(), inputs.begin(), inputs.end());
+  return program_->apply(kernel, ins, outputs.empty() ? std::vector<ChunkRef>{*this} : outputs, std::move(scalars), a)[0];
 }
 
 std::vector<ChunkRef> Program::apply(KernelId kernel, const std::vector<ChunkRef>& inputs,

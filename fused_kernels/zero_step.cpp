@@ -221,8 +221,8 @@ dsl::Program zero_step_program(int n, int K) {
         if (r != q) g.reduce(p.chunk(r, in, q * K + j));
       // Unscale and sum the squares while the chunk is in cache.
       auto own = p.chunk(q, stats, 1 + q);
-      if (j == 0) p.apply(k.unscale_sumsq, {g}, {g, own}, {scale});
-      else p.apply(k.unscale_sumsq_acc, {g, own}, {g, own}, {scale});
+      if (j == 0) g.then(k.unscale_sumsq, {scale}, {}, {g, own});
+      else g.then(k.unscale_sumsq_acc, {scale}, {own}, {g, own});
     }
   // Every rank's sum of squares to every rank, then the total in rank order on each (so all ranks
   // clip by the same float).
@@ -280,8 +280,8 @@ dsl::Program zero_reduce_program(int n, int K) {
       for (int r = 0; r < n; ++r)
         if (r != q) g.reduce(p.chunk(r, in, q * K + j));
       auto own = p.chunk(q, stats, q);
-      if (j == 0) p.apply(k.unscale_sumsq, {g}, {g, own}, {scale});
-      else p.apply(k.unscale_sumsq_acc, {g, own}, {g, own}, {scale});
+      if (j == 0) g.then(k.unscale_sumsq, {scale}, {}, {g, own});
+      else g.then(k.unscale_sumsq_acc, {scale}, {own}, {g, own});
     }
   return p;
 }

@@ -100,7 +100,7 @@ TEST(Dsl, ComputeKernelsAreTracked) {
     return std::optional<Content>(Content::apply(kernels::kScale, {Content::of(0, 0)}, {0.5}));
   };
   Program p("scaled copy", s);
-  p.chunk(0, Buffer::input(), 0).copy(0, Buffer::output(), 0).apply(kernels::kScale, {0.5});
+  p.chunk(0, Buffer::input(), 0).copy(0, Buffer::output(), 0).then(kernels::kScale, {0.5});
   EXPECT_NO_THROW(p.check_postcondition());
 }
 

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "compiler/compile.hpp"
+#include "compiler/msccl_xml.hpp"
 #include "compiler/verify.hpp"
 #include "core/error.hpp"
 #include "tutti/fused.hpp"
@@ -543,4 +544,15 @@ TEST(ZeroStep, ReduceThenUpdateEqualsTheWholeStepBitForBit) {
       EXPECT_TRUE(same_bits(params2, halves.params));
     });
   }
+}
+
+TEST(StateBuffers, OnlyCustomCollectivesHaveThemAndMscclXmlRefusesThem) {
+  plan::Compiled c = plan::compile(fused::zero_step_program(2, 1));
+  EXPECT_NE(error_of([&] { plan::export_msccl_xml(c.plan); }).find("names state buffers ('params', ...): MSCCL XML"),
+            std::string::npos);
+  plan::Plan wrong = c.plan;
+  wrong.collective = Collective::kAllReduce;
+  EXPECT_NE(error_of([&] { plan::verify(wrong); }).find("the all_reduce plan names state buffers"), std::string::npos);
+  // And the JSON round trip keeps them.
+  EXPECT_EQ(plan::parse_json(plan::to_json(c.plan)), c.plan);
 }

@@ -105,7 +105,7 @@ Program swap_and_square() {
     return std::optional<Content>(Content::apply(k, {Content::of(1 - rank, 0)}, {0.5}));
   };
   Program p("swap_and_square", s);
-  for (int r = 0; r < 2; ++r) p.chunk(r, Buffer::input(), 0).copy(1 - r, Buffer::output(), 0).apply(k, {0.5});
+  for (int r = 0; r < 2; ++r) p.chunk(r, Buffer::input(), 0).copy(1 - r, Buffer::output(), 0).then(k, {0.5});
   return p;
 }
 
@@ -156,7 +156,7 @@ TEST(Kernels, PlansNameKernelsInJsonAndRefuseUnknownOnes) {
   EXPECT_NE(xml_error.find("compute steps have no MSCCL XML form"), std::string::npos) << xml_error;
   // The DSL checks the scalars too.
   Program p("t", swap_and_square().spec());
-  EXPECT_NE(error_of([&] { p.chunk(0, Buffer::input(), 0).apply(square_plus_id(), {}); })
+  EXPECT_NE(error_of([&] { p.chunk(0, Buffer::input(), 0).then(square_plus_id(), {}); })
                 .find("kernel 'test.square_plus' takes 1 scalar(s), 0 given"),
             std::string::npos);
 }
@@ -178,14 +178,14 @@ TEST(Kernels, ProvenanceTellsAKernelBeforeAReductionFromOneAfterIt) {
   after.chunk(0, Buffer::input(), 0)
       .copy(0, Buffer::output(), 0)
       .reduce(after.chunk(1, Buffer::input(), 0))
-      .apply(kernels::kScale, {0.5});
+      .then(kernels::kScale, {0.5});
   EXPECT_NO_THROW(after.check_postcondition());
   EXPECT_NO_THROW(plan::compile(after));
 
   Program before("scale before the sum", s);
   before.chunk(0, Buffer::input(), 0)
       .copy(0, Buffer::output(), 0)
-      .apply(kernels::kScale, {0.5})
+      .then(kernels::kScale, {0.5})
       .reduce(before.chunk(1, Buffer::input(), 0));
   const std::string e = error_of([&] { before.check_postcondition(); });
   EXPECT_NE(e.find("holds {r1:i0, scale[0.5]({r0:i0})}, should hold {scale[0.5]({r0:i0, r1:i0})}"), std::string::npos)
@@ -195,7 +195,7 @@ TEST(Kernels, ProvenanceTellsAKernelBeforeAReductionFromOneAfterIt) {
   half.chunk(0, Buffer::input(), 0)
       .copy(0, Buffer::output(), 0)
       .reduce(half.chunk(1, Buffer::input(), 0))
-      .apply(kernels::kScale, {2.0});
+      .then(kernels::kScale, {2.0});
   EXPECT_NE(error_of([&] { half.check_postcondition(); }).find("postcondition"), std::string::npos);
   // Terms are equal whatever order built them.
   Content ab = Content::of(1, 0), x = Content::apply(kernels::kScale, {Content::of(0, 0)}, {0.5});

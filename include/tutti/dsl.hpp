@@ -7,6 +7,7 @@
 //   auto c = p.chunk(r, dsl::Buffer::input(), i);   // a reference to a chunk
 //   c = c.copy(next, dsl::Buffer::input(), i);      // returns the new location: dataflow style
 //   c = p.chunk(next, dsl::Buffer::input(), i).reduce(c);  // dst = dst (+) src, returns dst
+//   c.then(kernel, {scalars...});                           // a registered kernel on the result, in place
 //
 // Programs are plain C++: loops, functions and parameters build them. Operations are kept in the
 // order they were issued; that order is one valid sequential execution, which lowering preserves.
@@ -78,9 +79,12 @@ class ChunkRef {
   ChunkRef copy(int dst_rank, const Buffer& buffer, int index, Annotations a = {}) const;
   // this = this (+) src, element-wise over the chunks; returns this. src may be on another rank.
   ChunkRef reduce(const ChunkRef& src, Annotations a = {}) const;
-  // Applies a registered kernel (tutti/kernel.hpp) in place with its scalars' values; returns
-  // this. Throws InvalidArgument for an unknown kernel or the wrong number of scalars.
-  ChunkRef apply(KernelId kernel, std::vector<ScalarArg> scalars = {}, Annotations a = {}) const;
+  // An epilogue: runs a registered kernel (tutti/kernel.hpp) with these chunks as its first input,
+  // then `inputs`, writing `outputs` (none: these chunks, in place); returns the first output, so
+  // a schedule reads as dataflow: g.reduce(peer).then(unscale, {scale}, {}, {g, sum}). Throws
+  // InvalidArgument for an unknown kernel or operands that do not fit it (Program::apply).
+  ChunkRef then(KernelId kernel, std::vector<ScalarArg> scalars = {}, const std::vector<ChunkRef>& inputs = {},
+                const std::vector<ChunkRef>& outputs = {}, Annotations a = {}) const;
   // The chunks one by one, or in k equal parts (count must divide).
   std::vector<ChunkRef> split(int parts) const;
   // The single chunk at offset i of this range.
