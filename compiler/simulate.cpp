@@ -248,10 +248,20 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
           const BufferKind payload = in.dst ? in.dst->buffer : in.srcs.empty() ? BufferKind::kInput : in.srcs[0].buffer;
           double msg = p.unit(payload) ? static_cast<double>(in.count() * p.unit(payload)) * 8.0
                                        : static_cast<double>(in.count()) * chunk_bytes;
-          if (in.op == Opcode::kCompute && !in.srcs.empty() && !p.unit(in.srcs[0].buffer))
-            msg = static_cast<double>(in.count()) * chunk_bytes;  // a kernel's cost counts its data operand
+          if (in.op == Opcode::kCompute && in.dst)  // a kernel is costed by its output 0, 4-byte elements for a unit
+            msg = p.unit(in.dst->buffer) ? static_cast<double>(in.count() * p.unit(in.dst->buffer)) * 4.0
+                                         : static_cast<double>(in.count()) * chunk_bytes;
           if (in.op == Opcode::kCopy) local = msg / mem[r];
-          if (in.op == Opcode::kCompute) local = kernel_def(in.kernel).copy_cost * msg / mem[r];  // its registered cost
+          if (in.op == Opcode::kCompute) {  // its registered cost
+            const KernelDef& k = kernel_def(in.kernel);
+            double cost = k.copy_cost;
+            if (k.cost_of) {
+              std::vector<double> values;
+              for (const ScalarArg& a : in.scalars) values.push_back(a.slot >= 0 ? 0.0 : a.value);
+              cost = k.cost_of(values.data());
+            }
+            local = cost * msg / mem[r];
+          }
           if (in.op == Opcode::kReduce) local = msg / red[r];
           if (in.op == Opcode::kRecvReduceCopy || in.op == Opcode::kRecvReduceSend || in.op == Opcode::kRecvReduceCopySend) {
             // A reduction instead of the copy out: measured under load where the path has a

@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
 #include <vector>
 
@@ -33,9 +34,11 @@ void gemm_kernel(const KernelArgs& a) {
 KernelId gemm_id() {
   static const KernelId id = [] {
     if (auto found = find_kernel("fused.gemm")) return *found;
-    // Cost: a GEMM block of r x k by k x n does 2rkn flops on r(k + n) elements; as passes of a
-    // copy at ~10 flops per byte copied, about k / 10 for these shapes.
-    return register_kernel(KernelDef{"fused.gemm", {"rows", "k", "n"}, gemm_kernel, 40.0, 2, 1});
+    // Cost: 2k flops per output element (k / 2 per output byte); against a copy of the output, about
+    // k / 20 on the CPUs measured (sgemm at ~10x a copy's bytes per second in flops; docs/PERFORMANCE.md).
+    KernelDef def{"fused.gemm", {"rows", "k", "n"}, gemm_kernel, 40.0, 2, 1};
+    def.cost_of = [](const double* s) { return std::max(1.0, s[1] / 20.0); };
+    return register_kernel(std::move(def));
   }();
   return id;
 }

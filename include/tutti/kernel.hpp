@@ -42,9 +42,12 @@ struct KernelDef {
   std::string name;                  // unique in the process: letters, digits, '_', '.', '-'
   std::vector<std::string> scalars;  // names of the scalars a step gives it
   KernelFn cpu = nullptr;            // required
-  // The simulator's cost: this many times the time of copying the same bytes.
+  // The simulator's cost: this many times the time of copying output 0's bytes.
   double copy_cost = 1.0;
   int inputs = 1, outputs = 1;  // chunk operands it reads and writes (at least 1 each)
+  // Optional: the cost for a step's constant scalars (per-call ones read as 0), for kernels whose
+  // work per byte depends on them (a GEMM's grows with its inner size). Null: copy_cost.
+  double (*cost_of)(const double* scalars) = nullptr;
 };
 
 // A kernel's scalar as a plan holds it: a constant, or slot `slot` of the values each call passes
