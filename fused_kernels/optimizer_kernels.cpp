@@ -114,7 +114,21 @@ void AdamwUpdate(const AdamwArgs& a, int64_t n) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <cstring>
+
 namespace tutti::fused {
+
+void to_bf16(uint16_t* out, const float* in, int64_t n) {
+  // Round to nearest even on the bits, NaN to the signed quiet NaN: what element::float_to_bf16
+  // computes (tested against it), without branches, so the compiler vectorises the loop.
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, in + i, 4);
+    const uint32_t rne = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16, nan = ((u >> 16) & 0x8000u) | 0x7FC0u;
+    out[i] = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rne);
+  }
+}
+
 HWY_EXPORT(UnscaleSquare);
 HWY_EXPORT(AdamwUpdate);
 HWY_EXPORT(SumSquares);

@@ -18,6 +18,9 @@ double sum_squares(const float* x, int64_t n);
 // of a loss scaler, torch._amp_foreach_non_finite_check_and_unscale_'s).
 bool scale_check(float* x, int64_t n, float factor);
 
+// out[i] = in[i] rounded to bfloat16 (nearest even; core/element.hpp's conversion).
+void to_bf16(uint16_t* out, const float* in, int64_t n);
+
 // One AdamW update of n elements with the gradient multiplied by `clip` (outputs may be inputs):
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
 //   p = p * decay - step_size * (m / (sqrt(v) / c2_sqrt + eps))

@@ -92,8 +92,20 @@ void adamw_masked(const KernelArgs& a) {
   adamw_update(args, a.count);
 }
 
+// inputs {g, m, v, p, total}, outputs {m', v', p', p16}: adamw, then p' rounded to bfloat16 (the
+// model's copy; output 3 holds count bf16 values in count / 2 float32 elements).
+void adamw_cast(const KernelArgs& a) {
+  adamw(a);
+  const auto* p = static_cast<const float*>(a.outputs[2]);
+  auto* p16 = static_cast<uint16_t*>(a.outputs[3]);
+  if (a.output_counts && a.output_counts[3] * 2 != a.count)
+    throw InvalidArgument(fmt::format("kernel 'zero.adamw_cast': {} parameters but room for {} bfloat16 values", a.count,
+                                      a.output_counts[3] * 2));
+  to_bf16(p16, p, a.count);
+}
+
 struct KernelIds {
-  KernelId unscale_sumsq, unscale_sumsq_acc, adamw, adamw_masked;
+  KernelId unscale_sumsq, unscale_sumsq_acc, adamw, adamw_masked, adamw_cast;
 };
 
 const KernelIds& ids() {
@@ -118,6 +130,12 @@ const KernelIds& ids() {
                                      4.0,
                                      5,
                                      3});
+    out.adamw_cast = get(KernelDef{"zero.adamw_cast",
+                                   {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "max_norm"},
+                                   adamw_cast,
+                                   4.0,
+                                   5,
+                                   4});
     return out;
   }();
   return k;
@@ -157,21 +175,20 @@ void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamW&
   adamw_update(args, n);
 }
 
-dsl::Program zero_step_program(int n, int K) {
-  TUTTI_CHECK(n >= 1 && K >= 1, InvalidArgument, "zero_step_program: {} ranks and {} pieces per shard", n, K);
+namespace {
+
+// The terms both whole-step programs prove: each chunk of rank q's shard summed over the ranks and
+// unscaled, and the global sum of squares.
+struct ReducedTerms {
+  std::vector<std::vector<Content>> unscaled;  // [q][j]
+  Content total;
+};
+
+ReducedTerms reduced_terms(int n, int K) {
   const KernelIds& k = ids();
   const ScalarArg scale = ScalarArg::per_call(kGradScale);
-  const std::vector<ScalarArg> opt = adamw_scalars();
-
-  // What the plan must compute, as terms over the call's leaves: the gradients (input chunks) and
-  // the state buffers as the call finds them. Built once; the postconditions share them.
-  struct Terms {
-    std::vector<std::vector<Content>> unscaled;  // [q][j]: chunk j of shard q, summed and unscaled
-    Content total;                               // the global sum of squares
-    std::vector<std::vector<std::array<Content, 3>>> updated;  // [q][j]: AdamW's m, v, p
-  };
-  auto t = std::make_shared<Terms>();
-  t->unscaled.resize(static_cast<size_t>(n));
+  ReducedTerms t;
+  t.unscaled.resize(static_cast<size_t>(n));
   for (int q = 0; q < n; ++q) {
     Content running;
     for (int j = 0; j < K; ++j) {
@@ -180,23 +197,54 @@ dsl::Program zero_step_program(int n, int K) {
       std::vector<Content> args = {sum};
       if (j > 0) args.push_back(running);
       const KernelId kernel = j == 0 ? k.unscale_sumsq : k.unscale_sumsq_acc;
-      t->unscaled[q].push_back(Content::apply(kernel, args, {scale}, 0));
+      t.unscaled[static_cast<size_t>(q)].push_back(Content::apply(kernel, args, {scale}, 0));
       running = Content::apply(kernel, args, {scale}, 1);
     }
-    t->total.merge(running);
+    t.total.merge(running);
   }
-  t->updated.resize(static_cast<size_t>(n));
+  return t;
+}
+
+// The first half of both whole-step programs: the in-place reduce-scatter with the unscale and sum
+// of squares on each chunk as it is reduced, then every rank's sum to every rank and the total, in
+// rank order, in stats[0] (so all ranks clip by the same float).
+void emit_reduce_and_norm(dsl::Program& p, int n, int K) {
+  const KernelIds& k = ids();
+  const ScalarArg scale = ScalarArg::per_call(kGradScale);
+  const dsl::Buffer in = dsl::Buffer::input(), stats = dsl::Buffer::state("stats");
   for (int q = 0; q < n; ++q)
     for (int j = 0; j < K; ++j) {
-      std::vector<Content> args = {t->unscaled[q][j], Content::of_state(q, kM, j), Content::of_state(q, kV, j),
-                                   Content::of_state(q, kParams, q * K + j), t->total};
-      t->updated[q].push_back({Content::apply(k.adamw, args, opt, 0), Content::apply(k.adamw, args, opt, 1),
-                               Content::apply(k.adamw, args, opt, 2)});
+      auto g = p.chunk(q, in, q * K + j);
+      for (int r = 0; r < n; ++r)
+        if (r != q) g.reduce(p.chunk(r, in, q * K + j));
+      auto own = p.chunk(q, stats, 1 + q);  // unscale and sum the squares while the chunk is in cache
+      if (j == 0) g.then(k.unscale_sumsq, {scale}, {}, {g, own});
+      else g.then(k.unscale_sumsq_acc, {scale}, {own}, {g, own});
     }
-  auto updated = [t](int q, int j, int output) {
-    return std::optional<Content>(t->updated[static_cast<size_t>(q)][static_cast<size_t>(j)][static_cast<size_t>(output)]);
-  };
+  for (int q = 0; q < n; ++q)
+    for (int r = 0; r < n; ++r)
+      if (r != q) p.chunk(q, stats, 1 + q).copy(r, stats, 1 + q);
+  for (int q = 0; q < n; ++q) {
+    auto t = p.chunk(q, stats, 1).copy(q, stats, 0);
+    for (int r = 1; r < n; ++r) t.reduce(p.chunk(q, stats, 1 + r));
+  }
+}
 
+}  // namespace
+
+dsl::Program zero_step_program(int n, int K) {
+  TUTTI_CHECK(n >= 1 && K >= 1, InvalidArgument, "zero_step_program: {} ranks and {} pieces per shard", n, K);
+  const KernelIds& k = ids();
+  const std::vector<ScalarArg> opt = adamw_scalars();
+  // What the plan must compute, as terms over the call's leaves: the gradients (input chunks) and
+  // the state buffers as the call finds them. Built once; the postconditions share them.
+  auto t = std::make_shared<ReducedTerms>(reduced_terms(n, K));
+  auto updated = [t, opt, adamw = k.adamw](int q, int j, int output) {
+    std::vector<Content> args = {t->unscaled[static_cast<size_t>(q)][static_cast<size_t>(j)],
+                                 Content::of_state(q, kM, j), Content::of_state(q, kV, j),
+                                 Content::of_state(q, kParams, q * static_cast<int>(t->unscaled[0].size()) + j), t->total};
+    return std::optional<Content>(Content::apply(adamw, args, opt, output));
+  };
   CollectiveSpec s;
   s.kind = Collective::kCustom;
   s.nranks = n;
@@ -211,28 +259,9 @@ dsl::Program zero_step_program(int n, int K) {
                       [t](int, int i) { return i == 0 ? std::optional<Content>(t->total) : std::nullopt; }},
   };
   dsl::Program p(fmt::format("zero_step_n{}_k{}", n, K), s);
+  emit_reduce_and_norm(p, n, K);
   const dsl::Buffer in = dsl::Buffer::input(), params = dsl::Buffer::state("params"), m = dsl::Buffer::state("m"),
                     v = dsl::Buffer::state("v"), stats = dsl::Buffer::state("stats");
-  for (int q = 0; q < n; ++q)
-    for (int j = 0; j < K; ++j) {
-      // Reduce-scatter, in place: rank q's slice of its gradients collects every rank's.
-      auto g = p.chunk(q, in, q * K + j);
-      for (int r = 0; r < n; ++r)
-        if (r != q) g.reduce(p.chunk(r, in, q * K + j));
-      // Unscale and sum the squares while the chunk is in cache.
-      auto own = p.chunk(q, stats, 1 + q);
-      if (j == 0) g.then(k.unscale_sumsq, {scale}, {}, {g, own});
-      else g.then(k.unscale_sumsq_acc, {scale}, {own}, {g, own});
-    }
-  // Every rank's sum of squares to every rank, then the total in rank order on each (so all ranks
-  // clip by the same float).
-  for (int q = 0; q < n; ++q)
-    for (int r = 0; r < n; ++r)
-      if (r != q) p.chunk(q, stats, 1 + q).copy(r, stats, 1 + q);
-  for (int q = 0; q < n; ++q) {
-    auto t = p.chunk(q, stats, 1).copy(q, stats, 0);
-    for (int r = 1; r < n; ++r) t.reduce(p.chunk(q, stats, 1 + r));
-  }
   // AdamW on the owned shard, each chunk all-gathered as soon as it is updated.
   for (int q = 0; q < n; ++q)
     for (int j = 0; j < K; ++j) {
@@ -241,6 +270,50 @@ dsl::Program zero_step_program(int n, int K) {
               {p.chunk(q, m, j), p.chunk(q, v, j), pj}, opt);
       for (int r = 0; r < n; ++r)
         if (r != q) pj.copy(r, params, q * K + j);
+    }
+  return p;
+}
+
+dsl::Program zero_step_bf16_program(int n, int K, int64_t piece) {
+  TUTTI_CHECK(n >= 1 && K >= 1 && piece >= 2 && piece % 2 == 0, InvalidArgument,
+              "zero_step_bf16_program: {} ranks, {} pieces of {} (an even number) per shard", n, K, piece);
+  const KernelIds& k = ids();
+  const std::vector<ScalarArg> opt = adamw_scalars();
+  auto t = std::make_shared<ReducedTerms>(reduced_terms(n, K));
+  // State buffers: 0 master (this rank's fp32 shard), 1 m, 2 v, 3 stats, 4 params16 (everyone's
+  // bf16 parameters: a piece of bf16 values is piece / 2 float32 elements).
+  auto updated = [t, opt, cast = k.adamw_cast](int q, int j, int output) {
+    std::vector<Content> args = {t->unscaled[static_cast<size_t>(q)][static_cast<size_t>(j)], Content::of_state(q, 1, j),
+                                 Content::of_state(q, 2, j), Content::of_state(q, 0, j), t->total};
+    return std::optional<Content>(Content::apply(cast, args, opt, output));
+  };
+  CollectiveSpec s;
+  s.kind = Collective::kCustom;
+  s.nranks = n;
+  s.chunk_factor = K;
+  s.custom_input_chunks = n * K;
+  s.states = {
+      StateBufferSpec{"master", K, 0, [=](int q, int j) { return updated(q, j, 2); }},
+      StateBufferSpec{"m", K, 0, [=](int q, int j) { return updated(q, j, 0); }},
+      StateBufferSpec{"v", K, 0, [=](int q, int j) { return updated(q, j, 1); }},
+      StateBufferSpec{"stats", n + 1, 1,
+                      [t](int, int i) { return i == 0 ? std::optional<Content>(t->total) : std::nullopt; }},
+      StateBufferSpec{"params16", n * K, piece / 2, [=](int, int i) { return updated(i / K, i % K, 3); }},
+  };
+  dsl::Program p(fmt::format("zero_step_bf16_n{}_k{}", n, K), s);
+  emit_reduce_and_norm(p, n, K);
+  const dsl::Buffer in = dsl::Buffer::input(), master = dsl::Buffer::state("master"), m = dsl::Buffer::state("m"),
+                    v = dsl::Buffer::state("v"), stats = dsl::Buffer::state("stats"),
+                    params16 = dsl::Buffer::state("params16");
+  // AdamW on the owned shard writes the fp32 master and its bf16 cast; the cast (half the bytes) is
+  // what is all-gathered, chunk by chunk.
+  for (int q = 0; q < n; ++q)
+    for (int j = 0; j < K; ++j) {
+      auto w = p.chunk(q, master, j), w16 = p.chunk(q, params16, q * K + j);
+      p.apply(k.adamw_cast, {p.chunk(q, in, q * K + j), p.chunk(q, m, j), p.chunk(q, v, j), w, p.chunk(q, stats, 0)},
+              {p.chunk(q, m, j), p.chunk(q, v, j), w, w16}, opt);
+      for (int r = 0; r < n; ++r)
+        if (r != q) w16.copy(r, params16, q * K + j);
     }
   return p;
 }
@@ -354,7 +427,7 @@ Work ZeroStep::run(float* grads, float* params, float* m, float* v, const AdamW&
   return run_plan(comm_, plan_, call);
 }
 
-void ZeroStep::run_unfused(float* grads, float* params, float* m, float* v, const AdamW& opt, Unfused form) {
+std::vector<double> ZeroStep::unfused_to_optimizer(float* grads, const AdamW& opt, Unfused form) {
   const KernelIds& k = ids();
   const int n = comm_.size(), q = comm_.rank();
   const int64_t piece = shard_ / pieces_;
@@ -393,14 +466,48 @@ void ZeroStep::run_unfused(float* grads, float* params, float* m, float* v, cons
     for (int j = 0; j < pieces_; ++j) scale_check(mine + j * piece, piece, clip);
     all[kMaxNorm] = 0;
   }
+  return all;
+}
+
+void ZeroStep::unfused_adamw(const float* mine, float* master, float* m, float* v, const std::vector<double>& all) {
+  const int64_t piece = shard_ / pieces_;
   for (int j = 0; j < pieces_; ++j) {
     const int64_t at = j * piece;
-    float* p = params + q * shard_ + at;
-    const void* ins[5] = {mine + at, m + at, v + at, p, stats_.get()};
-    void* outs[3] = {m + at, v + at, p};
-    kernel_def(k.adamw).cpu(KernelArgs{ins, outs, piece, DataType::kFloat32, all.data() + kLr});
+    const void* ins[5] = {mine + at, m + at, v + at, master + at, stats_.get()};
+    void* outs[3] = {m + at, v + at, master + at};
+    kernel_def(ids().adamw).cpu(KernelArgs{ins, outs, piece, DataType::kFloat32, all.data() + kLr});
   }
+}
+
+void ZeroStep::run_unfused(float* grads, float* params, float* m, float* v, const AdamW& opt, Unfused form) {
+  const int q = comm_.rank();
+  const std::vector<double> all = unfused_to_optimizer(grads, opt, form);
+  unfused_adamw(grads + q * shard_, params + q * shard_, m, v, all);
   comm_.all_gather(params + q * shard_, params, static_cast<size_t>(shard_), DataType::kFloat32).wait();
+}
+
+Work ZeroStep::run_bf16(float* grads, float* master, float* m, float* v, uint16_t* params16, const AdamW& opt) {
+  TUTTI_CHECK(grads && master && m && v && params16, InvalidArgument, "rank {}: ZeroStep::run_bf16: a null buffer",
+              comm_.rank());
+  const int64_t piece = shard_ / pieces_;
+  TUTTI_CHECK(piece % 2 == 0, InvalidArgument,
+              "rank {}: ZeroStep::run_bf16: pieces of {} parameters: bf16 pieces need an even number", comm_.rank(), piece);
+  if (!bf16_plan_.prepared()) bf16_plan_ = compile_plan(zero_step_bf16_program(comm_.size(), pieces_, piece));
+  PlanCall call;
+  call.input = grads;
+  call.count = static_cast<size_t>(shard_);
+  call.states = {master, m, v, stats_.get(), params16};
+  call.scalars = call_scalars(opt);
+  return run_plan(comm_, bf16_plan_, call);
+}
+
+void ZeroStep::run_bf16_unfused(float* grads, float* master, float* m, float* v, uint16_t* params16, const AdamW& opt) {
+  const int q = comm_.rank();
+  const std::vector<double> all = unfused_to_optimizer(grads, opt, Unfused::kTorch);
+  unfused_adamw(grads + q * shard_, master, m, v, all);
+  // The cast pass (skipped steps leave master as it was; the cast of it is the same bf16).
+  to_bf16(params16 + q * shard_, master, shard_);
+  comm_.all_gather(params16 + q * shard_, params16, static_cast<size_t>(shard_), DataType::kBfloat16).wait();
 }
 
 Work ZeroStep::reduce(float* grads, float grad_scale) {

@@ -12,7 +12,9 @@
 #include "compiler/compile.hpp"
 #include "compiler/msccl_xml.hpp"
 #include "compiler/verify.hpp"
+#include "core/element.hpp"
 #include "core/error.hpp"
+#include "fused_kernels/optimizer_kernels.hpp"
 #include "tutti/fused.hpp"
 
 using namespace tutti;
@@ -555,4 +557,65 @@ TEST(StateBuffers, OnlyCustomCollectivesHaveThemAndMscclXmlRefusesThem) {
   EXPECT_NE(error_of([&] { plan::verify(wrong); }).find("the all_reduce plan names state buffers"), std::string::npos);
   // And the JSON round trip keeps them.
   EXPECT_EQ(plan::parse_json(plan::to_json(c.plan)), c.plan);
+}
+
+// Mixed precision: the fp32 master shard and the all-gathered bf16 parameters, fused == unfused.
+TEST(ZeroStep, TheBf16StepEqualsItsUnfusedFormAndCastsTheMaster) {
+  for (int n : {2, 3}) {
+    const int64_t shard = 128;
+    on_ranks(n, [&](Comm& comm) {
+      const int q = comm.rank();
+      fused::ZeroStep step(comm, shard, 4);
+      Buffers a(n, shard, q, 2), b(n, shard, q, 2);
+      std::vector<float> master_a(a.params.begin() + q * shard, a.params.begin() + (q + 1) * shard), master_b(master_a);
+      std::vector<uint16_t> p16_a(static_cast<size_t>(n * shard), 0xFFFF), p16_b(p16_a);
+      fused::AdamW opt;
+      opt.lr = 0.01f;
+      opt.max_norm = 30.0f;
+      opt.grad_scale = 0.25f;
+      for (int t = 1; t <= 2; ++t) {
+        opt.step = t;
+        a.next_grads(n, q, t);
+        b.next_grads(n, q, t);
+        step.run_bf16(a.grads.data(), master_a.data(), a.m.data(), a.v.data(), p16_a.data(), opt).wait();
+        step.run_bf16_unfused(b.grads.data(), master_b.data(), b.m.data(), b.v.data(), p16_b.data(), opt);
+        EXPECT_TRUE(same_bits(master_a, master_b)) << "step " << t;
+        EXPECT_TRUE(same_bits(a.m, b.m));
+        EXPECT_EQ(p16_a, p16_b);
+        // This rank's bf16 parameters are its master rounded (bf16 keeps float's top 16 bits, rounded).
+        for (int64_t i = 0; i < shard; ++i) {
+          const float back = [&] {
+            uint32_t bits = static_cast<uint32_t>(p16_a[static_cast<size_t>(q * shard + i)]) << 16;
+            float f;
+            std::memcpy(&f, &bits, 4);
+            return f;
+          }();
+          ASSERT_NEAR(back, master_a[static_cast<size_t>(i)], std::fabs(master_a[static_cast<size_t>(i)]) / 128.0f) << i;
+        }
+      }
+      // Odd pieces cannot hold bf16 pairs.
+      fused::ZeroStep odd(comm, 6, 2);
+      std::vector<float> g(static_cast<size_t>(6 * n)), mm(6), vv(6), w(6);
+      std::vector<uint16_t> h(static_cast<size_t>(6 * n));
+      EXPECT_NE(error_of([&] { odd.run_bf16(g.data(), w.data(), mm.data(), vv.data(), h.data(), opt); })
+                    .find("pieces of 3 parameters: bf16 pieces need an even number"),
+                std::string::npos);
+    });
+  }
+}
+
+TEST(ZeroStep, TheBf16CastIsCoreElementsRoundToNearestEven) {
+  // Every float whose top bits vary, plus the halfway cases, infinities, NaNs and denormals.
+  std::vector<float> values;
+  for (uint32_t hi = 0; hi < 0x10000u; hi += 7)
+    for (uint32_t lo : {0x0000u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu}) {
+      const uint32_t bits = (hi << 16) | lo;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      values.push_back(f);
+    }
+  std::vector<uint16_t> got(values.size());
+  fused::to_bf16(got.data(), values.data(), static_cast<int64_t>(values.size()));
+  for (size_t i = 0; i < values.size(); ++i)
+    ASSERT_EQ(got[i], element::float_to_bf16(values[i])) << "value " << i;
 }

@@ -70,6 +70,13 @@ class ZeroStep {
   enum class Unfused { kTorch, kOnePass };
   void run_unfused(float* grads, float* params, float* m, float* v, const AdamW& opt, Unfused form = Unfused::kTorch);
 
+  // Mixed precision: AdamW on this rank's fp32 master shard, the result cast to bfloat16 on the
+  // way, and the bf16 parameters (half the bytes) all-gathered into params16 (size() * shard
+  // values). The shard's pieces must be even.
+  Work run_bf16(float* grads, float* master, float* m, float* v, uint16_t* params16, const AdamW& opt);
+  // The same as PyTorch runs it (kTorch's passes, then a cast pass and an all-gather of bf16).
+  void run_bf16_unfused(float* grads, float* master, float* m, float* v, uint16_t* params16, const AdamW& opt);
+
   // Of the last call, once it is done: the global norm of the unscaled gradients, and whether it
   // is finite (false: the step was skipped).
   double last_norm() const;
@@ -98,11 +105,16 @@ class ZeroStep {
   Comm& comm_;
   int64_t shard_;
   int pieces_;
-  CompiledPlan plan_, reduce_plan_, update_plan_;  // the halves' plans are compiled on first use
+  CompiledPlan plan_, reduce_plan_, update_plan_, bf16_plan_;  // all but plan_ compiled on first use
   std::unique_ptr<float[]> stats_;  // [0]: the global sum of squares; [1 + r]: rank r's
   std::vector<float> ones_;         // update()'s decay multipliers when none are given
+  // The unfused forms: the passes up to the optimizer (returns its scalars), and AdamW.
+  std::vector<double> unfused_to_optimizer(float* grads, const AdamW& opt, Unfused form);
+  void unfused_adamw(const float* mine, float* master, float* m, float* v, const std::vector<double>& scalars);
 };
 
+// The mixed-precision step's program (ZeroStep::run_bf16): pieces of `piece` parameters (even).
+dsl::Program zero_step_bf16_program(int nranks, int pieces, int64_t piece);
 // The halves' programs (ZeroStep::reduce and ZeroStep::update).
 dsl::Program zero_reduce_program(int nranks, int pieces);
 dsl::Program zero_update_program(int nranks, int pieces);

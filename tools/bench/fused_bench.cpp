@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
   app.add_option("--mib", mib, "gradient bytes over all ranks, MiB (the ZeRO step: float32 gradients)");
   app.add_option("--iters", iters, "timed runs of each")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed runs of each first");
-  bool shared = false, check = false;
+  bool shared = false, check = false, bf16 = false;
+  app.add_flag("--bf16", bf16, "zero: mixed precision (fp32 master shard, bf16 parameters all-gathered)");
   app.add_flag("--check", check,
                "run each form once from the same inputs and state, compare the results bit for bit, exit 1 if they "
                "differ (a test: the ranks are processes)");
@@ -168,11 +169,21 @@ int main(int argc, char** argv) {
       };
       // --check: the optimizer's state (the gradients afterwards differ: PyTorch's order clips them in place).
       state = {std::span<float>(params.data(), params.size()), std::span<float>(m), std::span<float>(v)};
-      measure(prepare, [&] { step.run(grads.data(), params.data(), m.data(), v.data(), opt).wait(); },
-              [&] { step.run_unfused(grads.data(), params.data(), m.data(), v.data(), opt); });
+      // --bf16: the fp32 master is this rank's shard; the bf16 parameters fill the first half of params.
+      std::vector<float> master(static_cast<size_t>(shard), 0.5f);
+      auto* params16 = reinterpret_cast<uint16_t*>(params.data());
+      if (bf16)
+        state = {std::span<float>(params.data(), params.size() / 2), std::span<float>(master), std::span<float>(m),
+                 std::span<float>(v)};
+      if (bf16)
+        measure(prepare, [&] { step.run_bf16(grads.data(), master.data(), m.data(), v.data(), params16, opt).wait(); },
+                [&] { step.run_bf16_unfused(grads.data(), master.data(), m.data(), v.data(), params16, opt); });
+      else
+        measure(prepare, [&] { step.run(grads.data(), params.data(), m.data(), v.data(), opt).wait(); },
+                [&] { step.run_unfused(grads.data(), params.data(), m.data(), v.data(), opt); });
       // The stronger reference too: the library's one-pass kernels, only the collectives unfused.
       std::vector<double> one_pass;
-      for (int it = 0; it < (check ? 0 : warmup + iters); ++it) {
+      for (int it = 0; it < (check || bf16 ? 0 : warmup + iters); ++it) {
         prepare();
         const double t = timed(comm, [&] {
           step.run_unfused(grads.data(), params.data(), m.data(), v.data(), opt,
@@ -182,12 +193,12 @@ int main(int argc, char** argv) {
       }
       extra = fmt::format("  unfused with one-pass kernels (kOnePass) {:.2f} ms: ratio {:.2f}", median(one_pass) * 1e3,
                           0.0);
-      if (!check) hidden_of = [op = median(one_pass)](double fused_s) { return op / fused_s; };
+      if (!check && !bf16) hidden_of = [op = median(one_pass)](double fused_s) { return op / fused_s; };
       predicted = tutti::predict_plan_us(comm, step.plan(), static_cast<size_t>(shard), tutti::DataType::kFloat32);
-      what = fmt::format("{} ranks, {:.1f} MiB of float32 gradients, {} per shard, {} pieces, clipping{}; unfused as "
+      what = fmt::format("{} ranks, {:.1f} MiB of float32 gradients, {} per shard, {} pieces, clipping{}{}; unfused as "
                          "PyTorch runs it (kTorch)", n,
                          static_cast<double>(n * shard * 4) / (1 << 20), shard, step.pieces(),
-                         shared ? ", shared buffers" : "");
+                         shared ? ", shared buffers" : "", bf16 ? ", bf16 parameters (cast, then all-gather)" : "");
     } else if (op == "gemm_rs" || op == "ag_gemm") {
       const bool rs = op == "gemm_rs";
       const int64_t per = rows / n;
