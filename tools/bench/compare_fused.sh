@@ -12,6 +12,7 @@ for n in 2 4; do
   [ "$n" = 2 ] && reps=5
   for _ in $(seq $reps); do run -n $n "$F" --op zero --mib 64 --iters 7; done
   run -n $n "$F" --op zero --mib 64 --iters 7 --shared
+  run -n $n "$F" --op zero --mib 64 --iters 7 --bf16
   for flags in "" "--ln" "--sp" "--sp --ln"; do
     # shellcheck disable=SC2086
     run -n $n "$F" --op epilogue --rows 8192 --hidden 768 --iters 7 $flags
