@@ -2,7 +2,7 @@
 # The device check: run on a lent GPU machine from the repository root, with .gpu/pack made here by
 # tools/gpu/pack.sh (the device tool's carry). Prints one line per check and "N passed, M failed".
 #
-#   bash tools/gpu/check.sh [SECTION...]    sections: cuda bench threads nccl-tests torch algos msccl procs
+#   bash tools/gpu/check.sh [SECTION...]    sections: cuda bench threads nccl-tests torch algos msccl procs fused
 #                                           (default: all; OUT=dir gets logs.tgz; BUDGET=seconds, default
 #                                           450: checks that would start later are reported as not run)
 #
@@ -17,7 +17,9 @@ export LD_LIBRARY_PATH="$pack/lib:/tmp/ompi/lib:/usr/local/cuda/lib64:${LD_LIBRA
 export TUTTI_TIMEOUT=${TUTTI_TIMEOUT:-60}  # a hang fails its check instead of the whole run
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}  # a hardware queue per rank's stream
 export PATH="$pack/bin:$PATH"
-sections=${*:-cuda bench threads nccl-tests torch algos msccl procs}
+# OpenBLAS travels compressed (tools/gpu/pack.sh); the trainer's and the fused operations' binaries link it.
+[ -f "$pack/lib/libopenblas.so.0.xz" ] && [ ! -f "$pack/lib/libopenblas.so.0" ] && xz -dkf "$pack/lib/libopenblas.so.0.xz"
+sections=${*:-cuda bench threads nccl-tests torch algos msccl procs fused}
 budget=${BUDGET:-450}
 passed=0 failed=0 notrun=0
 t_start=$(date +%s)
@@ -119,6 +121,22 @@ want procs && for n in 2 4; do
   done
 done
 
+# 9. The fused operations on the host's idle cores (CPU ranks as processes; the device interpreter
+# does not run fused plans yet): each form compared bit for bit, then timed against its unfused
+# reference at 2, 4 and 8 processes (the issue-20 figures with a core per rank).
+want fused && for n in 2 4 8; do
+  check "fused_check_zero_procs$n" 60 tutti-run -n $n "$pack/bin/tutti-fused-bench" --op zero --check --mib 3
+  check "fused_zero_procs$n" 120 tutti-run -n $n "$pack/bin/tutti-fused-bench" --op zero --mib 64 --iters 7
+  check "fused_epilogue_procs$n" 120 tutti-run -n $n "$pack/bin/tutti-fused-bench" --op epilogue --rows 8192 --hidden 768 --iters 7
+  check "fused_gemm_rs_procs$n" 120 env OPENBLAS_NUM_THREADS=1 tutti-run -n $n "$pack/bin/tutti-fused-bench" --op gemm_rs \
+    --rows 2048 --k $((3072 / n)) --n 768 --iters 5
+  check "fused_moe_procs$n" 120 tutti-run -n $n "$pack/bin/tutti-fused-bench" --op moe --rows 4096 --hidden 768 --iters 7
+done
+want fused && for f in "$logs"/fused_*procs*.log; do
+  case "$f" in *check*) continue ;; esac
+  echo "## $(basename "$f" .log)"
+  grep -vE '^op ' "$f" | sed 's/^/  /'
+done
 
 [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$(dirname "$logs")" logs
 echo "# elapsed $(( $(date +%s) - t_start )) s"

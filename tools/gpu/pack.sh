@@ -14,10 +14,11 @@ grep -qs '^/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/nccl-tests"
 
 for b in tutti-run tutti-perf tutti-compile tutti-device-reduce-bench test_cuda test_cuda_graph test_device_executor \
-         tutti-train test_trainer trainer-parity; do
+         tutti-train test_trainer trainer-parity tutti-fused-bench; do
   [ -x "$build/bin/$b" ] && strip -o "$out/bin/$b" "$build/bin/$b"
 done
 strip -o "$out/lib/libtutti.so" "$build/lib/libtutti.so"
+strip -o "$out/lib/libtutti_fused.so" "$build/lib/libtutti_fused.so"
 strip -o "$out/lib/libnccl.so.2" "$(readlink -f "$build/lib/libnccl.so.2")"
 # Debian libraries the binaries link (the GPU image has glibc, libstdc++ and CUDA, not these).
 for f in "$out"/bin/* "$out"/lib/*.so*; do
