@@ -325,6 +325,12 @@ Work run_plan(Comm& comm, const CompiledPlan& plan, const PlanCall& call) {
               s.comm->rank(), plan.name());
   TUTTI_CHECK(static_cast<int>(call.type) >= 0 && static_cast<int>(call.type) < kNumDataTypes, InvalidArgument,
               "rank {}: run_plan '{}': invalid data type {}", s.comm->rank(), plan.name(), static_cast<int>(call.type));
+  TUTTI_CHECK(is_valid(call.op) && call.op != RedOp::kPreMulSum, InvalidArgument,
+              "rank {}: run_plan '{}': invalid reduction {}", s.comm->rank(), plan.name(), static_cast<int>(call.op));
+  const plan::RankPlan& mine = plan.prepared()->plan.ranks.at(static_cast<size_t>(s.comm->rank()));
+  TUTTI_CHECK(call.count == 0 || ((call.input || mine.input_chunks == 0) && (call.output || mine.output_chunks == 0)),
+              InvalidArgument, "rank {}: run_plan '{}': the plan reads an input and writes an output; {} is null",
+              s.comm->rank(), plan.name(), call.input ? "output" : "input");
   ExecArgs args;
   args.input = call.input;
   args.output = call.output;

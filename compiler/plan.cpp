@@ -276,8 +276,12 @@ Plan parse_json(const std::string& text) {
       check_keys(b, {"name", "chunks", "unit"}, where);
       StateBuffer sb{field<std::string>(b, "name", where), field<int64_t>(b, "chunks", where),
                      field<int64_t>(b, "unit", where)};
-      TUTTI_CHECK(sb.chunks >= 0 && sb.unit >= 0, InvalidArgument, "plan JSON: {}: '{}' has {} chunks of unit {}", where,
-                  sb.name, sb.chunks, sb.unit);
+      // Bounded so that chunk offsets (chunks x unit x 8 bytes) stay far inside int64.
+      constexpr int64_t kMaxChunks = int64_t{1} << 31, kMaxUnit = int64_t{1} << 40;
+      TUTTI_CHECK(sb.chunks >= 0 && sb.chunks < kMaxChunks && sb.unit >= 0 && sb.unit < kMaxUnit &&
+                      (sb.unit == 0 || sb.chunks <= kMaxUnit / sb.unit),
+                  InvalidArgument, "plan JSON: {}: '{}' has {} chunks of unit {} (at most 2^31 chunks and 2^40 elements)",
+                  where, sb.name, sb.chunks, sb.unit);
       p.states.push_back(std::move(sb));
     }
   }

@@ -165,10 +165,11 @@ class Checker {
       int64_t count = in.count();
       if (op != Opcode::kNop && count < 1) fail("structure", fmt::format("{}: moves no chunks", at(node)));
       for (auto& s : in.srcs) check_ref(node, s, count, "source");
-      // Data moves between chunks of one size; only a kernel turns data into a statistic.
-      if (op != Opcode::kCompute) {
+      // Data moves between chunks of one size; only a kernel that declares mixed units turns data
+      // into a statistic (it checks its operands' lengths itself).
+      if (op != Opcode::kCompute || !kernel_def(in.kernel).mixed_units) {
         std::vector<Ref> refs = in.srcs;
-        if (in.dst) refs.push_back(*in.dst);
+        for (const Ref& w : in.writes()) refs.push_back(w);
         for (const Ref& x : refs)
           if (p_.unit(x.buffer) != p_.unit(refs[0].buffer))
             fail("structure", fmt::format("{}: {} chunks hold {}, {} chunks {}", at(node), x.describe(),

@@ -41,6 +41,15 @@ std::vector<ChunkRef> Program::apply(KernelId kernel, const std::vector<ChunkRef
   TUTTI_CHECK(scalars.size() == def.scalars.size(), InvalidArgument,
               "apply: kernel '{}' takes {} scalar(s), {} given (rank {} {}[{}])", def.name, def.scalars.size(),
               scalars.size(), first.rank, first.buffer.describe(), first.index);
+  if (!def.mixed_units) {
+    std::vector<ChunkRef> all = inputs;
+    all.insert(all.end(), outputs.begin(), outputs.end());
+    for (const ChunkRef& r : all)
+      TUTTI_CHECK(unit(r.loc_.buffer) == unit(first.buffer), InvalidArgument,
+                  "apply: kernel '{}' takes operands of one size, but rank {} {} and {} have different units (a "
+                  "kernel for statistics or rows declares mixed_units)",
+                  def.name, first.rank, first.buffer.describe(), r.loc_.buffer.describe());
+  }
   Op op{OpKind::kCompute, first, outputs[0].loc_, a};
   op.kernel = kernel;
   op.scalars = std::move(scalars);
@@ -104,7 +113,9 @@ Program::Program(std::string name, CollectiveSpec spec) : name_(std::move(name))
 }
 
 Buffer Program::resolve(const Buffer& buffer) const {
-  if (!is_state(buffer.kind) || buffer.name.empty()) return buffer;
+  if (!is_state(buffer.kind)) return buffer;
+  TUTTI_CHECK(!buffer.name.empty(), InvalidArgument, "program '{}': a state buffer is named (Buffer::state(\"m\"))",
+              name_);
   try {
     return Buffer{state_buffer(spec_.state_named(buffer.name)), buffer.name};
   } catch (const InvalidArgument& e) {

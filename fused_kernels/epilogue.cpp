@@ -15,7 +15,8 @@
 namespace tutti::fused {
 namespace {
 
-enum Slot : int { kDropout, kSeed, kLnEps, kSlots };
+// The seed travels as two exact 32-bit halves (a double holds 53 bits, a seed 64).
+enum Slot : int { kDropout, kSeedHigh, kSeedLow, kLnEps, kSlots };
 
 // Whether element `index` survives dropout with probability p: a hash of (seed, index), so every
 // rank and every chunking draws the same mask (splitmix64's finaliser).
@@ -41,8 +42,12 @@ int64_t bias_dropout_add(const KernelArgs& a, float* out) {
   if (hidden <= 0 || a.count % hidden != 0 || a.offset % hidden != 0)
     throw InvalidArgument(fmt::format("kernel 'fused.bias_dropout_residual': {} elements at {} are not whole rows of {}",
                                       a.count, a.offset, hidden));
+  if (a.input_counts[2] != a.count || (a.output_counts && a.output_counts[0] != a.count))
+    throw InvalidArgument(fmt::format("kernel 'fused.bias_dropout_residual': {} elements, but the residual holds {} and "
+                                      "the output {}",
+                                      a.count, a.input_counts[2], a.output_counts ? a.output_counts[0] : a.count));
   const double p = a.scalars[kDropout];
-  const auto seed = static_cast<uint64_t>(a.scalars[kSeed]);
+  const uint64_t seed = (static_cast<uint64_t>(a.scalars[kSeedHigh]) << 32) | static_cast<uint64_t>(a.scalars[kSeedLow]);
   if (p <= 0) {
     for (int64_t r = 0; r < a.count; r += hidden)
       for (int64_t c = 0; c < hidden; ++c) out[r + c] = residual[r + c] + (y[r + c] + bias[c]);
@@ -72,6 +77,12 @@ void bdr_ln(const KernelArgs& a) {
   auto* ln = static_cast<float*>(a.outputs[1]);
   const auto* gamma = static_cast<const float*>(a.inputs[3]);
   const auto* beta = static_cast<const float*>(a.inputs[4]);
+  if (a.input_counts && (a.input_counts[3] != a.input_counts[1] || a.input_counts[4] != a.input_counts[1] ||
+                         (a.output_counts && a.output_counts[1] != a.count)))
+    throw InvalidArgument(fmt::format("kernel 'fused.bias_dropout_residual_ln': gamma and beta hold {} and {} of {}, "
+                                      "ln {} of {}",
+                                      a.input_counts[3], a.input_counts[4], a.input_counts[1],
+                                      a.output_counts ? a.output_counts[1] : a.count, a.count));
   const int64_t hidden = bias_dropout_add(a, out);
   const auto eps = static_cast<float>(a.scalars[kLnEps]);
   for (int64_t r = 0; r < a.count; r += hidden) {
@@ -97,22 +108,26 @@ const KernelIds& ids() {
       if (auto id = find_kernel(def.name)) return *id;
       return register_kernel(std::move(def));
     };
+    auto mixed = [](KernelDef d) {  // the bias, gamma and beta are rows: state buffers of unit hidden
+      d.mixed_units = true;
+      return d;
+    };
     return KernelIds{
-        get(KernelDef{"fused.bias_dropout_residual", {"dropout", "seed"}, bdr, 1.5, 3, 1}),
-        get(KernelDef{"fused.bias_dropout_residual_ln", {"dropout", "seed", "eps"}, bdr_ln, 3.0, 5, 2}),
+        get(mixed(KernelDef{"fused.bias_dropout_residual", {"dropout", "seed_high", "seed_low"}, bdr, 1.5, 3, 1})),
+        get(mixed(KernelDef{"fused.bias_dropout_residual_ln", {"dropout", "seed_high", "seed_low", "eps"}, bdr_ln, 3.0, 5, 2})),
     };
   }();
   return k;
 }
 
 std::vector<ScalarArg> scalars_for(bool ln) {
-  std::vector<ScalarArg> s = {ScalarArg::per_call(kDropout), ScalarArg::per_call(kSeed)};
+  std::vector<ScalarArg> s = {ScalarArg::per_call(kDropout), ScalarArg::per_call(kSeedHigh), ScalarArg::per_call(kSeedLow)};
   if (ln) s.push_back(ScalarArg::per_call(kLnEps));
   return s;
 }
 
 std::vector<double> call_scalars(const EpilogueOptions& o) {
-  return {o.dropout, static_cast<double>(o.seed), o.ln_eps};
+  return {o.dropout, static_cast<double>(o.seed >> 32), static_cast<double>(o.seed & 0xFFFFFFFFu), o.ln_eps};
 }
 
 // State buffers, in order (gamma and beta with LayerNorm only).

@@ -21,6 +21,8 @@ void gemm_kernel(const KernelArgs& a) {
     throw InvalidArgument(fmt::format("kernel 'fused.gemm' runs on float32, not {}", name(a.type)));
   const auto rows = static_cast<int64_t>(a.scalars[0]), k = static_cast<int64_t>(a.scalars[1]),
              n = static_cast<int64_t>(a.scalars[2]);
+  if (rows < 1 || k < 1 || n < 1)
+    throw InvalidArgument(fmt::format("kernel 'fused.gemm': {} x {} by {} x {}", rows, k, k, n));
   if (a.input_counts && (a.input_counts[0] != rows * k || a.input_counts[1] != k * n || a.output_counts[0] != rows * n))
     throw InvalidArgument(fmt::format("kernel 'fused.gemm' ({} x {} by {} x {}): operands of {}, {} and {} elements",
                                       rows, k, k, n, a.input_counts[0], a.input_counts[1], a.output_counts[0]));
@@ -37,6 +39,7 @@ KernelId gemm_id() {
     // Cost: 2k flops per output element (k / 2 per output byte); against a copy of the output, about
     // k / 20 on the CPUs measured (sgemm at ~10x a copy's bytes per second in flops; docs/PERFORMANCE.md).
     KernelDef def{"fused.gemm", {"rows", "k", "n"}, gemm_kernel, 40.0, 2, 1};
+    def.mixed_units = true;  // blocks of x and the weight: state buffers of their own units
     def.cost_of = [](const double* s) { return std::max(1.0, s[1] / 20.0); };
     return register_kernel(std::move(def));
   }();
@@ -68,7 +71,17 @@ void gemm(const float* a, const float* b, float* c, int64_t rows, int64_t k, int
   gemm_kernel(KernelArgs{ins, outs, rows * k, DataType::kFloat32, s});
 }
 
+namespace {
+void check_program(const char* what, int nranks, int K, int64_t rows, int64_t k, int64_t n) {
+  TUTTI_CHECK(nranks >= 1 && K >= 1 && k >= 1 && n >= 1 && rows >= static_cast<int64_t>(nranks) * K &&
+                  rows % (static_cast<int64_t>(nranks) * K) == 0,
+              InvalidArgument, "{}: {} x {} by {} x {} does not split into {} ranks x {} row blocks", what, rows, k, k, n,
+              nranks, K);
+}
+}  // namespace
+
 dsl::Program gemm_reduce_scatter_program(int nranks, int K, int64_t rows, int64_t k, int64_t n) {
+  check_program("gemm_reduce_scatter_program", nranks, K, rows, k, n);
   const int N = nranks;
   const int64_t block = rows / (static_cast<int64_t>(N) * K);  // rows of a block
   const KernelId g = gemm_id();
@@ -113,6 +126,7 @@ dsl::Program gemm_reduce_scatter_program(int nranks, int K, int64_t rows, int64_
 }
 
 dsl::Program all_gather_gemm_program(int nranks, int K, int64_t rows, int64_t k, int64_t n) {
+  check_program("all_gather_gemm_program", nranks, K, rows, k, n);
   const int N = nranks;
   const int64_t block = rows / (static_cast<int64_t>(N) * K);
   const KernelId g = gemm_id();

@@ -22,6 +22,9 @@ void gather_rows(const KernelArgs& a) {
   const auto* x = static_cast<const float*>(a.inputs[0]);
   const auto* index = static_cast<const int32_t*>(a.inputs[1]);
   auto* block = static_cast<float*>(a.outputs[0]);
+  if (hidden < 1 || !a.input_counts || a.input_counts[0] % hidden != 0 ||
+      (a.output_counts && a.output_counts[0] != a.input_counts[1] * hidden))
+    throw InvalidArgument(fmt::format("kernel 'moe.gather': rows of {} do not fit the operands", hidden));
   const int64_t tokens = a.input_counts[0] / hidden, slots = a.input_counts[1];
   for (int64_t s = 0; s < slots; ++s) {
     const int32_t t = index[s];
@@ -42,6 +45,10 @@ void scatter_rows(const KernelArgs& a, bool first) {
   const auto* gate = static_cast<const float*>(a.inputs[1]);
   const auto* index = static_cast<const int32_t*>(a.inputs[2]);
   auto* y = static_cast<float*>(a.outputs[0]);
+  if (hidden < 1 || !a.input_counts || !a.output_counts || a.output_counts[0] % hidden != 0 ||
+      a.input_counts[0] != a.input_counts[1] * hidden || a.input_counts[2] != a.input_counts[1] ||
+      (!first && a.input_counts[3] != a.output_counts[0]))
+    throw InvalidArgument(fmt::format("kernel '{}': rows of {} do not fit the operands", what, hidden));
   const int64_t tokens = a.output_counts[0] / hidden, slots = a.input_counts[1];
   if (first) std::memset(y, 0, static_cast<size_t>(tokens * hidden) * sizeof(float));
   else if (a.inputs[3] != y) std::memcpy(y, a.inputs[3], static_cast<size_t>(tokens * hidden) * sizeof(float));
@@ -66,9 +73,13 @@ const KernelIds& ids() {
       if (auto id = find_kernel(def.name)) return *id;
       return register_kernel(std::move(def));
     };
-    return KernelIds{get(KernelDef{"moe.gather", {"hidden"}, gather_rows, 1.0, 2, 1}),
-                     get(KernelDef{"moe.combine_first", {"hidden"}, combine_first, 2.0, 3, 1}),
-                     get(KernelDef{"moe.combine", {"hidden"}, combine_more, 2.0, 4, 1})};
+    auto mixed = [](KernelDef d) {  // token tables, slot tables and blocks: state buffers of their own units
+      d.mixed_units = true;
+      return d;
+    };
+    return KernelIds{get(mixed(KernelDef{"moe.gather", {"hidden"}, gather_rows, 1.0, 2, 1})),
+                     get(mixed(KernelDef{"moe.combine_first", {"hidden"}, combine_first, 2.0, 3, 1})),
+                     get(mixed(KernelDef{"moe.combine", {"hidden"}, combine_more, 2.0, 4, 1}))};
   }();
   return k;
 }
@@ -79,6 +90,8 @@ int combine_source(int r, int step, int n) { return (r + step) % n; }
 }  // namespace
 
 dsl::Program moe_dispatch_program(int n, int64_t tokens, int64_t hidden, int64_t capacity) {
+  TUTTI_CHECK(n >= 1 && tokens >= 1 && hidden >= 1 && capacity >= 1, InvalidArgument,
+              "moe_dispatch_program: {} ranks, {} tokens of {}, capacity {}", n, tokens, hidden, capacity);
   const KernelIds& k = ids();
   const std::vector<ScalarArg> h = {ScalarArg(static_cast<double>(hidden))};
   CollectiveSpec s;
@@ -108,6 +121,8 @@ dsl::Program moe_dispatch_program(int n, int64_t tokens, int64_t hidden, int64_t
 }
 
 dsl::Program moe_combine_program(int n, int64_t tokens, int64_t hidden, int64_t capacity) {
+  TUTTI_CHECK(n >= 1 && tokens >= 1 && hidden >= 1 && capacity >= 1, InvalidArgument,
+              "moe_combine_program: {} ranks, {} tokens of {}, capacity {}", n, tokens, hidden, capacity);
   const KernelIds& k = ids();
   const std::vector<ScalarArg> h = {ScalarArg(static_cast<double>(hidden))};
   CollectiveSpec s;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <initializer_list>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -27,9 +28,28 @@ void require_float(const KernelArgs& a, const char* kernel) {
     throw InvalidArgument(fmt::format("kernel '{}' runs on float32, not {}", kernel, name(a.type)));
 }
 
+// Kernels with mixed units check what each operand holds: `want[i]` elements, or -1 for "at least
+// one" (a statistic). Without counts (a direct call) the caller vouches for them.
+void require_counts(const KernelArgs& a, const char* kernel, std::initializer_list<int64_t> ins,
+                    std::initializer_list<int64_t> outs) {
+  if (!a.input_counts || !a.output_counts) return;
+  auto check = [&](const int64_t* got, std::initializer_list<int64_t> want, const char* what) {
+    size_t i = 0;
+    for (int64_t w : want) {
+      if (w >= 0 ? got[i] != w : got[i] < 1)
+        throw InvalidArgument(fmt::format("kernel '{}': {} {} holds {} element(s), {} needed", kernel, what, i, got[i],
+                                          w >= 0 ? fmt::format("{}", w) : std::string("at least 1")));
+      ++i;
+    }
+  };
+  check(a.input_counts, ins, "input");
+  check(a.output_counts, outs, "output");
+}
+
 // inputs {g}, outputs {g', s}: g' = g * grad_scale; s = sum of squares of g' (one element).
 void unscale_sumsq(const KernelArgs& a) {
   require_float(a, "zero.unscale_sumsq");
+  require_counts(a, "zero.unscale_sumsq", {a.count}, {a.count, -1});
   const double sum = unscale_square(static_cast<float*>(a.outputs[0]), static_cast<const float*>(a.inputs[0]), a.count,
                                     static_cast<float>(a.scalars[0]));
   *static_cast<float*>(a.outputs[1]) = static_cast<float>(sum);
@@ -38,6 +58,7 @@ void unscale_sumsq(const KernelArgs& a) {
 // inputs {g, s}, outputs {g', s'}: as unscale_sumsq, adding to the running sum s.
 void unscale_sumsq_acc(const KernelArgs& a) {
   require_float(a, "zero.unscale_sumsq_acc");
+  require_counts(a, "zero.unscale_sumsq_acc", {a.count, -1}, {a.count, -1});
   const float before = *static_cast<const float*>(a.inputs[1]);
   const double sum = unscale_square(static_cast<float*>(a.outputs[0]), static_cast<const float*>(a.inputs[0]), a.count,
                                     static_cast<float>(a.scalars[0]));
@@ -48,6 +69,7 @@ void unscale_sumsq_acc(const KernelArgs& a) {
 // norm sqrt(total), as the trainer's optimizer computes it; nothing changes when total is not finite.
 void adamw(const KernelArgs& a) {
   require_float(a, "zero.adamw");
+  require_counts(a, "zero.adamw", {a.count, a.count, a.count, a.count, -1}, {a.count, a.count, a.count});
   const auto* g = static_cast<const float*>(a.inputs[0]);
   const auto* m_in = static_cast<const float*>(a.inputs[1]);
   const auto* v_in = static_cast<const float*>(a.inputs[2]);
@@ -95,13 +117,12 @@ void adamw_masked(const KernelArgs& a) {
 // inputs {g, m, v, p, total}, outputs {m', v', p', p16}: adamw, then p' rounded to bfloat16 (the
 // model's copy; output 3 holds count bf16 values in count / 2 float32 elements).
 void adamw_cast(const KernelArgs& a) {
-  adamw(a);
-  const auto* p = static_cast<const float*>(a.outputs[2]);
-  auto* p16 = static_cast<uint16_t*>(a.outputs[3]);
+  // Checked before anything is written: an error leaves the step undone, not half done.
   if (a.output_counts && a.output_counts[3] * 2 != a.count)
     throw InvalidArgument(fmt::format("kernel 'zero.adamw_cast': {} parameters but room for {} bfloat16 values", a.count,
                                       a.output_counts[3] * 2));
-  to_bf16(p16, p, a.count);
+  adamw(a);
+  to_bf16(static_cast<uint16_t*>(a.outputs[3]), static_cast<const float*>(a.outputs[2]), a.count);
 }
 
 struct KernelIds {
@@ -116,26 +137,30 @@ const KernelIds& ids() {
     };
     KernelIds out;
     // Costs: passes over the chunk's bytes, as a copy's (one read, one write) is 1.
-    out.unscale_sumsq = get(KernelDef{"zero.unscale_sumsq", {"grad_scale"}, unscale_sumsq, 1.0, 1, 2});
-    out.unscale_sumsq_acc = get(KernelDef{"zero.unscale_sumsq_acc", {"grad_scale"}, unscale_sumsq_acc, 1.0, 2, 2});
-    out.adamw = get(KernelDef{"zero.adamw",
-                              {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "max_norm"},
-                              adamw,
-                              3.5,
-                              5,
-                              3});
+    auto mixed = [](KernelDef d) {  // operands include a statistic (a state buffer of unit 1)
+      d.mixed_units = true;
+      return d;
+    };
+    out.unscale_sumsq = get(mixed(KernelDef{"zero.unscale_sumsq", {"grad_scale"}, unscale_sumsq, 1.0, 1, 2}));
+    out.unscale_sumsq_acc = get(mixed(KernelDef{"zero.unscale_sumsq_acc", {"grad_scale"}, unscale_sumsq_acc, 1.0, 2, 2}));
+    out.adamw = get(mixed(KernelDef{"zero.adamw",
+                                    {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "max_norm"},
+                                    adamw,
+                                    3.5,
+                                    5,
+                                    3}));
     out.adamw_masked = get(KernelDef{"zero.adamw_masked",
                                      {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "clip"},
                                      adamw_masked,
                                      4.0,
                                      5,
                                      3});
-    out.adamw_cast = get(KernelDef{"zero.adamw_cast",
-                                   {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "max_norm"},
-                                   adamw_cast,
-                                   4.0,
-                                   5,
-                                   4});
+    out.adamw_cast = get(mixed(KernelDef{"zero.adamw_cast",
+                                         {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "max_norm"},
+                                         adamw_cast,
+                                         4.0,
+                                         5,
+                                         4}));
     return out;
   }();
   return k;

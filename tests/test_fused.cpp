@@ -276,7 +276,7 @@ TEST(BiasDropoutResidual, EveryFormIsProvedAgainstTheEpilogueOfTheSum) {
       plan::Compiled c = plan::compile(fused::bias_dropout_residual_program(3, 2, 8, o));
       EXPECT_EQ(c.plan.states[0].unit, 8);  // the bias: one row
       const std::string post = fused::bias_dropout_residual_program(3, 2, 8, o).spec().postcondition(1, 1)->describe();
-      EXPECT_NE(post.find(ln ? "fused.bias_dropout_residual_ln[$0, $1, $2]({r0:i" : "fused.bias_dropout_residual[$0, $1]({r0:i"),
+      EXPECT_NE(post.find(ln ? "fused.bias_dropout_residual_ln[$0, $1, $2, $3]({r0:i" : "fused.bias_dropout_residual[$0, $1, $2]({r0:i"),
                 std::string::npos)
           << post;
     }
@@ -618,4 +618,57 @@ TEST(ZeroStep, TheBf16CastIsCoreElementsRoundToNearestEven) {
   fused::to_bf16(got.data(), values.data(), static_cast<int64_t>(values.size()));
   for (size_t i = 0; i < values.size(); ++i)
     ASSERT_EQ(got[i], element::float_to_bf16(values[i])) << "value " << i;
+}
+
+// A kernel gets operands of one unit unless it declares mixed units, and one that does checks each
+// operand's length: a plan that hands it a statistic where it writes data is refused when it runs.
+TEST(StateBuffers, KernelsGetOperandsTheyCanHold) {
+  CollectiveSpec s;
+  s.kind = Collective::kCustom;
+  s.nranks = 1;
+  s.custom_input_chunks = 1;
+  s.states = {StateBufferSpec{"stats", 1, 1, {}}};
+  {  // scale (one unit) on a statistic and a chunk of data: refused by the DSL
+    dsl::Program p("mixed", s);
+    const std::string e = error_of([&] {
+      p.apply(kernels::kScale, {p.chunk(0, dsl::Buffer::input(), 0)}, {p.chunk(0, dsl::Buffer::state("stats"), 0)}, {2.0});
+    });
+    EXPECT_NE(e.find("kernel 'scale' takes operands of one size"), std::string::npos) << e;
+  }
+  // unscale_sumsq with its outputs swapped: the data into the statistic. It verifies (the kernel
+  // declares mixed units) and the kernel refuses it by operand.
+  fused::register_kernels();
+  dsl::Program p("swapped", s);
+  auto g = p.chunk(0, dsl::Buffer::input(), 0);
+  g.then(*find_kernel("zero.unscale_sumsq"), {1.0}, {}, {p.chunk(0, dsl::Buffer::state("stats"), 0), g});
+  CompiledPlan plan = compile_plan(p);
+  on_ranks(1, [&](Comm& comm) {
+    std::vector<float> x(64, 1.0f), stat(1);
+    PlanCall call;
+    call.input = x.data();
+    call.count = 64;
+    call.states = {stat.data()};
+    const std::string e = error_of([&] { run_plan(comm, plan, call).wait(); });
+    EXPECT_NE(e.find("kernel 'zero.unscale_sumsq': output 0 holds 1 element(s), 64 needed"), std::string::npos) << e;
+  });
+  EXPECT_NE(error_of([&] { dsl::Program q("noname", s); q.chunk(0, dsl::Buffer::state(""), 0); }).find("a state buffer is named"),
+            std::string::npos);
+}
+
+// Seeds above 2^53 keep their low bits: consecutive seeds draw different masks.
+TEST(BiasDropoutResidual, EverySeedBitCounts) {
+  on_ranks(2, [&](Comm& comm) {
+    fused::EpilogueOptions o;
+    o.dropout = 0.5f;
+    const uint64_t base = uint64_t{1} << 60;
+    std::vector<std::vector<float>> outs;
+    for (uint64_t seed : {base, base + 1}) {
+      o.seed = seed;
+      fused::BiasDropoutResidual op(comm, 8, 16, o, 1);
+      std::vector<float> partial(128, 1.0f), bias(16, 0.0f), residual(128, 0.0f), out(128);
+      op.run(partial.data(), bias.data(), residual.data(), out.data()).wait();
+      outs.push_back(out);
+    }
+    EXPECT_NE(outs[0], outs[1]);
+  });
 }

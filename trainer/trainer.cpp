@@ -227,7 +227,17 @@ StepResult Trainer::step(const int32_t* sequences) {
       works.push_back(fused_[g]->update(grads + gs[g].offset, master_ + shard_start_[g], m_ + shard_start_[g],
                                         v_ + shard_start_[g], model_->params() + gs[g].offset, decay_[g].data(), opt,
                                         clip));
-    for (tutti::Work& w : works) groups_.dp.wait(w);
+    // Every update finishes before the step returns or throws: a failed one must not leave the
+    // others running on the optimizer's memory.
+    std::exception_ptr first;
+    for (tutti::Work& w : works) {
+      try {
+        groups_.dp.wait(w);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
     out.comm_wait_s = groups_.tp.wait_seconds() + groups_.dp.wait_seconds() - wait0;
     return out;
   }

@@ -1,7 +1,11 @@
 #pragma once
 // Fused compute + communication: operations whose plan runs kernels on chunks as soon as their data
 // is there, verified like every plan (DESIGN.md 7). Each has an unfused reference built from plain
-// collectives plus the same kernels, which its tests and benchmark compare it with.
+// collectives plus the same kernels, which its tests and benchmark compare it with. The two give the
+// same floats wherever the reductions add in the same order: always for 2 ranks; for more, the
+// fused plans add the ranks' contributions in rank order and the library's collectives in their
+// own, so they agree bit for bit on data whose sums are exact in any order (the tests' small
+// integers) and to rounding otherwise.
 //
 // The ZeRO optimizer step (ZeRO-1/2): the gradients are reduce-scattered, each rank unscales its
 // shard and sums its squares (clipping and the non-finite check need the global norm), the ranks

@@ -48,6 +48,11 @@ struct KernelDef {
   // Optional: the cost for a step's constant scalars (per-call ones read as 0), for kernels whose
   // work per byte depends on them (a GEMM's grows with its inner size). Null: copy_cost.
   double (*cost_of)(const double* scalars) = nullptr;
+  // Whether its operands may lie in buffers of different units (a statistic, a bias row: state
+  // buffers with a unit of their own). Such a kernel reads each operand's length from
+  // KernelArgs::input_counts / output_counts and must check them; the others get operands of one
+  // unit only (the verifier and the DSL refuse the rest), so `count` is every operand's length.
+  bool mixed_units = false;
 };
 
 // A kernel's scalar as a plan holds it: a constant, or slot `slot` of the values each call passes
