@@ -9,6 +9,7 @@
 
 #include "core/datatype.hpp"
 #include "core/error.hpp"
+#include "fused_kernels/common.hpp"
 #include "tutti/fused.hpp"
 #include "tutti/kernel.hpp"
 
@@ -26,11 +27,6 @@ inline bool kept(uint64_t seed, uint64_t index, uint32_t threshold) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   z ^= z >> 31;
   return static_cast<uint32_t>(z >> 40) >= threshold;  // 24 uniform bits
-}
-
-void require_float(const KernelArgs& a, const char* kernel) {
-  if (a.type != DataType::kFloat32)
-    throw InvalidArgument(fmt::format("kernel '{}' runs on float32, not {}", kernel, name(a.type)));
 }
 
 // out = residual + dropout(y + bias) on whole rows; returns the row length (the bias's).
@@ -104,17 +100,11 @@ struct KernelIds {
 
 const KernelIds& ids() {
   static const KernelIds k = [] {
-    auto get = [](KernelDef def) {
-      if (auto id = find_kernel(def.name)) return *id;
-      return register_kernel(std::move(def));
-    };
-    auto mixed = [](KernelDef d) {  // the bias, gamma and beta are rows: state buffers of unit hidden
-      d.mixed_units = true;
-      return d;
-    };
+    // Mixed units: the bias, gamma and beta are rows (state buffers of unit hidden).
     return KernelIds{
-        get(mixed(KernelDef{"fused.bias_dropout_residual", {"dropout", "seed_high", "seed_low"}, bdr, 1.5, 3, 1})),
-        get(mixed(KernelDef{"fused.bias_dropout_residual_ln", {"dropout", "seed_high", "seed_low", "eps"}, bdr_ln, 3.0, 5, 2})),
+        register_once({"fused.bias_dropout_residual", {"dropout", "seed_high", "seed_low"}, bdr, 1.5, 3, 1}, true),
+        register_once(
+            {"fused.bias_dropout_residual_ln", {"dropout", "seed_high", "seed_low", "eps"}, bdr_ln, 3.0, 5, 2}, true),
     };
   }();
   return k;
@@ -133,13 +123,6 @@ std::vector<double> call_scalars(const EpilogueOptions& o) {
 // State buffers, in order (gamma and beta with LayerNorm only).
 enum State : int { kBias, kResidual, kLn, kGamma, kBeta };
 
-int default_pieces(int64_t rows_per_rank, int64_t hidden) {
-  constexpr int64_t kPieceBytes = 256 << 10;
-  int64_t want = std::max<int64_t>(1, rows_per_rank * hidden * static_cast<int64_t>(sizeof(float)) / kPieceBytes);
-  want = std::min<int64_t>(want, 256);
-  while (rows_per_rank % want != 0) --want;
-  return static_cast<int>(want);
-}
 
 }  // namespace
 
@@ -205,7 +188,7 @@ BiasDropoutResidual::BiasDropoutResidual(Comm& comm, int64_t rows, int64_t hidde
   const int n = comm.size();
   TUTTI_CHECK(rows >= 1 && hidden >= 1 && rows % n == 0, InvalidArgument,
               "rank {}: BiasDropoutResidual: {} rows of {} do not split over {} ranks", comm.rank(), rows, hidden, n);
-  pieces_ = pieces > 0 ? pieces : default_pieces(rows / n, hidden);
+  pieces_ = pieces > 0 ? pieces : pieces_for(rows / n, hidden * static_cast<int64_t>(sizeof(float)), 256 << 10, 256);
   TUTTI_CHECK((rows / n) % pieces_ == 0, InvalidArgument,
               "rank {}: BiasDropoutResidual: {} rows per rank do not split into {} pieces", comm.rank(), rows / n, pieces_);
   TUTTI_CHECK(options.dropout >= 0 && options.dropout < 1, InvalidArgument,

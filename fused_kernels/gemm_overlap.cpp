@@ -9,6 +9,7 @@
 
 #include "core/datatype.hpp"
 #include "core/error.hpp"
+#include "fused_kernels/common.hpp"
 #include "tutti/fused.hpp"
 #include "tutti/kernel.hpp"
 
@@ -17,8 +18,7 @@ namespace {
 
 // inputs {a: rows x k, b: k x n}, outputs {c: rows x n}; scalars {rows, k, n} (constants of the plan).
 void gemm_kernel(const KernelArgs& a) {
-  if (a.type != DataType::kFloat32)
-    throw InvalidArgument(fmt::format("kernel 'fused.gemm' runs on float32, not {}", name(a.type)));
+  require_float(a, "fused.gemm");
   const auto rows = static_cast<int64_t>(a.scalars[0]), k = static_cast<int64_t>(a.scalars[1]),
              n = static_cast<int64_t>(a.scalars[2]);
   if (rows < 1 || k < 1 || n < 1)
@@ -34,24 +34,20 @@ void gemm_kernel(const KernelArgs& a) {
 }
 
 KernelId gemm_id() {
+  // Cost: 2k flops per output element (k / 2 per output byte); against a copy of the output, about
+  // k / 20 on the CPUs measured (sgemm at ~10x a copy's bytes per second in flops; docs/PERFORMANCE.md).
+  // Mixed units: blocks of x and the weight are state buffers of their own units.
   static const KernelId id = [] {
-    if (auto found = find_kernel("fused.gemm")) return *found;
-    // Cost: 2k flops per output element (k / 2 per output byte); against a copy of the output, about
-    // k / 20 on the CPUs measured (sgemm at ~10x a copy's bytes per second in flops; docs/PERFORMANCE.md).
     KernelDef def{"fused.gemm", {"rows", "k", "n"}, gemm_kernel, 40.0, 2, 1};
-    def.mixed_units = true;  // blocks of x and the weight: state buffers of their own units
     def.cost_of = [](const double* s) { return std::max(1.0, s[1] / 20.0); };
-    return register_kernel(std::move(def));
+    return register_once(std::move(def), true);
   }();
   return id;
 }
 
+// About 512 KiB a block, at most 64.
 int default_pieces(int64_t rows_per_rank, int64_t width) {
-  constexpr int64_t kPieceBytes = 512 << 10;
-  int64_t want = std::max<int64_t>(1, rows_per_rank * width * static_cast<int64_t>(sizeof(float)) / kPieceBytes);
-  want = std::min<int64_t>(want, 64);
-  while (rows_per_rank % want != 0) --want;
-  return static_cast<int>(want);
+  return pieces_for(rows_per_rank, width * static_cast<int64_t>(sizeof(float)), 512 << 10, 64);
 }
 
 void check_shape(const Comm& comm, const char* op, int64_t rows, int64_t k, int64_t n, int pieces) {

@@ -7,6 +7,7 @@
 
 #include "core/datatype.hpp"
 #include "core/error.hpp"
+#include "fused_kernels/common.hpp"
 #include "tutti/fused.hpp"
 #include "tutti/kernel.hpp"
 
@@ -17,7 +18,7 @@ namespace {
 // inputs {x: tokens x hidden, index: slots (int32)}, outputs {block: slots x hidden}: block row s =
 // x row index[s], zeros for an empty slot.
 void gather_rows(const KernelArgs& a) {
-  if (a.type != DataType::kFloat32) throw InvalidArgument(fmt::format("kernel 'moe.gather' runs on float32, not {}", name(a.type)));
+  require_float(a, "moe.gather");
   const auto hidden = static_cast<int64_t>(a.scalars[0]);
   const auto* x = static_cast<const float*>(a.inputs[0]);
   const auto* index = static_cast<const int32_t*>(a.inputs[1]);
@@ -39,7 +40,7 @@ void gather_rows(const KernelArgs& a) {
 // hidden}: y row index[s] += gate[s] * block row s; without the input y, y starts at zero.
 void scatter_rows(const KernelArgs& a, bool first) {
   const char* what = first ? "moe.combine_first" : "moe.combine";
-  if (a.type != DataType::kFloat32) throw InvalidArgument(fmt::format("kernel '{}' runs on float32, not {}", what, name(a.type)));
+  require_float(a, what);
   const auto hidden = static_cast<int64_t>(a.scalars[0]);
   const auto* block = static_cast<const float*>(a.inputs[0]);
   const auto* gate = static_cast<const float*>(a.inputs[1]);
@@ -69,17 +70,10 @@ struct KernelIds {
 
 const KernelIds& ids() {
   static const KernelIds k = [] {
-    auto get = [](KernelDef def) {
-      if (auto id = find_kernel(def.name)) return *id;
-      return register_kernel(std::move(def));
-    };
-    auto mixed = [](KernelDef d) {  // token tables, slot tables and blocks: state buffers of their own units
-      d.mixed_units = true;
-      return d;
-    };
-    return KernelIds{get(mixed(KernelDef{"moe.gather", {"hidden"}, gather_rows, 1.0, 2, 1})),
-                     get(mixed(KernelDef{"moe.combine_first", {"hidden"}, combine_first, 2.0, 3, 1})),
-                     get(mixed(KernelDef{"moe.combine", {"hidden"}, combine_more, 2.0, 4, 1}))};
+    // Mixed units: token tables, slot tables and blocks are state buffers of their own units.
+    return KernelIds{register_once({"moe.gather", {"hidden"}, gather_rows, 1.0, 2, 1}, true),
+                     register_once({"moe.combine_first", {"hidden"}, combine_first, 2.0, 3, 1}, true),
+                     register_once({"moe.combine", {"hidden"}, combine_more, 2.0, 4, 1}, true)};
   }();
   return k;
 }

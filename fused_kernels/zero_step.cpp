@@ -12,6 +12,7 @@
 
 #include "core/datatype.hpp"
 #include "core/error.hpp"
+#include "fused_kernels/common.hpp"
 #include "fused_kernels/optimizer_kernels.hpp"
 #include "tutti/fused.hpp"
 #include "tutti/kernel.hpp"
@@ -22,11 +23,6 @@ namespace {
 // Scalar slots of every call of the plan (PlanCall::scalars), so one compiled plan serves any
 // optimizer settings and step.
 enum Slot : int { kGradScale, kLr, kBeta1, kBeta2, kEps, kWeightDecay, kStep, kMaxNorm, kSlots };
-
-void require_float(const KernelArgs& a, const char* kernel) {
-  if (a.type != DataType::kFloat32)
-    throw InvalidArgument(fmt::format("kernel '{}' runs on float32, not {}", kernel, name(a.type)));
-}
 
 // Kernels with mixed units check what each operand holds: `want[i]` elements, or -1 for "at least
 // one" (a statistic). Without counts (a direct call) the caller vouches for them.
@@ -131,36 +127,16 @@ struct KernelIds {
 
 const KernelIds& ids() {
   static const KernelIds k = [] {
-    auto get = [](KernelDef def) {
-      if (auto id = find_kernel(def.name)) return *id;
-      return register_kernel(std::move(def));
-    };
     KernelIds out;
     // Costs: passes over the chunk's bytes, as a copy's (one read, one write) is 1.
-    auto mixed = [](KernelDef d) {  // operands include a statistic (a state buffer of unit 1)
-      d.mixed_units = true;
-      return d;
-    };
-    out.unscale_sumsq = get(mixed(KernelDef{"zero.unscale_sumsq", {"grad_scale"}, unscale_sumsq, 1.0, 1, 2}));
-    out.unscale_sumsq_acc = get(mixed(KernelDef{"zero.unscale_sumsq_acc", {"grad_scale"}, unscale_sumsq_acc, 1.0, 2, 2}));
-    out.adamw = get(mixed(KernelDef{"zero.adamw",
-                                    {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "max_norm"},
-                                    adamw,
-                                    3.5,
-                                    5,
-                                    3}));
-    out.adamw_masked = get(KernelDef{"zero.adamw_masked",
-                                     {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "clip"},
-                                     adamw_masked,
-                                     4.0,
-                                     5,
-                                     3});
-    out.adamw_cast = get(mixed(KernelDef{"zero.adamw_cast",
-                                         {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "max_norm"},
-                                         adamw_cast,
-                                         4.0,
-                                         5,
-                                         4}));
+    // Mixed units: operands include a statistic (a state buffer of unit 1).
+    const std::vector<std::string> adamw_scalars = {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "max_norm"};
+    out.unscale_sumsq = register_once({"zero.unscale_sumsq", {"grad_scale"}, unscale_sumsq, 1.0, 1, 2}, true);
+    out.unscale_sumsq_acc = register_once({"zero.unscale_sumsq_acc", {"grad_scale"}, unscale_sumsq_acc, 1.0, 2, 2}, true);
+    out.adamw = register_once({"zero.adamw", adamw_scalars, adamw, 3.5, 5, 3}, true);
+    out.adamw_masked = register_once(
+        {"zero.adamw_masked", {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "clip"}, adamw_masked, 4.0, 5, 3});
+    out.adamw_cast = register_once({"zero.adamw_cast", adamw_scalars, adamw_cast, 4.0, 5, 4}, true);
     return out;
   }();
   return k;
@@ -206,6 +182,7 @@ namespace {
 // unscaled, and the global sum of squares.
 struct ReducedTerms {
   std::vector<std::vector<Content>> unscaled;  // [q][j]
+  std::vector<Content> sums;                   // [q]: rank q's sum of squares
   Content total;
 };
 
@@ -226,14 +203,14 @@ ReducedTerms reduced_terms(int n, int K) {
       running = Content::apply(kernel, args, {scale}, 1);
     }
     t.total.merge(running);
+    t.sums.push_back(running);
   }
   return t;
 }
 
-// The first half of both whole-step programs: the in-place reduce-scatter with the unscale and sum
-// of squares on each chunk as it is reduced, then every rank's sum to every rank and the total, in
-// rank order, in stats[0] (so all ranks clip by the same float).
-void emit_reduce_and_norm(dsl::Program& p, int n, int K) {
+// The in-place reduce-scatter with the unscale and sum of squares on each chunk as it is reduced;
+// rank q's sum goes to stats[first + q]. Every program of the step starts with it.
+void emit_reduce(dsl::Program& p, int n, int K, int first) {
   const KernelIds& k = ids();
   const ScalarArg scale = ScalarArg::per_call(kGradScale);
   const dsl::Buffer in = dsl::Buffer::input(), stats = dsl::Buffer::state("stats");
@@ -242,10 +219,17 @@ void emit_reduce_and_norm(dsl::Program& p, int n, int K) {
       auto g = p.chunk(q, in, q * K + j);
       for (int r = 0; r < n; ++r)
         if (r != q) g.reduce(p.chunk(r, in, q * K + j));
-      auto own = p.chunk(q, stats, 1 + q);  // unscale and sum the squares while the chunk is in cache
+      auto own = p.chunk(q, stats, first + q);  // unscale and sum the squares while the chunk is in cache
       if (j == 0) g.then(k.unscale_sumsq, {scale}, {}, {g, own});
       else g.then(k.unscale_sumsq_acc, {scale}, {own}, {g, own});
     }
+}
+
+// The first half of both whole-step programs: emit_reduce, then every rank's sum to every rank and
+// the total, in rank order, in stats[0] (so all ranks clip by the same float).
+void emit_reduce_and_norm(dsl::Program& p, int n, int K) {
+  emit_reduce(p, n, K, 1);
+  const dsl::Buffer stats = dsl::Buffer::state("stats");
   for (int q = 0; q < n; ++q)
     for (int r = 0; r < n; ++r)
       if (r != q) p.chunk(q, stats, 1 + q).copy(r, stats, 1 + q);
@@ -345,42 +329,18 @@ dsl::Program zero_step_bf16_program(int n, int K, int64_t piece) {
 
 dsl::Program zero_reduce_program(int n, int K) {
   TUTTI_CHECK(n >= 1 && K >= 1, InvalidArgument, "zero_reduce_program: {} ranks and {} pieces per shard", n, K);
-  const KernelIds& k = ids();
-  const ScalarArg scale = ScalarArg::per_call(0);
   // Rank q's stats[q]: the running sum of squares over its slice; the slice itself unscaled.
-  auto terms = std::make_shared<std::vector<std::vector<Content>>>(static_cast<size_t>(n));  // [q][0..K): chunks, [K]: sum
-  for (int q = 0; q < n; ++q) {
-    Content running;
-    for (int j = 0; j < K; ++j) {
-      Content sum;
-      for (int r = 0; r < n; ++r) sum.merge(Content::of(r, q * K + j));
-      std::vector<Content> args = {sum};
-      if (j > 0) args.push_back(running);
-      const KernelId kernel = j == 0 ? k.unscale_sumsq : k.unscale_sumsq_acc;
-      (*terms)[q].push_back(Content::apply(kernel, args, {scale}, 0));
-      running = Content::apply(kernel, args, {scale}, 1);
-    }
-    (*terms)[q].push_back(running);
-  }
+  auto t = std::make_shared<ReducedTerms>(reduced_terms(n, K));
   CollectiveSpec s;
   s.kind = Collective::kCustom;
   s.nranks = n;
   s.chunk_factor = K;
   s.custom_input_chunks = n * K;
-  s.states = {StateBufferSpec{"stats", n, 1, [terms, K](int q, int i) {
-                                return i == q ? std::optional<Content>((*terms)[q][K]) : std::nullopt;
+  s.states = {StateBufferSpec{"stats", n, 1, [t](int q, int i) {
+                                return i == q ? std::optional<Content>(t->sums[static_cast<size_t>(q)]) : std::nullopt;
                               }}};
   dsl::Program p(fmt::format("zero_reduce_n{}_k{}", n, K), s);
-  const dsl::Buffer in = dsl::Buffer::input(), stats = dsl::Buffer::state("stats");
-  for (int q = 0; q < n; ++q)
-    for (int j = 0; j < K; ++j) {
-      auto g = p.chunk(q, in, q * K + j);
-      for (int r = 0; r < n; ++r)
-        if (r != q) g.reduce(p.chunk(r, in, q * K + j));
-      auto own = p.chunk(q, stats, q);
-      if (j == 0) g.then(k.unscale_sumsq, {scale}, {}, {g, own});
-      else g.then(k.unscale_sumsq_acc, {scale}, {own}, {g, own});
-    }
+  emit_reduce(p, n, K, 0);
   return p;
 }
 
@@ -422,13 +382,8 @@ dsl::Program zero_update_program(int n, int K) {
 
 namespace {
 
-int default_pieces(int64_t shard) {
-  constexpr int64_t kPieceBytes = 256 << 10;
-  int64_t want = std::max<int64_t>(1, shard * static_cast<int64_t>(sizeof(float)) / kPieceBytes);
-  want = std::min<int64_t>(want, 1024);  // the verifier's work grows with the steps
-  while (shard % want != 0) --want;
-  return static_cast<int>(want);
-}
+// About 256 KiB a piece, at most 1024 (the verifier's work grows with the steps).
+int default_pieces(int64_t shard) { return pieces_for(shard, sizeof(float), 256 << 10, 1024); }
 
 }  // namespace
 

@@ -16,35 +16,18 @@
 #include "core/error.hpp"
 #include "fused_kernels/optimizer_kernels.hpp"
 #include "tutti/fused.hpp"
+#include "support/errors.hpp"
+#include "support/ranks.hpp"
 
 using namespace tutti;
+using test_support::error_of;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Runs f(comm) on `n` ranks as threads; rethrows the first failure.
 void on_ranks(int n, const std::function<void(Comm&)>& f) {
   auto comms = Comm::create_local(n);
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        f(comms[static_cast<size_t>(r)]);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  test_support::on_ranks(comms, [&](int, Comm& c) { f(c); });
 }
 
 // nccl-tests style data: small integers (and halves), so every sum is exact in any order.

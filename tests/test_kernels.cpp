@@ -14,8 +14,10 @@
 #include "runtime/executor.hpp"
 #include "tutti/dsl.hpp"
 #include "tutti/kernel.hpp"
+#include "support/errors.hpp"
 
 using namespace tutti;
+using test_support::error_of;
 using dsl::Buffer;
 using dsl::Program;
 
@@ -32,15 +34,6 @@ void square_plus(const KernelArgs& a) {
 KernelId square_plus_id() {
   static const KernelId id = register_kernel(KernelDef{"test.square_plus", {"offset"}, square_plus, 2.0});
   return id;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Runs `prepared` on two ranks as threads (one executor each), float32 buffers of `count` elements
