@@ -122,7 +122,9 @@ void save_checkpoint(const std::string& dir, Trainer& trainer, tutti::Comm* worl
   j["version"] = kVersion;
   j["model"] = {{"vocab", info.model.vocab}, {"seq", info.model.seq}, {"layers", info.model.layers},
                 {"heads", info.model.heads}, {"channels", info.model.channels}};
-  j["layout"] = {{"tp", lay.tp}, {"dp", lay.dp}, {"sp", lay.sp}, {"zero", lay.zero}};
+  j["layout"] = {{"tp", lay.tp}, {"dp", lay.dp},         {"sp", lay.sp},
+                 {"zero", lay.zero}, {"pp", lay.pp}, {"vp", lay.vp},
+                 {"microbatches", lay.microbatches}, {"schedule", to_string(lay.schedule)}};
   j["optim"] = {{"lr", info.optim.lr}, {"min_lr", info.optim.min_lr}, {"warmup", info.optim.warmup},
                 {"steps", info.optim.steps}, {"beta1", info.optim.beta1}, {"beta2", info.optim.beta2},
                 {"eps", info.optim.eps}, {"weight_decay", info.optim.weight_decay}, {"grad_clip", info.optim.grad_clip}};
@@ -168,6 +170,17 @@ CheckpointInfo read_checkpoint_manifest(const std::string& dir) {
   info.layout.dp = field<int>(l, dir, "dp", "layout.");
   info.layout.sp = field<bool>(l, dir, "sp", "layout.");
   info.layout.zero = field<int>(l, dir, "zero", "layout.");
+  // Pipeline fields came later: a checkpoint without them had none.
+  if (l.contains("pp")) {
+    info.layout.pp = field<int>(l, dir, "pp", "layout.");
+    info.layout.vp = field<int>(l, dir, "vp", "layout.");
+    info.layout.microbatches = field<int>(l, dir, "microbatches", "layout.");
+    try {
+      info.layout.schedule = parse_schedule(field<std::string>(l, dir, "schedule", "layout."));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("checkpoint {}/manifest.json: layout.schedule: {}", dir, e.what()));
+    }
+  }
   const json& o = j["optim"];
   info.optim.lr = field<float>(o, dir, "lr", "optim.");
   info.optim.min_lr = field<float>(o, dir, "min_lr", "optim.");
@@ -222,7 +235,8 @@ CheckpointInfo load_checkpoint(const std::string& dir, Trainer& trainer) {
   for (const json& entry : files) {
     const int w = field<int>(entry, dir, "rank", "files[].");
     const Coordinates c = coordinates_of(info.layout, w);
-    const ParamLayout saved(info.model, info.layout.tp, c.tp_rank, info.layout.dp);
+    const ParamLayout saved(info.model, info.layout.tp, c.tp_rank, info.layout.dp,
+                            part_of(info.model, info.layout, c.pp_rank));
     const auto ranges = saved.optimizer_ranges(info.layout.zero, c.dp_rank);
     int64_t count = 0;
     for (auto [o, n] : ranges) count += n;
@@ -231,7 +245,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, Trainer& trainer) {
     for (auto [offset, n] : ranges)
       for (int64_t e = 0; e < n; ++e, ++k) {
         const Tensor* t = saved.tensor_at(offset + e);
-        if (!t) continue;  // group padding
+        if (!t || !index.contains(t->name)) continue;  // group padding, or a tensor of another stage
         const size_t ti = index.at(t->name);
         const int64_t wi = saved.whole_index(*t, offset + e - t->offset);
         whole_p[ti][static_cast<size_t>(wi)] = d.params[static_cast<size_t>(k)];

@@ -39,14 +39,21 @@ std::string Layout::describe() const {
   std::string s = fmt::format("tp{} dp{}", tp, dp);
   if (sp) s += " sp";
   if (zero) s += fmt::format(" zero{}", zero);
+  if (pipelined()) {
+    s += fmt::format(" pp{} {}", pp, to_string(schedule));
+    if (vp > 1) s += fmt::format(" vp{}", vp);
+    s += fmt::format(" m{}", microbatches);
+  }
   return s;
 }
 
 void Layout::validate(const ModelConfig& m, int world, int batch) const {
   m.validate();
-  if (tp < 1 || dp < 1) throw InvalidArgument(fmt::format("layout: --tp {} and --dp {} must be at least 1", tp, dp));
-  if (tp * dp != world)
-    throw InvalidArgument(fmt::format("layout: {} ranks, but --tp {} x --dp {} = {}", world, tp, dp, tp * dp));
+  if (tp < 1 || dp < 1 || pp < 1)
+    throw InvalidArgument(fmt::format("layout: --tp {}, --dp {} and --pp {} must be at least 1", tp, dp, pp));
+  if (tp * dp * pp != world)
+    throw InvalidArgument(
+        fmt::format("layout: {} ranks, but --tp {} x --dp {} x --pp {} = {}", world, tp, dp, pp, tp * dp * pp));
   if (m.heads % tp != 0) throw InvalidArgument(fmt::format("layout: --tp {} does not divide {} heads", tp, m.heads));
   if (m.vocab % tp != 0)
     throw InvalidArgument(fmt::format("layout: --tp {} does not divide the vocabulary of {} tokens", tp, m.vocab));
@@ -57,6 +64,15 @@ void Layout::validate(const ModelConfig& m, int world, int batch) const {
   if (zero > 0 && dp == 1) throw InvalidArgument(fmt::format("layout: --zero {} needs --dp of 2 or more", zero));
   if (batch < 1 || batch % dp != 0)
     throw InvalidArgument(fmt::format("layout: the batch of {} sequences does not split over --dp {}", batch, dp));
+  if (microbatches < 1 || (batch / dp) % microbatches != 0)
+    throw InvalidArgument(fmt::format("layout: a dp rank's {} sequences do not split into --microbatches {}", batch / dp,
+                                      microbatches));
+  if (vp < 1 || m.layers % (pp * vp) != 0)
+    throw InvalidArgument(
+        fmt::format("layout: {} layers do not split into --pp {} x --vp {} stages", m.layers, pp, vp));
+  if (pipelined()) make_schedule(schedule, pp, microbatches, vp);  // its own rules (interleaved: vp, micro-batches)
+  if (pipelined() && zero == 3)
+    throw InvalidArgument("layout: --zero 3 with a pipeline (--pp or --microbatches) is not supported; use --zero 1 or 2");
 }
 
 float OptimConfig::lr_at(int step) const {

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "trainer/schedule.hpp"
+
 namespace tutti::train {
 
 // GPT-2-style decoder (trainer/gpt.hpp).
@@ -22,16 +24,23 @@ struct ModelConfig {
   double flops_per_token() const;
 };
 
-// How the world's ranks are arranged (trainer/groups.hpp documents the order: tp, then dp).
+// How the world's ranks are arranged (trainer/groups.hpp documents the order: tp, dp, pp).
 struct Layout {
   int tp = 1;         // tensor-parallel ranks (Megatron: heads, MLP columns and the vocabulary split)
   int dp = 1;         // data-parallel ranks
   bool sp = false;    // sequence parallel on top of tp: LayerNorm regions split along the sequence
   int zero = 0;       // 0: all-reduce of gradients; 1, 2, 3: ZeRO stages over the dp ranks
-  int world() const { return tp * dp; }
-  std::string describe() const;  // "tp2 dp2 sp zero1"
+  int pp = 1;         // pipeline-parallel ranks (stages of consecutive layers)
+  int vp = 1;         // model chunks per pipeline rank (the interleaved schedule)
+  int microbatches = 1;  // a dp rank's sequences are cut into this many micro-batches
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  int world() const { return tp * dp * pp; }
+  // Whether steps run a pipeline schedule (trainer/schedule.hpp) instead of one forward and backward.
+  bool pipelined() const { return pp > 1 || microbatches > 1; }
+  std::string describe() const;  // "tp2 dp2 sp zero1 pp2 1f1b m4"
   // Throws InvalidArgument when the layout cannot split this model over `world` ranks (tp not
-  // dividing heads or vocabulary, sp with a sequence tp does not divide, world != tp * dp, ...).
+  // dividing heads or vocabulary, sp with a sequence tp does not divide, world != tp * dp * pp,
+  // layers not splitting into pp * vp stages, ...).
   void validate(const ModelConfig& model, int world, int batch) const;
 };
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <vector>
@@ -11,10 +12,32 @@ namespace tutti::train {
 Coordinates coordinates_of(const Layout& layout, int w) {
   if (w < 0 || w >= layout.world())
     throw InvalidArgument(fmt::format("rank {} is outside a world of {} ({})", w, layout.world(), layout.describe()));
-  return Coordinates{w % layout.tp, w / layout.tp};
+  return Coordinates{w % layout.tp, (w / layout.tp) % layout.dp, w / (layout.tp * layout.dp)};
 }
 
-int world_rank_of(const Layout& layout, Coordinates c) { return c.tp_rank + layout.tp * c.dp_rank; }
+int world_rank_of(const Layout& layout, Coordinates c) {
+  return c.tp_rank + layout.tp * (c.dp_rank + layout.dp * c.pp_rank);
+}
+
+tutti::Work Pipe::send(const float* data, int64_t n, int peer) {
+  auto& c = to.at(static_cast<size_t>(peer));
+  if (!c) throw InvalidUsage(fmt::format("pipeline: no connection to pp rank {}", peer));
+  return c->send(data, static_cast<size_t>(n), DataType::kFloat32, 1);
+}
+
+void Pipe::wait(tutti::Work& work) {
+  const auto t0 = std::chrono::steady_clock::now();
+  work.wait();
+  wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Pipe::recv(float* data, int64_t n, int peer) {
+  auto& c = from.at(static_cast<size_t>(peer));
+  if (!c) throw InvalidUsage(fmt::format("pipeline: no connection from pp rank {}", peer));
+  const auto t0 = std::chrono::steady_clock::now();
+  c->recv(data, static_cast<size_t>(n), DataType::kFloat32, 0).wait();
+  wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 template <class F>
 void Collectives::staged(const float* in, int64_t n_in, float* out, int64_t n_out, F call) {
@@ -114,11 +137,33 @@ Groups Groups::make(tutti::Comm& world, const Layout& layout) {
   Groups g;
   g.layout = layout;
   g.at = coordinates_of(layout, world.rank());
-  // Every rank takes part in both splits (split is collective over the world).
-  tutti::Comm tp = world.split(g.at.dp_rank, g.at.tp_rank);
-  tutti::Comm dp = world.split(g.at.tp_rank, g.at.dp_rank);
+  const Coordinates& c = g.at;
+  // Every rank takes part in every split (split is collective over the world).
+  tutti::Comm tp = world.split(c.dp_rank + layout.dp * c.pp_rank, c.tp_rank);
+  tutti::Comm dp = world.split(c.tp_rank + layout.tp * c.pp_rank, c.dp_rank);
+  const int line = c.tp_rank + layout.tp * c.dp_rank;  // the pp group's colour
+  tutti::Comm pp = world.split(line, c.pp_rank);
   if (layout.tp > 1) g.tp = Collectives(std::move(tp));
   if (layout.dp > 1) g.dp = Collectives(std::move(dp));
+  if (layout.pp > 1) {
+    g.pp = Collectives(std::move(pp));
+    const bool ends = c.pp_rank == 0 || c.pp_rank == layout.pp - 1;
+    g.embedding = Collectives(world.split(ends ? line : -1, c.pp_rank));
+    // One communicator per direction between neighbours: pp rank a to pp rank b, for b = a +- 1
+    // (around the ring, which the interleaved schedule uses).
+    g.pipe.to.resize(static_cast<size_t>(layout.pp));
+    g.pipe.from.resize(static_cast<size_t>(layout.pp));
+    std::vector<std::pair<int, int>> edges;
+    for (int a = 0; a < layout.pp; ++a)
+      for (int b : {(a + 1) % layout.pp, (a + layout.pp - 1) % layout.pp})
+        if (std::find(edges.begin(), edges.end(), std::pair{a, b}) == edges.end()) edges.emplace_back(a, b);
+    for (auto [a, b] : edges) {
+      const bool in = c.pp_rank == a || c.pp_rank == b;
+      tutti::Comm edge = world.split(in ? line : -1, c.pp_rank == a ? 0 : 1);
+      if (c.pp_rank == a) g.pipe.to[static_cast<size_t>(b)] = std::move(edge);
+      else if (c.pp_rank == b) g.pipe.from[static_cast<size_t>(a)] = std::move(edge);
+    }
+  }
   return g;
 }
 

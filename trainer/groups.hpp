@@ -1,11 +1,15 @@
 #pragma once
 // Process groups carved from the world, in one documented order: tensor parallel innermost, then
-// data parallel (Megatron-LM's order; context, expert and pipeline parallel will slot in as
-// tp-cp-ep-dp-pp, each dimension outside the previous ones):
+// data parallel, then pipeline parallel outermost (Megatron-LM's order; context and expert parallel
+// will slot in as tp-cp-ep-dp-pp, each dimension outside the previous ones):
 //
-//   world rank w = tp_rank + tp * dp_rank
-//   tp group of w: the tp ranks with w's dp_rank    (consecutive world ranks: one host's GPUs)
-//   dp group of w: the dp ranks with w's tp_rank    (stride tp)
+//   world rank w = tp_rank + tp * (dp_rank + dp * pp_rank)
+//   tp group of w: the tp ranks with w's dp_rank and pp_rank   (consecutive world ranks: one host's GPUs)
+//   dp group of w: the dp ranks with w's tp_rank and pp_rank   (stride tp)
+//   pp group of w: the pp ranks with w's tp_rank and dp_rank   (stride tp * dp)
+//   embedding group: the first and last pp ranks of w's pp group (the tied embedding's gradient)
+// Between neighbouring pp ranks each direction has a two-rank communicator of its own (Pipe), so a
+// send to one neighbour never waits behind a receive from the other.
 //
 // Collectives wraps a group's tutti::Comm for the trainer's blocking and asynchronous calls on float
 // buffers and counts the time spent waiting for them.
@@ -21,7 +25,7 @@
 namespace tutti::train {
 
 struct Coordinates {
-  int tp_rank = 0, dp_rank = 0;
+  int tp_rank = 0, dp_rank = 0, pp_rank = 0;
 };
 // The rank -> group table of a layout (checked by tests; also printed by tutti-train --verbose).
 Coordinates coordinates_of(const Layout& layout, int world_rank);
@@ -68,11 +72,22 @@ class Collectives {
   double wait_s_ = 0;
 };
 
+// Point-to-point between neighbouring pipeline ranks: to[b] carries this rank's messages to pp rank b
+// (this rank is its rank 0, b its rank 1), from[a] those of pp rank a to this one.
+struct Pipe {
+  std::vector<std::optional<tutti::Comm>> to, from;
+  tutti::Work send(const float* data, int64_t n, int peer);  // asynchronous: data is the caller's until done
+  void recv(float* data, int64_t n, int peer);               // blocking; counts the time it waits
+  void wait(tutti::Work& work);                               // a send's, counted too
+  double wait_seconds = 0;
+};
+
 // This rank's groups, made collectively from the world communicator (every rank calls it).
 struct Groups {
   Layout layout;
   Coordinates at;
-  Collectives tp, dp;
+  Collectives tp, dp, pp, embedding;
+  Pipe pipe;
   static Groups make(tutti::Comm& world, const Layout& layout);
   // For a single rank without a communicator.
   static Groups single(const Layout& layout);

@@ -30,7 +30,7 @@ class Ops {
   // out[N][OC] = inp[N][C] . w[OC][C]^T (+ bias[OC])
   virtual void matmul(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C,
                       int64_t OC) = 0;
-  // dinp[N][C] = dout . w (skipped when null); dw += dout^T . inp; dbias += column sums of dout (if not null)
+  // dinp[N][C] = dout . w; dw += dout^T . inp; dbias += column sums of dout (each skipped when null)
   virtual void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                                const float* w, int64_t N, int64_t C, int64_t OC) = 0;
   // out = (inp - mean) * rstd * w + b per row, saving mean and rstd (eps 1e-5, as PyTorch's default)

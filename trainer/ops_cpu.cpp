@@ -83,7 +83,8 @@ class CpuOps final : public Ops {
                     blas(OC), w, blas(C), 0.0f, dinp + r0 * C, blas(C));
       });
     // dw's rows (output features) in blocks: each block reads its columns of dout.
-    blocks(OC, [&](int64_t o0, int64_t n) {
+    if (dw)
+      blocks(OC, [&](int64_t o0, int64_t n) {
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas(n), blas(C), blas(N), 1.0f, dout + o0, blas(OC), inp,
                   blas(C), 1.0f, dw + o0 * C, blas(C));
     });

@@ -272,7 +272,7 @@ class CudaOps final : public Ops {
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                        int64_t N, int64_t C, int64_t OC) override {
     if (dinp) linear(false, false, N, C, OC, dout, OC, w, C, dinp, C, 0.0f);
-    linear(true, false, OC, C, N, dout, OC, inp, C, dw, C, 1.0f);
+    if (dw) linear(true, false, OC, C, N, dout, OC, inp, C, dw, C, 1.0f);
     if (dbias) bias_backward(dbias, dout, N, OC);
   }
   void layernorm(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int64_t N,

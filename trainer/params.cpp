@@ -9,13 +9,32 @@
 
 namespace tutti::train {
 
+ModelPart ModelPart::whole(const ModelConfig& model) {
+  ModelPart p;
+  for (int l = 0; l < model.layers; ++l) p.layers.push_back(l);
+  return p;
+}
+
+ModelPart part_of(const ModelConfig& model, const Layout& layout, int pp_rank) {
+  const int stages = layout.pp * layout.vp, per = model.layers / stages;
+  ModelPart p;
+  for (int c = 0; c < layout.vp; ++c)
+    for (int l = 0; l < per; ++l) p.layers.push_back((c * layout.pp + pp_rank) * per + l);
+  p.embeddings = pp_rank == 0 || pp_rank == layout.pp - 1;
+  p.head = pp_rank == layout.pp - 1;
+  return p;
+}
+
 ParamLayout::ParamLayout(const ModelConfig& model, int tp, int tp_rank, int dp)
-    : model_(model), tp_(tp), tp_rank_(tp_rank) {
+    : ParamLayout(model, tp, tp_rank, dp, ModelPart::whole(model)) {}
+
+ParamLayout::ParamLayout(const ModelConfig& model, int tp, int tp_rank, int dp, ModelPart part)
+    : model_(model), part_(std::move(part)), tp_(tp), tp_rank_(tp_rank) {
   model.validate();
   if (tp < 1 || tp_rank < 0 || tp_rank >= tp || dp < 1)
     throw InvalidArgument(fmt::format("parameter layout: tp rank {} of {}, dp {}", tp_rank, tp, dp));
   const int64_t V = model.vocab, T = model.seq, C = model.channels;
-  int group = 0;
+  int group = -1;
   auto add = [&](std::string name, int64_t rows, int64_t cols, Split split) {
     Tensor t;
     t.name = std::move(name);
@@ -29,9 +48,14 @@ ParamLayout::ParamLayout(const ModelConfig& model, int tp, int tp_rank, int dp)
     t.local_cols = split == Split::kColumns ? cols / tp : cols;
     tensors_.push_back(std::move(t));
   };
-  add("wpe", T, C, Split::kWhole);
-  add("wte", V, C, Split::kRows);
-  for (int l = 0; l < model.layers; ++l) {
+  if (part_.embeddings) {
+    ++group;
+    add("wpe", T, C, Split::kWhole);
+    add("wte", V, C, Split::kRows);
+  }
+  for (int l : part_.layers) {
+    if (l < 0 || l >= model.layers)
+      throw InvalidArgument(fmt::format("parameter layout: layer {} of a model of {}", l, model.layers));
     ++group;
     const std::string h = fmt::format("h.{}.", l);
     add(h + "ln1.weight", C, 1, Split::kWhole);
@@ -47,9 +71,11 @@ ParamLayout::ParamLayout(const ModelConfig& model, int tp, int tp_rank, int dp)
     add(h + "mlp.fc.bias", 4 * C, 1, Split::kRows);
     add(h + "mlp.proj.weight", C, 4 * C, Split::kColumns);
   }
-  ++group;
-  add("lnf.weight", C, 1, Split::kWhole);
-  add("lnf.bias", C, 1, Split::kWhole);
+  if (part_.head) {
+    ++group;
+    add("lnf.weight", C, 1, Split::kWhole);
+    add("lnf.bias", C, 1, Split::kWhole);
+  }
   // Groups: contiguous, each padded to a multiple of 16 * dp floats (equal dp shards, 64-byte
   // aligned starts).
   const int64_t quantum = 16 * static_cast<int64_t>(dp);
@@ -72,9 +98,20 @@ ParamLayout::ParamLayout(const ModelConfig& model, int tp, int tp_rank, int dp)
 }
 
 const Tensor& ParamLayout::find(const std::string& name) const {
+  if (const Tensor* t = find_if(name)) return *t;
+  throw InvalidArgument(fmt::format("the model part has no parameter '{}'", name));
+}
+
+const Tensor* ParamLayout::find_if(const std::string& name) const {
   for (const Tensor& t : tensors_)
-    if (t.name == name) return t;
-  throw InvalidArgument(fmt::format("the model has no parameter '{}'", name));
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+int ParamLayout::layer_group(int l) const {
+  const auto it = std::find(part_.layers.begin(), part_.layers.end(), l);
+  if (it == part_.layers.end()) return -1;
+  return static_cast<int>(it - part_.layers.begin()) + (part_.embeddings ? 1 : 0);
 }
 
 
@@ -121,13 +158,17 @@ std::vector<std::pair<int64_t, int64_t>> ParamLayout::optimizer_ranges(int zero,
 }
 
 ParamView bind(const ParamLayout& layout, float* arena) {
-  auto at = [&](const std::string& name) { return arena + layout.find(name).offset; };
+  auto at = [&](const std::string& name) -> float* {
+    const Tensor* t = layout.find_if(name);
+    return t ? arena + t->offset : nullptr;
+  };
   ParamView v;
   v.wte = at("wte");
   v.wpe = at("wpe");
-  for (int l = 0; l < layout.model().layers; ++l) {
+  v.layers.resize(static_cast<size_t>(layout.model().layers));
+  for (int l : layout.part().layers) {
     const std::string h = fmt::format("h.{}.", l);
-    v.layers.push_back(LayerView{at(h + "ln1.weight"), at(h + "ln1.bias"), at(h + "attn.qkv.weight"),
+    v.layers[static_cast<size_t>(l)] = (LayerView{at(h + "ln1.weight"), at(h + "ln1.bias"), at(h + "attn.qkv.weight"),
                                  at(h + "attn.qkv.bias"), at(h + "attn.proj.weight"), at(h + "attn.proj.bias"),
                                  at(h + "ln2.weight"), at(h + "ln2.bias"), at(h + "mlp.fc.weight"),
                                  at(h + "mlp.fc.bias"), at(h + "mlp.proj.weight"), at(h + "mlp.proj.bias")});

@@ -1,8 +1,8 @@
 #pragma once
 // The parameters of a GPT as one arena of floats with named views, for one rank of a layout.
 //
-// Tensors are stored in groups: group 0 holds the embeddings (wte, wpe), group 1 + l layer l, and
-// group L + 1 the final LayerNorm. A group is the unit of data-parallel communication: gradients
+// Tensors are stored in groups: the embeddings (wte, wpe), then one group per layer, then the final
+// LayerNorm; a pipeline rank holds the groups of its part only (ModelPart). A group is the unit of data-parallel communication: gradients
 // are reduced a group at a time as backward finishes it (layers in reverse order, the embeddings
 // last since the tied LM head and the embedding both write wte's gradient), and ZeRO-3 gathers a
 // group's parameters before use. Each group is padded to a multiple of `dp` floats so it splits
@@ -42,6 +42,16 @@ struct Tensor {
   int64_t size() const { return local_rows * local_cols; }
 };
 
+// The part of the model one pipeline rank holds (trainer/config.hpp's Layout cuts the layers into
+// pp * vp stages; stage s is chunk s / pp of rank s % pp). Without pipeline parallelism: everything.
+struct ModelPart {
+  std::vector<int> layers;  // global layer indices, ascending
+  bool embeddings = true;   // wte and wpe: the first stage, and the last for the tied LM head
+  bool head = true;         // the final LayerNorm: the last stage
+  static ModelPart whole(const ModelConfig& model);
+};
+ModelPart part_of(const ModelConfig& model, const Layout& layout, int pp_rank);
+
 struct Group {
   int64_t offset = 0;      // in the arena
   int64_t size = 0;        // padded to a multiple of dp
@@ -52,7 +62,14 @@ struct Group {
 
 class ParamLayout {
  public:
-  ParamLayout(const ModelConfig& model, int tp, int tp_rank, int dp);
+  ParamLayout(const ModelConfig& model, int tp, int tp_rank, int dp);  // the whole model
+  ParamLayout(const ModelConfig& model, int tp, int tp_rank, int dp, ModelPart part);
+  const ModelPart& part() const { return part_; }
+  // Index in groups() of layer l's group, of the embeddings' and of the final LayerNorm's; -1 where
+  // this part does not hold it.
+  int layer_group(int l) const;
+  int embedding_group() const { return part_.embeddings ? 0 : -1; }
+  int head_group() const { return part_.head ? static_cast<int>(groups_.size()) - 1 : -1; }
   const ModelConfig& model() const { return model_; }
   int tp() const { return tp_; }
   int tp_rank() const { return tp_rank_; }
@@ -60,6 +77,7 @@ class ParamLayout {
   const std::vector<Tensor>& tensors() const { return tensors_; }
   const std::vector<Group>& groups() const { return groups_; }
   const Tensor& find(const std::string& name) const;  // throws InvalidArgument naming it
+  const Tensor* find_if(const std::string& name) const;  // null where this part does not hold it
 
   // The rank's part of a whole tensor (whole: rows x cols, row-major) written to `local`.
   void shard(const Tensor& t, std::span<const float> whole, std::span<float> local) const;
@@ -75,20 +93,23 @@ class ParamLayout {
 
  private:
   ModelConfig model_;
+  ModelPart part_;
   int tp_, tp_rank_;
   int64_t size_ = 0;
   std::vector<Tensor> tensors_;
   std::vector<Group> groups_;
 };
 
-// Pointers into an arena laid out by a ParamLayout (parameters, gradients, or optimizer moments).
+// Pointers into an arena laid out by a ParamLayout (parameters, gradients, or optimizer moments);
+// null for what the part does not hold (layers has an entry for every layer of the model).
 struct LayerView {
-  float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+  float *ln1_w{}, *ln1_b{}, *qkv_w{}, *qkv_b{}, *proj_w{}, *proj_b{}, *ln2_w{}, *ln2_b{}, *fc_w{}, *fc_b{}, *fcproj_w{},
+      *fcproj_b{};
 };
 struct ParamView {
-  float *wte, *wpe;
+  float *wte{}, *wpe{};
   std::vector<LayerView> layers;
-  float *lnf_w, *lnf_b;
+  float *lnf_w{}, *lnf_b{};
 };
 ParamView bind(const ParamLayout& layout, float* arena);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 
 namespace tutti::train {
 
@@ -17,8 +18,13 @@ Trainer::Trainer(const ModelConfig& model, const OptimConfig& optim, Groups& gro
     groups.tp.stage_through_host(&ops);
     groups.dp.stage_through_host(&ops);
   }
-  model_ = std::make_unique<Gpt>(model, lay, groups.at.tp_rank, batch / lay.dp, ops, groups.tp);
+  model_ = std::make_unique<Gpt>(model, lay, groups.at.tp_rank, groups.at.pp_rank, batch / lay.dp / lay.microbatches,
+                                 ops, groups.tp);
   model_->init(seed);
+  if (lay.pipelined()) {
+    schedule_ = make_schedule(lay.schedule, lay.pp, lay.microbatches, lay.vp);
+    schedule_report_ = check_schedule(schedule_);  // refused before any step if it could deadlock
+  }
   const auto& gs = model_->layout().groups();
   if (zero()) {
     for (const Group& g : gs) {
@@ -119,12 +125,19 @@ void Trainer::gather_all() {
 
 // The global norm of the gradients: every element counted once over the world (tp shards are
 // disjoint, whole tensors are counted on tp rank 0, ZeRO's dp shards are disjoint).
+bool Trainer::counts_for_norm(int g) const {
+  return !(groups_.layout.pp > 1 && groups_.at.pp_rank == groups_.layout.pp - 1 &&
+           g == model_->layout().embedding_group());
+}
+
 double Trainer::grad_norm() {
   const ParamLayout& pl = model_->layout();
   const float* grads = model_->grads();
   const bool whole_here = groups_.at.tp_rank == 0;
   double local = 0;
-  for (const Group& g : pl.groups()) {
+  for (int gi = 0; gi < static_cast<int>(pl.groups().size()); ++gi) {
+    if (!counts_for_norm(gi)) continue;
+    const Group& g = pl.groups()[static_cast<size_t>(gi)];
     int64_t lo = g.offset, hi = g.offset + g.size;
     if (zero()) lo = g.offset + groups_.at.dp_rank * g.shard(), hi = lo + g.shard();
     const int64_t split = std::clamp(g.offset + g.replicated, lo, hi);  // whole tensors come first
@@ -133,7 +146,7 @@ double Trainer::grad_norm() {
   }
   double total = groups_.tp.all_reduce_value(local);
   if (zero()) total = groups_.dp.all_reduce_value(total);
-  return std::sqrt(total);
+  return std::sqrt(groups_.pp.all_reduce_value(total));
 }
 
 StepResult Trainer::step(const int32_t* sequences) {
@@ -148,7 +161,9 @@ StepResult Trainer::step(const int32_t* sequences) {
   }
   pending_.clear();
   pending_group_.clear();
-  const double wait0 = groups_.tp.wait_seconds() + groups_.dp.wait_seconds();
+  const double pipe0 = groups_.pipe.wait_seconds;
+  const double wait0 = groups_.tp.wait_seconds() + groups_.dp.wait_seconds() + pipe0;
+  auto waited = [&] { return groups_.tp.wait_seconds() + groups_.dp.wait_seconds() + groups_.pipe.wait_seconds - wait0; };
   const ParamLayout& pl = model_->layout();
   const auto& gs = pl.groups();
   float* grads = model_->grads();
@@ -195,17 +210,32 @@ StepResult Trainer::step(const int32_t* sequences) {
   if (lay.zero >= 2) ops_.discard(grads, pl.size());
   else model_->zero_grads();
   StepResult out;
-  out.loss = model_->forward(sequences, &hooks);
-  model_->backward(&hooks);
+  if (!lay.pipelined()) {
+    out.loss = model_->forward(sequences, &hooks);
+    model_->backward(&hooks);
+  } else {
+    out.loss = run_schedule(sequences);
+    // Every group's gradients are complete: hand them over, the last layer's first (as backward does).
+    const int G = static_cast<int>(gs.size());
+    for (int g = G - 1; g >= 0; --g) {
+      model_->reduce_replicated(g);
+      if (lay.pp > 1 && g == pl.embedding_group()) groups_.embedding.all_reduce(grads + gs[static_cast<size_t>(g)].offset, gs[static_cast<size_t>(g)].size);
+      hooks.grads_ready(g);
+    }
+    out.pipeline_wait_s = groups_.pipe.wait_seconds - pipe0;
+    out.activation_slots = model_->slots_made();
+  }
   retire_done(true);
   pending_.clear();
   pending_group_.clear();
   out.loss = mean_over_dp(out.loss);
+  if (lay.pp > 1) out.loss = groups_.pp.all_reduce_value(out.loss);  // only the last stage's is not 0
   if (!fused_.empty() && lay.tp == 1) {
     // The reductions summed the squares of each chunk as it arrived.
     double local = 0;
-    for (const auto& z : fused_) local += z->local_sum_squares();
-    out.grad_norm = std::sqrt(groups_.dp.all_reduce_value(local));
+    for (size_t g = 0; g < fused_.size(); ++g)
+      if (counts_for_norm(static_cast<int>(g))) local += fused_[g]->local_sum_squares();
+    out.grad_norm = std::sqrt(groups_.pp.all_reduce_value(groups_.dp.all_reduce_value(local)));
   } else {
     out.grad_norm = grad_norm();
   }
@@ -238,7 +268,7 @@ StepResult Trainer::step(const int32_t* sequences) {
       }
     }
     if (first) std::rethrow_exception(first);
-    out.comm_wait_s = groups_.tp.wait_seconds() + groups_.dp.wait_seconds() - wait0;
+    out.comm_wait_s = waited();
     return out;
   }
   // AdamW over the parameters this rank updates, tensor by tensor (weight decay is per tensor).
@@ -253,11 +283,97 @@ StepResult Trainer::step(const int32_t* sequences) {
                t.decay ? optim_.weight_decay : 0.0f, step_, clip);
   }
   publish_params();
-  out.comm_wait_s = groups_.tp.wait_seconds() + groups_.dp.wait_seconds() - wait0;
+  out.comm_wait_s = waited();
   return out;
 }
 
+double Trainer::run_schedule(const int32_t* sequences) {
+  const Layout& lay = groups_.layout;
+  Gpt& m = *model_;
+  const int r = groups_.at.pp_rank;
+  const int64_t stride = static_cast<int64_t>(m.batch()) * (model_config_.seq + 1);  // a micro-batch's tokens
+  const int64_t n = m.boundary_size();
+  std::vector<int> slot(static_cast<size_t>(lay.microbatches * lay.vp), -1);
+  // Sends in flight with the host copies they read; checked off as they finish.
+  std::deque<std::pair<tutti::Work, std::vector<float>>> sending;
+  std::vector<float> host(static_cast<size_t>(n));
+  double loss = 0;
+  for (const PipeAction& a : schedule_.ranks[static_cast<size_t>(r)]) {
+    int& s = slot[static_cast<size_t>(a.microbatch * lay.vp + a.chunk)];
+    if (s < 0 && (a.op == PipeOp::kForward || a.op == PipeOp::kRecvActivation)) s = m.acquire_slot();
+    const int peer = schedule_.peer_of(r, a);
+    switch (a.op) {
+      case PipeOp::kRecvActivation:
+        groups_.pipe.recv(host.data(), n, peer);
+        ops_.upload(m.stage_input(s), host.data(), n);
+        break;
+      case PipeOp::kRecvGrad:
+        groups_.pipe.recv(host.data(), n, peer);
+        ops_.upload(m.output_grad(s), host.data(), n);
+        break;
+      case PipeOp::kSendActivation:
+      case PipeOp::kSendGrad: {
+        while (!sending.empty() && sending.front().first.test()) sending.pop_front();
+        std::vector<float> copy(static_cast<size_t>(n));
+        ops_.download(copy.data(), a.op == PipeOp::kSendActivation ? m.stage_output(s) : m.input_grad(s), n);
+        sending.emplace_back(tutti::Work{}, std::move(copy));
+        sending.back().first = groups_.pipe.send(sending.back().second.data(), n, peer);
+        if (a.op == PipeOp::kSendGrad && !schedule_.split_backward) m.release_slot(s), s = -1;
+        break;
+      }
+      case PipeOp::kForward:
+        loss += m.forward_chunk(a.chunk, s, sequences + a.microbatch * stride);
+        break;
+      case PipeOp::kBackward:
+        m.backward_chunk(a.chunk, s, false, false);
+        if (m.first_stage(a.chunk)) m.release_slot(s), s = -1;  // elsewhere once its input gradient is sent
+        break;
+      case PipeOp::kBackwardInput:
+        m.backward_chunk(a.chunk, s, true, false);
+        break;
+      case PipeOp::kBackwardWeight:
+        m.backward_weights(a.chunk, s);
+        m.release_slot(s), s = -1;
+        break;
+    }
+  }
+  for (auto& [work, buffer] : sending) groups_.pipe.wait(work);
+  return loss / lay.microbatches;
+}
+
+// Forward only (evaluation): each micro-batch through the stages in order.
+double Trainer::forward_only(const int32_t* sequences) {
+  const Layout& lay = groups_.layout;
+  Gpt& m = *model_;
+  const int r = groups_.at.pp_rank;
+  const int64_t stride = static_cast<int64_t>(m.batch()) * (model_config_.seq + 1);
+  const int64_t n = m.boundary_size();
+  std::vector<float> in(static_cast<size_t>(n)), out(static_cast<size_t>(n));
+  double loss = 0;
+  for (int mb = 0; mb < lay.microbatches; ++mb)
+    for (int c = 0; c < lay.vp; ++c) {
+      const int stage = c * lay.pp + r, stages = lay.pp * lay.vp;
+      const int s = m.acquire_slot();
+      if (stage > 0) {
+        groups_.pipe.recv(in.data(), n, (stage - 1) % lay.pp);
+        ops_.upload(m.stage_input(s), in.data(), n);
+      }
+      loss += m.forward_chunk(c, s, sequences + mb * stride);
+      if (stage + 1 < stages) {
+        ops_.download(out.data(), m.stage_output(s), n);
+        tutti::Work w = groups_.pipe.send(out.data(), n, (stage + 1) % lay.pp);
+        groups_.pipe.wait(w);
+      }
+      m.release_slot(s);
+    }
+  return loss / lay.microbatches;
+}
+
 double Trainer::evaluate(const int32_t* sequences) {
+  if (groups_.layout.pipelined()) {
+    const double loss = mean_over_dp(forward_only(sequences));
+    return groups_.layout.pp > 1 ? groups_.pp.all_reduce_value(loss) : loss;
+  }
   GroupHooks hooks;
   if (groups_.layout.zero == 3) hooks.need = [&](int g) { gather_group(g); };
   return mean_over_dp(model_->forward(sequences, &hooks));

@@ -13,6 +13,11 @@
 //      reduced (Ops::discard);
 //   3: as 2, and parameters too live only as owned shards: a group is all-gathered before forward
 //      or backward reads it and discarded after.
+// Pipeline parallel (layout.pp > 1, or micro-batches): the step runs this rank's list of the
+// layout's schedule (trainer/schedule.hpp), checked when the trainer is made; activations and their
+// gradients travel between stages through host buffers, sends asynchronous. Once the list is done
+// each group's gradients are complete: sequence parallelism's tp sum, the tied embedding's sum over
+// the first and last stage, then the data-parallel reduction as above.
 // Every layout keeps AdamW's arithmetic per element, so the results differ from one rank's only by
 // the order of the reductions (sums over ranks instead of within a GEMM).
 
@@ -23,6 +28,7 @@
 #include "trainer/gpt.hpp"
 #include "trainer/groups.hpp"
 #include "trainer/ops.hpp"
+#include "trainer/schedule.hpp"
 #include "tutti/fused.hpp"
 
 namespace tutti::train {
@@ -31,7 +37,9 @@ struct StepResult {
   double loss = 0;       // mean over the global batch
   double grad_norm = 0;  // before clipping
   float lr = 0;
-  double comm_wait_s = 0;  // this step's time blocked on tp and dp collectives
+  double comm_wait_s = 0;  // this step's time blocked on tp, dp and pp communication
+  double pipeline_wait_s = 0;  // of which waiting for a neighbouring stage (the bubble, plus transfers)
+  int activation_slots = 0;    // micro-batch chunks of activations this rank has held at once (its peak)
 };
 
 class Trainer {
@@ -72,6 +80,10 @@ class Trainer {
   // ZeRO-3: gathers every group's parameters into model().params() (for reading them whole).
   void gather_all();
 
+  // The pipeline schedule this rank runs and its check (empty without a pipeline).
+  const Schedule& schedule() const { return schedule_; }
+  const ScheduleReport& schedule_report() const { return schedule_report_; }
+
   // Whether ZeRO runs the fused step (ZeRO-1/2, data parallel, host buffers).
   bool fused_zero() const { return !fused_.empty(); }
 
@@ -82,6 +94,13 @@ class Trainer {
 
  private:
   bool zero() const { return groups_.layout.zero > 0; }
+  // The pipeline: this rank's schedule list; returns the mean loss over micro-batches on the rank
+  // holding the last stage, 0 elsewhere.
+  double run_schedule(const int32_t* sequences);
+  double forward_only(const int32_t* sequences);
+  // Whether group g's gradients are counted here for the global norm (the tied embeddings are held
+  // by the first and the last stage; the first counts them).
+  bool counts_for_norm(int g) const;
   double mean_over_dp(double v);
   void gather_group(int g);
   double grad_norm();
@@ -106,6 +125,8 @@ class Trainer {
   // after the norm, each updated chunk all-gathered as it is done.
   std::vector<std::unique_ptr<tutti::fused::ZeroStep>> fused_;
   std::vector<std::vector<float>> decay_;  // per group: 1 where this rank's shard decays, else 0
+  Schedule schedule_;
+  ScheduleReport schedule_report_;
 };
 
 }  // namespace tutti::train

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "trainer/checkpoint.hpp"
@@ -10,11 +11,11 @@
 
 namespace tutti::train::test_support {
 
-ModelConfig tiny() {
+ModelConfig tiny(int layers) {
   ModelConfig m;
   m.vocab = 64;
   m.seq = 16;
-  m.layers = 2;
+  m.layers = layers;
   m.heads = 4;
   m.channels = 32;
   return m;
@@ -41,8 +42,16 @@ Layout make_layout(int tp, int dp, bool sp, int zero) {
   return l;
 }
 
+Layout with_pipeline(Layout base, int pp, ScheduleKind schedule, int microbatches, int vp) {
+  base.pp = pp;
+  base.schedule = schedule;
+  base.microbatches = microbatches;
+  base.vp = vp;
+  return base;
+}
+
 RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions& options) {
-  const ModelConfig mc = tiny();
+  const ModelConfig mc = tiny(options.layers);
   OptimConfig oc;
   oc.lr = 1e-3f;
   oc.min_lr = 1e-4f;
@@ -61,7 +70,9 @@ RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions&
   if (!options.resume_dir.empty()) first = load_checkpoint(options.resume_dir, trainer).step;
   for (int s = first; s < kSteps; ++s) {
     cut_batch(data, s, kBatch, groups.at.dp_rank * per, per, mc.seq, seqs.data());
-    out.losses.push_back(trainer.step(seqs.data()).loss);
+    const StepResult r = trainer.step(seqs.data());
+    out.losses.push_back(r.loss);
+    out.activation_slots = r.activation_slots;
     if (s + 1 == options.save_at) {
       CheckpointInfo info;
       info.model = mc;
@@ -74,18 +85,26 @@ RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions&
       save_checkpoint(options.save_dir, trainer, world, info);
     }
   }
+  if (layout.pipelined())
+    out.predicted_slots = trainer.schedule_report().peak_activations[static_cast<size_t>(groups.at.pp_rank)];
   trainer.gather_all();
   Gpt& m = trainer.model();
+  // The tied embeddings live on the first and the last stage: the first's count.
+  const bool embeddings_elsewhere = layout.pp > 1 && groups.at.pp_rank == layout.pp - 1;
   for (const Tensor& t : m.layout().tensors()) {
     auto& w = out.params[t.name];
     w.assign(static_cast<size_t>(t.rows * t.cols), 0.0f);
-    if (groups.at.dp_rank == 0 && (!t.replicated || groups.at.tp_rank == 0)) m.get_whole(t.name, m.params(), w.data());
+    const bool mine = groups.at.dp_rank == 0 && (!t.replicated || groups.at.tp_rank == 0) &&
+                      !(embeddings_elsewhere && t.group == m.layout().embedding_group());
+    if (mine) m.get_whole(t.name, m.params(), w.data());
   }
   return out;
 }
 
 void add_parts(RunResult& sum, const RunResult& part) {
   if (sum.losses.empty()) sum.losses = part.losses, sum.fused_zero = part.fused_zero;
+  sum.activation_slots = std::max(sum.activation_slots, part.activation_slots);
+  sum.predicted_slots = std::max(sum.predicted_slots, part.predicted_slots);
   for (const auto& [name, w] : part.params) {
     auto& s = sum.params[name];
     if (s.empty()) s.assign(w.size(), 0.0f);
@@ -104,6 +123,8 @@ std::string compare_training(const RunResult& got, const RunResult& want) {
   for (const auto& [name, w] : want.params)
     for (float x : w) scale = std::max(scale, std::fabs(static_cast<double>(x)));
   const int64_t C = tiny().channels;
+  if (got.params.size() != want.params.size())
+    return fmt::format("{} tensors, expected {}", got.params.size(), want.params.size());
   for (const auto& [name, w] : want.params) {
     auto it = got.params.find(name);
     if (it == got.params.end() || it->second.size() != w.size()) return fmt::format("{}: missing or resized", name);

@@ -16,10 +16,12 @@ namespace tutti::train::test_support {
 constexpr int kBatch = 8;
 constexpr int kSteps = 10;
 
-ModelConfig tiny();  // L2 C32 NH4 T16 V64
+ModelConfig tiny(int layers = 2);  // L2 C32 NH4 T16 V64
 // A token stream with some structure to learn (a noisy counter), the same everywhere.
 TokenStream synthetic_tokens(int vocab, int64_t n);
 Layout make_layout(int tp, int dp, bool sp = false, int zero = 0);
+// `base` with a pipeline of pp ranks running `schedule` over `microbatches` (vp chunks per rank).
+Layout with_pipeline(Layout base, int pp, ScheduleKind schedule, int microbatches, int vp = 1);
 
 struct RunResult {
   std::vector<double> losses;  // mean over the global batch, per step
@@ -27,6 +29,8 @@ struct RunResult {
   // tensors on tp rank 0), zeros elsewhere, so the ranks' results add up to the model exactly.
   std::map<std::string, std::vector<float>> params;
   bool fused_zero = false;  // the trainer ran the fused ZeRO step (tutti/fused.hpp)
+  int activation_slots = 0;  // the pipeline's peak on this rank (max over ranks when added)
+  int predicted_slots = 0;   // the schedule checker's prediction for this rank (max over ranks)
 };
 
 struct RunOptions {
@@ -35,6 +39,7 @@ struct RunOptions {
   int save_at = -1;
   std::string resume_dir;  // start from this checkpoint (losses then cover the steps run)
   bool cuda = false;       // the CUDA kernels on device 0 instead of the CPU's
+  int layers = 2;          // the tiny model's (pipelines need one per stage)
 };
 // Trains up to kSteps steps as one rank of `layout` (world: null for a single rank).
 RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions& options = {});
