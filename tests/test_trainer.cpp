@@ -273,6 +273,23 @@ TEST(Pipeline, EveryScheduleTrainsLikeOneRank) {
   }
 }
 
+// The pipeline with every other dimension, up to 8 ranks: ZeRO-1 over the dp ranks of each stage
+// runs the fused step, the tied embedding's gradient crosses from the last stage to the first.
+TEST(Pipeline, CombinedWithTensorDataParallelAndZeroTrainsLikeOneRank) {
+  using test_support::with_pipeline;
+  test_support::RunOptions o;
+  o.layers = 4;
+  const RunResult one = run_layout(make_layout(1, 1), o);
+  for (const Layout& l : {with_pipeline(make_layout(1, 2, false, 1), 2, ScheduleKind::k1F1B, 4),
+                          with_pipeline(make_layout(1, 2, false, 2), 2, ScheduleKind::kZeroBubble, 2),
+                          with_pipeline(make_layout(2, 2), 2, ScheduleKind::k1F1B, 2),
+                          with_pipeline(make_layout(2, 2, true, 1), 2, ScheduleKind::kInterleaved, 2, 2)}) {
+    const RunResult r = run_layout(l, o);
+    EXPECT_EQ(test_support::compare_training(r, one), "") << l.describe();
+    EXPECT_EQ(r.fused_zero, l.zero > 0) << l.describe();
+  }
+}
+
 // On the GPU (when there is one): two ranks sharing it, data or tensor parallel, train like one.
 TEST(Parity, OnTheGpuDp2AndTp2TrainLikeOneRank) {
   std::string why;
@@ -342,6 +359,34 @@ TEST(Checkpoint, ResumesUnderAnotherLayoutWithTheSameLosses) {
   EXPECT_EQ(test_support::compare_training(r, want), "") << "zero3 dp4 -> tp2";
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(zdir);
+}
+
+// Pipeline stages write their parts; any layout, pipelined or not, resumes from them, and a
+// pipeline resumes from a checkpoint without one.
+TEST(Checkpoint, PipelineCheckpointsLoadUnderOtherLayouts) {
+  using test_support::with_pipeline;
+  test_support::RunOptions o;
+  o.layers = 4;
+  const RunResult one = run_layout(make_layout(1, 1), o);
+  RunResult want = one;
+  want.losses.erase(want.losses.begin(), want.losses.begin() + 5);
+  const std::string dir = temp_dir("tp2pp2"), flat = temp_dir("dp2zero1");
+  test_support::RunOptions save = o;
+  save.save_at = 5;
+  save.save_dir = dir;
+  run_layout(with_pipeline(make_layout(2, 1), 2, ScheduleKind::k1F1B, 4), save);
+  save.save_dir = flat;
+  run_layout(make_layout(1, 2, false, 1), save);
+  for (const auto& [from, l] : {std::pair{dir, make_layout(1, 1)}, std::pair{dir, make_layout(1, 2, false, 2)},
+                                std::pair{dir, with_pipeline(make_layout(1, 2), 2, ScheduleKind::kInterleaved, 2, 2)},
+                                std::pair{dir, with_pipeline(make_layout(1, 1), 4, ScheduleKind::kZeroBubble, 4)},
+                                std::pair{flat, with_pipeline(make_layout(2, 1, true), 2, ScheduleKind::kGpipe, 8)}}) {
+    test_support::RunOptions resume = o;
+    resume.resume_dir = from;
+    const RunResult r = run_layout(l, resume);
+    ASSERT_EQ(r.losses.size(), static_cast<size_t>(kSteps - 5)) << l.describe();
+    EXPECT_EQ(test_support::compare_training(r, want), "") << "resumed at " << l.describe() << " from " << from;
+  }
 }
 
 TEST(Checkpoint, DamagedOrMismatchedCheckpointsNameTheFileAndField) {
@@ -523,6 +568,54 @@ TEST(Groups, RanksAreTensorParallelInnermostThenDataParallel) {
   }
 }
 
+// With a pipeline: tp innermost, then dp, then pp; every group's members, and the embedding group
+// of the first and last stage.
+TEST(Groups, PipelineRanksAreOutermost) {
+  const Layout l = test_support::with_pipeline(make_layout(2, 2), 3, ScheduleKind::k1F1B, 4);
+  ASSERT_EQ(l.world(), 12);
+  for (int w = 0; w < 12; ++w) {
+    const Coordinates c = coordinates_of(l, w);
+    EXPECT_EQ(c.tp_rank, w % 2) << "world rank " << w;
+    EXPECT_EQ(c.dp_rank, (w / 2) % 2) << "world rank " << w;
+    EXPECT_EQ(c.pp_rank, w / 4) << "world rank " << w;
+    EXPECT_EQ(world_rank_of(l, c), w);
+  }
+  std::vector<Comm> comms = Comm::create_local(12);
+  std::vector<std::vector<float>> tp(12), dp(12), pp(12), emb(12);
+  std::vector<float> from_prev(12, -1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 12; ++r)
+    threads.emplace_back([&, r] {
+      Groups g = Groups::make(comms[static_cast<size_t>(r)], l);
+      const float me = static_cast<float>(r);
+      tp[r].resize(2), dp[r].resize(2), pp[r].resize(3);
+      g.tp.all_gather(&me, tp[r].data(), 1);
+      g.dp.all_gather(&me, dp[r].data(), 1);
+      g.pp.all_gather(&me, pp[r].data(), 1);
+      if (g.embedding.size() == 2) {
+        emb[r].resize(2);
+        g.embedding.all_gather(&me, emb[r].data(), 1);
+      }
+      // Around the ring: each pp rank sends its world rank to the next.
+      const int next = (g.at.pp_rank + 1) % 3, prev = (g.at.pp_rank + 2) % 3;
+      tutti::Work w = g.pipe.send(&me, 1, next);
+      g.pipe.recv(&from_prev[r], 1, prev);
+      g.pipe.wait(w);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 12; ++r) {
+    const float f = static_cast<float>(r);
+    EXPECT_EQ(tp[r], (std::vector<float>{f - r % 2, f - r % 2 + 1})) << "rank " << r;
+    const float d0 = static_cast<float>(r - (r / 2) % 2 * 2);
+    EXPECT_EQ(dp[r], (std::vector<float>{d0, d0 + 2})) << "rank " << r;
+    const float p0 = static_cast<float>(r % 4);
+    EXPECT_EQ(pp[r], (std::vector<float>{p0, p0 + 4, p0 + 8})) << "rank " << r;
+    if (r / 4 == 1) EXPECT_TRUE(emb[r].empty()) << "rank " << r << " holds no embedding";
+    else EXPECT_EQ(emb[r], (std::vector<float>{p0, p0 + 8})) << "rank " << r;
+    EXPECT_EQ(from_prev[r], static_cast<float>((r + 8) % 12)) << "rank " << r;
+  }
+}
+
 TEST(Layouts, ImpossibleLayoutsAreRefusedBeforeAnyWork) {
   const ModelConfig m = test_support::tiny();  // 4 heads, vocabulary 64, sequence 16
   auto message = [&](const Layout& l, int world, int batch) {
@@ -540,6 +633,16 @@ TEST(Layouts, ImpossibleLayoutsAreRefusedBeforeAnyWork) {
   EXPECT_NE(message(make_layout(1, 1, false, 1), 1, 8).find("--zero 1 needs --dp"), std::string::npos);
   EXPECT_NE(message(make_layout(1, 2, false, 4), 2, 8).find("--zero 4"), std::string::npos);
   EXPECT_EQ(message(make_layout(2, 2, true, 1), 4, 8), "");
+  using test_support::with_pipeline;
+  EXPECT_NE(message(with_pipeline(make_layout(1, 1), 4, ScheduleKind::k1F1B, 4), 4, 8).find("2 layers do not split into --pp 4"),
+            std::string::npos);
+  EXPECT_NE(message(with_pipeline(make_layout(1, 2), 2, ScheduleKind::k1F1B, 3), 4, 8).find("4 sequences do not split into --microbatches 3"),
+            std::string::npos);
+  EXPECT_NE(message(with_pipeline(make_layout(1, 2, false, 3), 2, ScheduleKind::k1F1B, 2), 4, 8).find("--zero 3 with a pipeline"),
+            std::string::npos);
+  EXPECT_NE(message(with_pipeline(make_layout(1, 1), 2, ScheduleKind::kInterleaved, 4, 2), 2, 8).find("2 layers do not split into --pp 2 x --vp 2"),
+            std::string::npos);
+  EXPECT_EQ(message(with_pipeline(make_layout(2, 2, true, 1), 2, ScheduleKind::kZeroBubble, 2), 8, 8), "");
 }
 
 }  // namespace

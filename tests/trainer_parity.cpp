@@ -2,6 +2,7 @@
 // every rank trains the tiny GPT; the ranks' parameter parts are summed into the whole model; rank 0
 // trains the one-rank reference in-process and compares (tests/support/trainer_run.hpp).
 //   tutti-run -n 4 trainer-parity --tp 2 --dp 2 [--sp] [--zero N] [--cuda]
+//   tutti-run -n 4 trainer-parity --pp 4 --schedule zb-h1 --microbatches 4 [--vp 2] [--layers 4]
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -13,9 +14,18 @@
 using namespace tutti;
 using namespace tutti::train;
 
+namespace {
+test_support::RunOptions options_one(int layers) {
+  test_support::RunOptions o;
+  o.layers = layers;
+  return o;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   Layout layout;
   bool cuda = false;  // every rank's kernels on GPU 0 (the reference stays on the CPU)
+  int layers = 2;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&] {
@@ -29,6 +39,11 @@ int main(int argc, char** argv) {
     else if (a == "--dp") layout.dp = value();
     else if (a == "--zero") layout.zero = value();
     else if (a == "--sp") layout.sp = true;
+    else if (a == "--pp") layout.pp = value();
+    else if (a == "--vp") layout.vp = value();
+    else if (a == "--microbatches") layout.microbatches = value();
+    else if (a == "--layers") layers = value();
+    else if (a == "--schedule" && i + 1 < argc) layout.schedule = parse_schedule(argv[++i]);
     else if (a == "--cuda") cuda = true;
     else {
       fmt::print(stderr, "unknown argument {}\n", a);
@@ -39,11 +54,12 @@ int main(int argc, char** argv) {
     Comm world = Comm::from_env();
     test_support::RunOptions options;
     options.cuda = cuda;
+    options.layers = layers;
     test_support::RunResult mine = test_support::train_rank(&world, layout, options);
     for (auto& [name, w] : mine.params)
       world.all_reduce(w.data(), w.data(), w.size(), DataType::kFloat32, RedOp::kSum).wait();
     if (world.rank() != 0) return 0;
-    const test_support::RunResult one = test_support::train_rank(nullptr, test_support::make_layout(1, 1));
+    const test_support::RunResult one = test_support::train_rank(nullptr, test_support::make_layout(1, 1), options_one(layers));
     const std::string diff = test_support::compare_training(mine, one);
     if (!diff.empty()) {
       fmt::print(stderr, "{} as {} processes differs from one rank: {}\n", layout.describe(), world.size(), diff);

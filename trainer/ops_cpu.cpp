@@ -85,9 +85,9 @@ class CpuOps final : public Ops {
     // dw's rows (output features) in blocks: each block reads its columns of dout.
     if (dw)
       blocks(OC, [&](int64_t o0, int64_t n) {
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas(n), blas(C), blas(N), 1.0f, dout + o0, blas(OC), inp,
-                  blas(C), 1.0f, dw + o0 * C, blas(C));
-    });
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas(n), blas(C), blas(N), 1.0f, dout + o0, blas(OC), inp,
+                    blas(C), 1.0f, dw + o0 * C, blas(C));
+      });
     if (dbias) bias_backward(dbias, dout, N, OC);
   }
 

@@ -21,24 +21,36 @@ ScheduleKind parse_schedule(std::string_view name) {
 
 const char* to_string(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::kGpipe: return "gpipe";
-    case ScheduleKind::k1F1B: return "1f1b";
-    case ScheduleKind::kInterleaved: return "interleaved";
-    case ScheduleKind::kZeroBubble: return "zb-h1";
+    case ScheduleKind::kGpipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+    case ScheduleKind::kZeroBubble:
+      return "zb-h1";
   }
   return "?";
 }
 
 const char* to_string(PipeOp op) {
   switch (op) {
-    case PipeOp::kForward: return "forward";
-    case PipeOp::kBackward: return "backward";
-    case PipeOp::kBackwardInput: return "backward-input";
-    case PipeOp::kBackwardWeight: return "backward-weight";
-    case PipeOp::kSendActivation: return "send-activation";
-    case PipeOp::kRecvActivation: return "recv-activation";
-    case PipeOp::kSendGrad: return "send-grad";
-    case PipeOp::kRecvGrad: return "recv-grad";
+    case PipeOp::kForward:
+      return "forward";
+    case PipeOp::kBackward:
+      return "backward";
+    case PipeOp::kBackwardInput:
+      return "backward-input";
+    case PipeOp::kBackwardWeight:
+      return "backward-weight";
+    case PipeOp::kSendActivation:
+      return "send-activation";
+    case PipeOp::kRecvActivation:
+      return "recv-activation";
+    case PipeOp::kSendGrad:
+      return "send-grad";
+    case PipeOp::kRecvGrad:
+      return "recv-grad";
   }
   return "?";
 }
@@ -49,16 +61,20 @@ int Schedule::peer_of(int rank, const PipeAction& a) const {
   const int s = stage_of(rank, a.chunk);
   switch (a.op) {
     case PipeOp::kSendActivation:
-    case PipeOp::kRecvGrad: return s + 1 < stages() ? rank_of_stage(s + 1) : -1;
+    case PipeOp::kRecvGrad:
+      return s + 1 < stages() ? rank_of_stage(s + 1) : -1;
     case PipeOp::kRecvActivation:
-    case PipeOp::kSendGrad: return s > 0 ? rank_of_stage(s - 1) : -1;
-    default: return -1;
+    case PipeOp::kSendGrad:
+      return s > 0 ? rank_of_stage(s - 1) : -1;
+    default:
+      return -1;
   }
 }
 
 std::string Schedule::describe(int rank, size_t index) const {
   const PipeAction& a = ranks[static_cast<size_t>(rank)][index];
-  std::string s = fmt::format("rank {} action {} ({} mb {} chunk {}", rank, index, to_string(a.op), a.microbatch, a.chunk);
+  std::string s =
+      fmt::format("rank {} action {} ({} mb {} chunk {}", rank, index, to_string(a.op), a.microbatch, a.chunk);
   if (is_communication(a.op)) {
     const bool send = a.op == PipeOp::kSendActivation || a.op == PipeOp::kSendGrad;
     s += fmt::format(" {} rank {}", send ? "to" : "from", peer_of(rank, a));
@@ -142,7 +158,8 @@ Schedule make_schedule(ScheduleKind kind, int pp, int microbatches, int vp) {
           "the ranks in groups of pp)",
           microbatches, pp));
   } else if (vp != 1) {
-    throw InvalidArgument(fmt::format("pipeline schedule {}: --vp {} needs the interleaved schedule", to_string(kind), vp));
+    throw InvalidArgument(
+        fmt::format("pipeline schedule {}: --vp {} needs the interleaved schedule", to_string(kind), vp));
   }
   Schedule s;
   s.kind = kind;
@@ -209,13 +226,15 @@ ScheduleReport check_schedule(const Schedule& s) {
     for (size_t i = 0; i < list.size(); ++i) {
       const PipeAction& a = list[i];
       if (a.microbatch < 0 || a.microbatch >= m || a.chunk < 0 || a.chunk >= vp) {
-        throw InvalidArgument(fmt::format("schedule {}: rank {} action {}: micro-batch {} or chunk {} is outside {} "
-                                          "micro-batches of {} chunks",
-                                          to_string(s.kind), r, i, a.microbatch, a.chunk, m, vp));
+        throw InvalidArgument(
+            fmt::format("schedule {}: rank {} action {}: micro-batch {} or chunk {} is outside {} "
+                        "micro-batches of {} chunks",
+                        to_string(s.kind), r, i, a.microbatch, a.chunk, m, vp));
       }
       if (static_cast<int>(a.op) >= kOps) fail(r, i, "unknown action");
       const bool split_op = a.op == PipeOp::kBackwardInput || a.op == PipeOp::kBackwardWeight;
-      if (a.op == PipeOp::kBackward && s.split_backward) fail(r, i, "this schedule splits the backward into input and weight halves");
+      if (a.op == PipeOp::kBackward && s.split_backward)
+        fail(r, i, "this schedule splits the backward into input and weight halves");
       if (split_op && !s.split_backward) fail(r, i, "this schedule does not split the backward");
       if (is_communication(a.op) && s.peer_of(r, a) < 0)
         fail(r, i, fmt::format("stage {} has no neighbour on that side", s.stage_of(r, a.chunk)));
@@ -239,14 +258,16 @@ ScheduleReport check_schedule(const Schedule& s) {
         need(f < b, "runs backward before forward");
         if (s.split_backward) need(pos(PipeOp::kBackwardWeight) > b, "has no weight gradient after its backward-input");
         if (stage > 0) {
-          need(pos(PipeOp::kRecvActivation) >= 0 && pos(PipeOp::kRecvActivation) < f, "forward before its input is received");
+          need(pos(PipeOp::kRecvActivation) >= 0 && pos(PipeOp::kRecvActivation) < f,
+               "forward before its input is received");
           need(pos(PipeOp::kSendGrad) > b, "never sends its input gradient back after the backward");
         } else {
           need(pos(PipeOp::kRecvActivation) < 0 && pos(PipeOp::kSendGrad) < 0, "the first stage has no previous stage");
         }
         if (stage < S - 1) {
           need(pos(PipeOp::kSendActivation) > f, "never sends its output on after the forward");
-          need(pos(PipeOp::kRecvGrad) >= 0 && pos(PipeOp::kRecvGrad) < b, "backward before its output gradient is received");
+          need(pos(PipeOp::kRecvGrad) >= 0 && pos(PipeOp::kRecvGrad) < b,
+               "backward before its output gradient is received");
         } else {
           need(pos(PipeOp::kSendActivation) < 0 && pos(PipeOp::kRecvGrad) < 0, "the last stage has no next stage");
         }
@@ -267,11 +288,20 @@ ScheduleReport check_schedule(const Schedule& s) {
       const PipeAction& a = list[i];
       const int stage = s.stage_of(r, a.chunk), peer = s.peer_of(r, a);
       switch (a.op) {
-        case PipeOp::kSendActivation: sends[{r, peer}].push_back({{false, a.microbatch, stage}, i}); break;
-        case PipeOp::kSendGrad: sends[{r, peer}].push_back({{true, a.microbatch, stage}, i}); break;
-        case PipeOp::kRecvActivation: recvs[{peer, r}].push_back({{false, a.microbatch, stage - 1}, i}); break;
-        case PipeOp::kRecvGrad: recvs[{peer, r}].push_back({{true, a.microbatch, stage + 1}, i}); break;
-        default: break;
+        case PipeOp::kSendActivation:
+          sends[{r, peer}].push_back({{false, a.microbatch, stage}, i});
+          break;
+        case PipeOp::kSendGrad:
+          sends[{r, peer}].push_back({{true, a.microbatch, stage}, i});
+          break;
+        case PipeOp::kRecvActivation:
+          recvs[{peer, r}].push_back({{false, a.microbatch, stage - 1}, i});
+          break;
+        case PipeOp::kRecvGrad:
+          recvs[{peer, r}].push_back({{true, a.microbatch, stage + 1}, i});
+          break;
+        default:
+          break;
       }
     }
   }
@@ -282,8 +312,8 @@ ScheduleReport check_schedule(const Schedule& s) {
     const auto& ss = sends[pair];
     for (size_t k = 0; k < rs.size(); ++k) {
       if (k >= ss.size())
-        fail(pair.second, rs[k].second, fmt::format("expects message {} from rank {}, which sends only {}", k + 1,
-                                                     pair.first, ss.size()));
+        fail(pair.second, rs[k].second,
+             fmt::format("expects message {} from rank {}, which sends only {}", k + 1, pair.first, ss.size()));
       if (!(ss[k].first == rs[k].first))
         fail(pair.second, rs[k].second,
              fmt::format("is the receive of message {} from rank {}, but that message is {}", k + 1, pair.first,
@@ -291,10 +321,12 @@ ScheduleReport check_schedule(const Schedule& s) {
       match[static_cast<size_t>(pair.second)][rs[k].second] = ss[k].second;
       match[static_cast<size_t>(pair.first)][ss[k].second] = rs[k].second;
     }
-    if (ss.size() > rs.size()) fail(pair.first, ss[rs.size()].second, fmt::format("rank {} never receives it", pair.second));
+    if (ss.size() > rs.size())
+      fail(pair.first, ss[rs.size()].second, fmt::format("rank {} never receives it", pair.second));
   }
   for (const auto& [pair, ss] : sends)
-    if (!recvs.contains(pair)) fail(pair.first, ss.front().second, fmt::format("rank {} never receives it", pair.second));
+    if (!recvs.contains(pair))
+      fail(pair.first, ss.front().second, fmt::format("rank {} never receives it", pair.second));
 
   // 3. Dry run: compute takes its cost; a send is posted and the rank goes on (the trainer sends
   // asynchronously, on a communicator per direction); a receive waits for its message's send.
@@ -342,7 +374,9 @@ ScheduleReport check_schedule(const Schedule& s) {
   rep.makespan = *std::max_element(clock.begin(), clock.end());
   double idle = 0;
   for (int r = 0; r < pp; ++r)
-    idle += rep.makespan > 0 ? 1.0 - static_cast<double>(rep.busy[static_cast<size_t>(r)]) / static_cast<double>(rep.makespan) : 0;
+    idle += rep.makespan > 0
+                ? 1.0 - static_cast<double>(rep.busy[static_cast<size_t>(r)]) / static_cast<double>(rep.makespan)
+                : 0;
   rep.bubble = idle / pp;
   return rep;
 }

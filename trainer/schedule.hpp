@@ -73,10 +73,10 @@ struct Schedule {
 Schedule make_schedule(ScheduleKind kind, int pp, int microbatches, int vp = 1);
 
 struct ScheduleReport {
-  int64_t makespan = 0;                // time units, forward = 1
-  std::vector<int64_t> busy;           // per rank
-  double bubble = 0;                   // mean over ranks of idle / makespan
-  std::vector<int> peak_activations;   // per rank, in micro-batch chunks
+  int64_t makespan = 0;               // time units, forward = 1
+  std::vector<int64_t> busy;          // per rank
+  double bubble = 0;                  // mean over ranks of idle / makespan
+  std::vector<int> peak_activations;  // per rank, in micro-batch chunks
   struct Span {
     int64_t start, end;
     PipeAction action;

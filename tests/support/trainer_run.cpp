@@ -91,9 +91,13 @@ RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions&
   Gpt& m = trainer.model();
   // The tied embeddings live on the first and the last stage: the first's count.
   const bool embeddings_elsewhere = layout.pp > 1 && groups.at.pp_rank == layout.pp - 1;
+  // Every tensor of the model, zero where another rank holds it, so every rank's map has the same
+  // keys (the process test sums them with one all-reduce each).
+  const ParamLayout whole(mc, 1, 0, 1);
+  for (const Tensor& t : whole.tensors())
+    out.params[t.name].assign(static_cast<size_t>(t.rows * t.cols), 0.0f);
   for (const Tensor& t : m.layout().tensors()) {
     auto& w = out.params[t.name];
-    w.assign(static_cast<size_t>(t.rows * t.cols), 0.0f);
     const bool mine = groups.at.dp_rank == 0 && (!t.replicated || groups.at.tp_rank == 0) &&
                       !(embeddings_elsewhere && t.group == m.layout().embedding_group());
     if (mine) m.get_whole(t.name, m.params(), w.data());

@@ -1,8 +1,11 @@
 // tutti-train: trains a GPT on tutti's collectives, alone or under a launcher.
 //
 //   tutti-train [--steps 200] [--layers 4 --heads 4 --channels 128 --seq 64] [--batch 16]
-//               [--tp 1 --dp 1 --sp --zero 0] [--data FILE] [--out DIR] ...
+//               [--tp 1 --dp 1 --sp --zero 0] [--pp 1 --schedule 1f1b --microbatches 1 --vp 1]
+//               [--data FILE] [--out DIR] ...
 //   tutti-run -n 4 build/bin/tutti-train --tp 2 --dp 2 --zero 1 --steps 200
+//   tutti-run -n 2 build/bin/tutti-train --pp 2 --schedule 1f1b --microbatches 8
+//   tutti-train schedule --pp 4 --schedule interleaved --vp 2 [--microbatches 8] [--svg FILE]
 //   tutti-train sample --checkpoint DIR [--tokens 300] [--prompt TEXT] [--temperature 0.8]
 //
 // Prints a line per step (loss, learning rate, gradient norm, tokens/s, MFU against a GEMM peak
@@ -14,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -135,6 +139,27 @@ int sample(const std::string& dir, int tokens, const std::string& prompt, float 
 
 }  // namespace
 
+// Prints a schedule's check: the time line, bubble against 1F1B's formula, activation peaks; and
+// draws it as SVG.
+int show_schedule(const Layout& layout, const std::string& svg) {
+  const Schedule s = make_schedule(layout.schedule, layout.pp, layout.microbatches, layout.vp);
+  const ScheduleReport rep = check_schedule(s);
+  fmt::print("{} schedule, pp {}, vp {}, {} micro-batches: checked (every message matched, no deadlock)\n",
+             to_string(s.kind), s.pp, s.vp, s.microbatches);
+  fmt::print("time line (F forward, B backward, W weight gradient, then the micro-batch; lower case: odd chunks):\n{}",
+             render_timeline(s, rep));
+  fmt::print("bubble {:.3f} (1F1B's (p-1)/(m+p-1) = {:.3f}); makespan {} units (forward 1, backward 2)\n", rep.bubble,
+             pipeline_bubble_formula(s.pp, s.microbatches), rep.makespan);
+  std::string peaks;
+  for (int p : rep.peak_activations) peaks += fmt::format(" {}", p);
+  fmt::print("peak activations per rank, in micro-batch chunks of {} layer(s) each:{}\n", "L/(pp*vp)", peaks);
+  if (!svg.empty()) {
+    std::ofstream(svg) << render_svg(s, rep);
+    fmt::print("picture: {}\n", svg);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"tutti-train: train a GPT on tutti's collectives (alone, or under tutti-run / mpirun)"};
   app.require_subcommand(0, 1);
@@ -168,6 +193,13 @@ int main(int argc, char** argv) {
   app.add_option("--dp", layout.dp, "data-parallel ranks")->capture_default_str();
   app.add_flag("--sp", layout.sp, "sequence parallel (with --tp)");
   app.add_option("--zero", layout.zero, "ZeRO stage over the dp ranks (0-3)")->capture_default_str();
+  app.add_option("--pp", layout.pp, "pipeline-parallel ranks")->capture_default_str();
+  app.add_option("--vp", layout.vp, "model chunks per pipeline rank (interleaved)")->capture_default_str();
+  CLI::Option* mb_opt =
+      app.add_option("--microbatches", layout.microbatches, "micro-batches per step and dp rank")->capture_default_str();
+  std::string schedule_name = "1f1b";
+  app.add_option("--schedule", schedule_name, "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1")
+      ->capture_default_str();
   app.add_option("--threads", threads, "compute threads per rank (0: this host's cores over its ranks)");
   std::string device = "cpu";
   app.add_option("--device", device, "cpu, or cuda (GPU 0; ranks share it)")
@@ -189,9 +221,19 @@ int main(int argc, char** argv) {
   samp->add_option("--tokens", gen_tokens, "tokens to generate")->capture_default_str();
   samp->add_option("--prompt", prompt, "text to start from");
   samp->add_option("--temperature", temperature, "softmax temperature")->capture_default_str();
+  CLI::App* sched = app.add_subcommand("schedule", "check a pipeline schedule and print its time line");
+  sched->fallthrough();  // --pp, --schedule, --vp, --microbatches are the main options
+  std::string svg;
+  sched->add_option("--svg", svg, "also draw the time line into this SVG file");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    layout.schedule = parse_schedule(schedule_name);
+    if (sched->parsed()) {
+      if (mb_opt->count() == 0) layout.microbatches = (std::max(8, 2 * layout.pp) + layout.pp - 1) / layout.pp * layout.pp;
+      if (svg.empty()) svg = fmt::format("schedule_{}_pp{}.svg", to_string(layout.schedule), layout.pp);
+      return show_schedule(layout, svg);
+    }
     if (samp->parsed()) return sample(ckpt, gen_tokens, prompt, temperature, seed, threads);
 
     // Everything that can be refused is refused before any work.
@@ -246,6 +288,8 @@ int main(int argc, char** argv) {
       if (me == 0) fmt::print("saved {}\n", dir);
     };
     double first_loss = 0, last_loss = 0;
+    std::vector<double> bubbles;  // per step: the time ranks waited on neighbouring stages, mean over ranks
+    int slots = 0;
     for (int step = first; step < optim.steps; ++step) {
       const auto t0 = Clock::now();
       cut_batch(train, step, batch, groups.at.dp_rank * per, per, model.seq, seqs.data());
@@ -255,14 +299,24 @@ int main(int argc, char** argv) {
       const double mfu = peak > 0 ? model.flops_per_token() * tok_s / (peak * world_size) : 0;
       if (step == first) first_loss = r.loss;
       last_loss = r.loss;
+      if (layout.pp > 1) {
+        double frac[2] = {r.pipeline_wait_s / dt, static_cast<double>(r.activation_slots)};
+        world->all_reduce(frac, frac, 1, DataType::kFloat64, RedOp::kSum).wait();
+        world->all_reduce(frac + 1, frac + 1, 1, DataType::kFloat64, RedOp::kMax).wait();
+        bubbles.push_back(frac[0] / world_size);
+        slots = static_cast<int>(frac[1]);
+      }
       if (me == 0) {
+        const std::string pipe = layout.pp > 1 ? fmt::format(" | pipeline wait {:.0f}% | {} activation slots",
+                                                             100 * r.pipeline_wait_s / dt, r.activation_slots)
+                                               : "";
         fmt::print("step {:5d}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:8.0f} tok/s | MFU {:5.1f}% | comm {:.1f} ms "
-                   "({:.0f}%)\n",
+                   "({:.0f}%){}\n",
                    step + 1, optim.steps, r.loss, r.lr, r.grad_norm, tok_s, 100 * mfu, 1e3 * r.comm_wait_s,
-                   100 * r.comm_wait_s / dt);
+                   100 * r.comm_wait_s / dt, pipe);
         jsonl << fmt::format("{{\"step\":{},\"loss\":{:.6f},\"lr\":{:.6e},\"grad_norm\":{:.6f},\"tokens_per_s\":{:.1f},"
-                             "\"mfu\":{:.5f},\"comm_wait_s\":{:.6f},\"step_s\":{:.6f}}}\n",
-                             step + 1, r.loss, r.lr, r.grad_norm, tok_s, mfu, r.comm_wait_s, dt);
+                             "\"mfu\":{:.5f},\"comm_wait_s\":{:.6f},\"pipeline_wait_s\":{:.6f},\"step_s\":{:.6f}}}\n",
+                             step + 1, r.loss, r.lr, r.grad_norm, tok_s, mfu, r.comm_wait_s, r.pipeline_wait_s, dt);
         jsonl.flush();
       }
       const bool last = step + 1 == optim.steps;
@@ -280,6 +334,18 @@ int main(int argc, char** argv) {
         }
       }
       if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || last) save(step + 1);
+    }
+    if (me == 0 && !bubbles.empty()) {
+      // The first steps warm caches and allocate slots: the median of the second half.
+      std::vector<double> late(bubbles.begin() + static_cast<std::ptrdiff_t>(bubbles.size() / 2), bubbles.end());
+      std::nth_element(late.begin(), late.begin() + static_cast<std::ptrdiff_t>(late.size() / 2), late.end());
+      const ScheduleReport& rep = trainer.schedule_report();
+      fmt::print("pipeline {}: measured bubble {:.3f} (time waiting on neighbouring stages, mean over ranks, median "
+                 "over the last {} steps); the checker predicts {:.3f} with equal stages; 1F1B's formula {:.3f}; "
+                 "activation slots {} (predicted peak {})\n",
+                 to_string(layout.schedule), late[late.size() / 2], late.size(), rep.bubble,
+                 pipeline_bubble_formula(layout.pp, layout.microbatches), slots,
+                 *std::max_element(rep.peak_activations.begin(), rep.peak_activations.end()));
     }
     if (me == 0) {
       jsonl.close();
