@@ -19,6 +19,8 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <numeric>
+#include <random>
 #include <thread>
 
 #include "trainer/checkpoint.hpp"
@@ -288,6 +290,129 @@ TEST(Pipeline, CombinedWithTensorDataParallelAndZeroTrainsLikeOneRank) {
     EXPECT_EQ(test_support::compare_training(r, one), "") << l.describe();
     EXPECT_EQ(r.fused_zero, l.zero > 0) << l.describe();
   }
+}
+
+// Experts split over ep ranks train like one rank holding them all: top-1 and top-2, dropless and
+// with a capacity (routing groups of 2 sequences in every run, so the same tokens are dropped).
+TEST(Experts, ExpertParallelLayoutsTrainLikeOneRank) {
+  Layout ep2 = make_layout(1, 2), ep4 = make_layout(1, 4), ep2dp2 = make_layout(1, 4), tp2ep2 = make_layout(2, 2);
+  ep2.ep = 2, ep4.ep = 4, ep2dp2.ep = 2, tp2ep2.ep = 2;
+  Layout tp2sp_ep2 = tp2ep2;
+  tp2sp_ep2.sp = true;
+  for (int k : {1, 2})
+    for (float capacity : {0.0f, 1.0f}) {
+      test_support::RunOptions o;
+      o.experts = 4;
+      o.top_k = k;
+      o.capacity = capacity;
+      o.moe_group = 2;
+      const RunResult one = run_layout(make_layout(1, 1), o);
+      EXPECT_LT(one.losses.back(), one.losses.front());
+      for (const Layout& l : {ep2, ep4, ep2dp2, tp2ep2, tp2sp_ep2, make_layout(1, 2)}) {
+        const RunResult r = run_layout(l, o);
+        EXPECT_EQ(test_support::compare_training(r, one), "")
+            << l.describe() << " top" << k << (capacity > 0 ? " capacity 1" : " dropless");
+      }
+    }
+}
+
+// The mixture's backward against finite differences of its loss (cross-entropy plus the auxiliary
+// loss), for the router, the experts and the LayerNorm in front of them: the parity tests above
+// compare layouts running the same code, this checks the code itself.
+TEST(Experts, GradientsMatchFiniteDifferences) {
+  struct Case {
+    int k;
+    float capacity;
+  };
+  for (const Case c : {Case{1, 0.0f}, Case{2, 0.0f}, Case{2, 1.0f}}) {
+    ModelConfig m = test_support::tiny(1);
+    m.experts = 4;
+    m.top_k = c.k;
+    m.capacity = c.capacity;
+    m.aux_loss = 0.05f;  // large enough that its gradient matters
+    auto ops = make_cpu_ops(1);
+    Collectives solo;
+    Gpt g(m, Layout{}, 0, 2, *ops, solo);
+    g.init(11);
+    const TokenStream data = test_support::synthetic_tokens(m.vocab, 4000);
+    std::vector<int32_t> seqs(static_cast<size_t>(2 * (m.seq + 1)));
+    cut_batch(data, 3, 2, 0, 2, m.seq, seqs.data());
+    g.forward(seqs.data());
+    g.zero_grads();
+    g.backward();
+    const std::vector<float> grads(g.grads(), g.grads() + g.layout().size());
+    int checked = 0;
+    for (const char* name : {"h.0.moe.router.weight", "h.0.moe.expert.1.fc.weight", "h.0.moe.expert.2.proj.weight",
+                             "h.0.moe.expert.0.fc.bias", "h.0.ln2.weight"}) {
+      const Tensor& t = g.layout().find(name);
+      // The three largest gradients of the tensor.
+      std::vector<int64_t> idx(static_cast<size_t>(t.size()));
+      std::iota(idx.begin(), idx.end(), t.offset);
+      std::partial_sort(idx.begin(), idx.begin() + 3, idx.end(), [&](int64_t a, int64_t b) {
+        return std::fabs(grads[static_cast<size_t>(a)]) > std::fabs(grads[static_cast<size_t>(b)]);
+      });
+      for (int n = 0; n < 3; ++n) {
+        float& p = g.params()[idx[static_cast<size_t>(n)]];
+        const float keep = p, eps = 5e-4f;
+        p = keep + eps;
+        const double up = g.forward(seqs.data());
+        p = keep - eps;
+        const double down = g.forward(seqs.data());
+        p = keep;
+        const double fd = (up - down) / (2.0 * eps), an = grads[static_cast<size_t>(idx[static_cast<size_t>(n)])];
+        EXPECT_NEAR(fd, an, 0.05 * std::fabs(an) + 1e-3) << name << " element " << idx[static_cast<size_t>(n)] - t.offset
+                                                        << " top" << c.k << " capacity " << c.capacity;
+        ++checked;
+      }
+    }
+    EXPECT_EQ(checked, 15);
+  }
+}
+
+// Capacity: an expert keeps at most capacity() of a routing group's choices, the first ones in row
+// order; the others are dropped.
+TEST(Experts, CapacityKeepsTheFirstChoicesInRowOrder) {
+  ModelConfig m = test_support::tiny(1);
+  m.experts = 4;
+  m.capacity = 0.5f;
+  m.moe_group = 2;
+  const int64_t B = 4, T = m.seq, C = m.channels, N = B * T;
+  auto ops = make_cpu_ops(1);
+  Collectives solo;
+  Moe moe(m, Layout{}, 0, B, N, N, 0, *ops, solo, solo);
+  EXPECT_EQ(moe.capacity(), 4);  // ceil(0.5 * 32 tokens * 1 / 4 experts)
+  std::vector<float> x(static_cast<size_t>(N * C)), router(static_cast<size_t>(4 * C)), fc(static_cast<size_t>(4 * C * C)),
+      fcb(static_cast<size_t>(4 * C)), proj(static_cast<size_t>(4 * C * C)), out(static_cast<size_t>(N * C));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0, 1);
+  for (float& v : x) v = nd(rng);
+  for (float& v : router) v = 0.3f * nd(rng);
+  LayerView w;
+  w.router = router.data();
+  for (int e = 0; e < 4; ++e) {
+    w.expert_fc_w.push_back(fc.data());
+    w.expert_fc_b.push_back(fcb.data());
+    w.expert_proj_w.push_back(proj.data());
+  }
+  Moe::Acts a;
+  moe.forward(a, x.data(), x.data(), w, out.data());
+  int dropped = 0;
+  for (int64_t g = 0; g < 2; ++g)
+    for (int e = 0; e < 4; ++e) {
+      // The rows of group g choosing e, in row order: the first capacity() are kept.
+      int seen = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t b = 2 * g; b < 2 * g + 2; ++b) {
+          const int64_t r = t * B + b;
+          const float* p = a.probs.data() + r * 4;
+          if (std::max_element(p, p + 4) - p != e) continue;
+          const bool kept = a.choice[static_cast<size_t>(r)] == e;
+          EXPECT_EQ(kept, seen < moe.capacity()) << "group " << g << " expert " << e << " row " << r;
+          dropped += kept ? 0 : 1;
+          ++seen;
+        }
+    }
+  EXPECT_GT(dropped, 0);
 }
 
 // On the GPU (when there is one): two ranks sharing it, data or tensor parallel, train like one.

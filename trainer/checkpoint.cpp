@@ -89,7 +89,8 @@ void save_checkpoint(const std::string& dir, Trainer& trainer, tutti::Comm* worl
   const int me = world ? world->rank() : 0;
   fs::create_directories(dir);
   Ops& ops = trainer.model().ops();
-  const bool writes = lay.zero > 0 || at.dp_rank == 0;
+  // Without ZeRO the dp ranks hold the same values, except that ep ranks hold different experts.
+  const bool writes = lay.zero > 0 || at.dp_rank < lay.ep;
   if (writes) {
     Trainer::State st = trainer.state();
     const int64_t n = trainer.optimizer_size();
@@ -121,8 +122,10 @@ void save_checkpoint(const std::string& dir, Trainer& trainer, tutti::Comm* worl
   j["format"] = "tutti-train checkpoint";
   j["version"] = kVersion;
   j["model"] = {{"vocab", info.model.vocab}, {"seq", info.model.seq}, {"layers", info.model.layers},
-                {"heads", info.model.heads}, {"channels", info.model.channels}};
-  j["layout"] = {{"tp", lay.tp}, {"dp", lay.dp},         {"sp", lay.sp},
+                {"heads", info.model.heads}, {"channels", info.model.channels}, {"experts", info.model.experts},
+                {"top_k", info.model.top_k}, {"capacity", info.model.capacity}, {"aux_loss", info.model.aux_loss},
+                {"moe_group", info.model.moe_group}};
+  j["layout"] = {{"tp", lay.tp}, {"dp", lay.dp},         {"sp", lay.sp}, {"ep", lay.ep},
                  {"zero", lay.zero}, {"pp", lay.pp}, {"vp", lay.vp},
                  {"microbatches", lay.microbatches}, {"schedule", to_string(lay.schedule)}};
   j["optim"] = {{"lr", info.optim.lr}, {"min_lr", info.optim.min_lr}, {"warmup", info.optim.warmup},
@@ -134,7 +137,7 @@ void save_checkpoint(const std::string& dir, Trainer& trainer, tutti::Comm* worl
   j["data"] = {{"source", info.data}, {"position", info.step}};
   json files = json::array();
   for (int w = 0; w < lay.world(); ++w) {
-    if (lay.zero == 0 && coordinates_of(lay, w).dp_rank != 0) continue;
+    if (lay.zero == 0 && coordinates_of(lay, w).dp_rank >= lay.ep) continue;
     const std::string path = dir + "/" + rank_file(w);
     files.push_back({{"rank", w}, {"name", rank_file(w)}, {"bytes", fs::file_size(path)}, {"crc32", crc_of(path)}});
   }
@@ -165,6 +168,13 @@ CheckpointInfo read_checkpoint_manifest(const std::string& dir) {
   info.model.layers = field<int>(m, dir, "layers", "model.");
   info.model.heads = field<int>(m, dir, "heads", "model.");
   info.model.channels = field<int>(m, dir, "channels", "model.");
+  if (m.contains("experts")) {  // mixtures of experts came later: a checkpoint without them is dense
+    info.model.experts = field<int>(m, dir, "experts", "model.");
+    info.model.top_k = field<int>(m, dir, "top_k", "model.");
+    info.model.capacity = field<float>(m, dir, "capacity", "model.");
+    info.model.aux_loss = field<float>(m, dir, "aux_loss", "model.");
+    info.model.moe_group = field<int>(m, dir, "moe_group", "model.");
+  }
   const json& l = j["layout"];
   info.layout.tp = field<int>(l, dir, "tp", "layout.");
   info.layout.dp = field<int>(l, dir, "dp", "layout.");
@@ -174,6 +184,7 @@ CheckpointInfo read_checkpoint_manifest(const std::string& dir) {
   if (l.contains("pp")) {
     info.layout.pp = field<int>(l, dir, "pp", "layout.");
     info.layout.vp = field<int>(l, dir, "vp", "layout.");
+    if (l.contains("ep")) info.layout.ep = field<int>(l, dir, "ep", "layout.");
     info.layout.microbatches = field<int>(l, dir, "microbatches", "layout.");
     try {
       info.layout.schedule = parse_schedule(field<std::string>(l, dir, "schedule", "layout."));
@@ -220,6 +231,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, Trainer& trainer) {
   differs("layers", info.model.layers, mine.layers);
   differs("heads", info.model.heads, mine.heads);
   differs("channels", info.model.channels, mine.channels);
+  differs("experts", info.model.experts, mine.experts);
 
   // Whole tensors (parameters and both moments) from the saved ranks' files.
   const ParamLayout& now = model.layout();
@@ -236,7 +248,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, Trainer& trainer) {
     const int w = field<int>(entry, dir, "rank", "files[].");
     const Coordinates c = coordinates_of(info.layout, w);
     const ParamLayout saved(info.model, info.layout.tp, c.tp_rank, info.layout.dp,
-                            part_of(info.model, info.layout, c.pp_rank));
+                            part_of(info.model, info.layout, c.pp_rank, c.ep_rank));
     const auto ranges = saved.optimizer_ranges(info.layout.zero, c.dp_rank);
     int64_t count = 0;
     for (auto [o, n] : ranges) count += n;

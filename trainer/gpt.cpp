@@ -41,10 +41,11 @@ struct Gpt::Acts {
   std::vector<float*> d_qkv, d_proj, d_fc, d_fcproj;
   float *dout = nullptr, *din = nullptr;  // gradients crossing the stage boundary
   int32_t *inputs = nullptr, *targets = nullptr;
+  std::vector<Moe::Acts> moe;  // per layer, with experts
 };
 
 Gpt::Gpt(const ModelConfig& model, const Layout& layout, int tp_rank, int pp_rank, int batch, Ops& ops,
-         Collectives& tp)
+         Collectives& tp, Collectives* ep)
     : model_(model),
       parallel_(layout),
       tp_rank_(tp_rank),
@@ -52,7 +53,7 @@ Gpt::Gpt(const ModelConfig& model, const Layout& layout, int tp_rank, int pp_ran
       batch_(batch),
       ops_(ops),
       tp_(tp),
-      layout_(model, layout.tp, tp_rank, layout.dp, part_of(model, layout, pp_rank)) {
+      layout_(model, layout.tp, tp_rank, layout.dp, part_of(model, layout, pp_rank, ep ? ep->rank() : 0)) {
   if (tp.size() != layout.tp)
     throw InvalidArgument(fmt::format("GPT: the tp group has {} ranks, the layout says {}", tp.size(), layout.tp));
   if (pp_rank < 0 || pp_rank >= layout.pp || model.layers % (layout.pp * layout.vp) != 0)
@@ -87,6 +88,8 @@ Gpt::Gpt(const ModelConfig& model, const Layout& layout, int tp_rank, int pp_ran
   datty_ = alloc(N_ * Cl_);
   datt_ = alloc(B * heads_ * T * T);
   dfch_ = alloc(N_ * 4 * Cl_);
+  drouter_ = alloc(Nl_ * C);
+  if (model.experts > 0) moe_ = std::make_unique<Moe>(model, layout, tp_rank, B, N_, Nl_, row0_, ops, tp, ep ? *ep : solo_);
 }
 
 Gpt::~Gpt() {
@@ -150,6 +153,7 @@ int Gpt::acquire_slot() {
   }
   a->inputs = ops_.alloc_tokens(N_);
   a->targets = ops_.alloc_tokens(N_);
+  if (moe_) a->moe.resize(static_cast<size_t>(layers_per_chunk_));
   slots_.push_back(std::move(a));
   return static_cast<int>(slots_.size()) - 1;
 }
@@ -275,9 +279,11 @@ double Gpt::forward_chunk(int chunk, int slot, const int32_t* sequences, const G
     }
   }
 
+  double aux = 0;  // the mixture of experts' auxiliary losses
   for (int64_t i = 0; i < layers_per_chunk_; ++i) {
     const int l = first_layer(chunk) + static_cast<int>(i);
     need(layout_.layer_group(l));
+    if (moe_) need(layout_.expert_group(l));
     const LayerView& w = p_.layers[static_cast<size_t>(l)];
     // Attention: x2 = x + proj(attention(qkv(ln1(x))))
     ops_.layernorm(a.ln1[i], a.mean1[i], a.rstd1[i], a.x[i], w.ln1_w, w.ln1_b, Nl_, C);
@@ -288,9 +294,17 @@ double Gpt::forward_chunk(int chunk, int slot, const int32_t* sequences, const G
     float* proj = reduce_rows(partial_, local_);
     ops_.add_bias(proj, w.proj_b, Nl_, C);
     ops_.add(a.x2[i], a.x[i], proj, Nl_ * C);
-    // MLP: x' = x2 + proj(gelu(fc(ln2(x2))))
+    // MLP: x' = x2 + proj(gelu(fc(ln2(x2)))), or the mixture of experts on ln2(x2)
     ops_.layernorm(a.ln2[i], a.mean2[i], a.rstd2[i], a.x2[i], w.ln2_w, w.ln2_b, Nl_, C);
     float* ln2 = gather_rows(a.ln2[i], a.ln2_full[i]);
+    if (moe_) {
+      aux += moe_->forward(a.moe[static_cast<size_t>(i)], a.ln2[i], ln2, w, partial_);
+      float* y = reduce_rows(partial_, local_);
+      ops_.add(a.x[i + 1], a.x2[i], y, Nl_ * C);
+      done_with(layout_.expert_group(l));
+      done_with(layout_.layer_group(l));
+      continue;
+    }
     ops_.matmul(a.fch[i], ln2, w.fc_w, w.fc_b, N_, C, 4 * Cl_);
     ops_.gelu(a.fch_gelu[i], a.fch[i], N_ * 4 * Cl_);
     ops_.matmul(partial_, a.fch_gelu[i], w.fcproj_w, nullptr, N_, 4 * Cl_, C);
@@ -299,7 +313,7 @@ double Gpt::forward_chunk(int chunk, int slot, const int32_t* sequences, const G
     ops_.add(a.x[i + 1], a.x2[i], mlp, Nl_ * C);
     done_with(layout_.layer_group(l));
   }
-  if (!last) return 0;
+  if (!last) return aux;
 
   // Final LayerNorm, the tied LM head on this rank's vocabulary slice, and the loss from softmax
   // statistics summed over the slices.
@@ -313,7 +327,7 @@ double Gpt::forward_chunk(int chunk, int slot, const int32_t* sequences, const G
   tp_.all_reduce(a.sum, N_);
   ops_.target_logit(a.target, a.logits, a.targets, v0_, N_, Vl_);
   tp_.all_reduce(a.target, N_);
-  return ops_.mean_loss(a.maxv, a.sum, a.target, N_);
+  return ops_.mean_loss(a.maxv, a.sum, a.target, N_) + aux;
 }
 
 void Gpt::zero_grads() { ops_.zero(grads_, layout_.size()); }
@@ -366,6 +380,19 @@ void Gpt::backward_chunk(int chunk, int slot, bool input_only, bool hand_over, c
     auto keep = [&](std::vector<float*>& saved, const float* grad, int64_t n) {
       if (input_only) ops_.copy(saved[static_cast<size_t>(i)], grad, n);
     };
+    if (moe_) {
+      need(layout_.expert_group(l));
+      // dx is d(x[l+1]); x[l+1] = x2 + experts(ln2(x2)): the experts' part is a tp partial sum, the
+      // router's is complete on this rank's rows.
+      float* dy = gather_rows(dx_, dfull_);
+      moe_->backward(a.moe[static_cast<size_t>(i)], dy, a.ln2[i], a.ln2_full[i], w, d, dpartial_, drouter_,
+                     loss_scale_ * static_cast<float>(N_));
+      float* dln2 = reduce_rows(dpartial_, dlocal_);
+      ops_.add(dln2, dln2, drouter_, Nl_ * C);
+      ops_.layernorm_backward(dx_, d.ln2_w, d.ln2_b, dln2, a.x2[i], w.ln2_w, a.mean2[i], a.rstd2[i], Nl_, C);
+      grads_ready(layout_.expert_group(l));
+      done_with(layout_.expert_group(l));
+    } else {
     // dx is d(x[l+1]). MLP: x[l+1] = x2 + fcproj(gelu(fc(ln2(x2)))) + bias.
     ops_.bias_backward(d.fcproj_b, dx_, Nl_, C);
     float* dmlp = gather_rows(dx_, dfull_);
@@ -377,6 +404,7 @@ void Gpt::backward_chunk(int chunk, int slot, bool input_only, bool hand_over, c
     ops_.matmul_backward(dpartial_, input_only ? nullptr : d.fc_w, d.fc_b, dfch_, a.ln2_full[i], w.fc_w, N_, C, 4 * Cl_);
     float* dln2 = reduce_rows(dpartial_, dlocal_);
     ops_.layernorm_backward(dx_, d.ln2_w, d.ln2_b, dln2, a.x2[i], w.ln2_w, a.mean2[i], a.rstd2[i], Nl_, C);
+    }
     // dx is now d(x2). Attention: x2 = x + proj(attention(qkv(ln1(x)))) + bias.
     ops_.bias_backward(d.proj_b, dx_, Nl_, C);
     float* dproj = gather_rows(dx_, dfull_);
@@ -412,8 +440,10 @@ void Gpt::backward_weights(int chunk, int slot) {
     const int l = first_layer(chunk) + static_cast<int>(i);
     const LayerView& w = p_.layers[static_cast<size_t>(l)];
     LayerView& d = g_.layers[static_cast<size_t>(l)];
-    ops_.matmul_backward(nullptr, d.fcproj_w, nullptr, a.d_fcproj[i], a.fch_gelu[i], w.fcproj_w, N_, 4 * Cl_, C);
-    ops_.matmul_backward(nullptr, d.fc_w, nullptr, a.d_fc[i], a.ln2_full[i], w.fc_w, N_, C, 4 * Cl_);
+    if (!moe_) {  // the experts' weight gradients are not deferred
+      ops_.matmul_backward(nullptr, d.fcproj_w, nullptr, a.d_fcproj[i], a.fch_gelu[i], w.fcproj_w, N_, 4 * Cl_, C);
+      ops_.matmul_backward(nullptr, d.fc_w, nullptr, a.d_fc[i], a.ln2_full[i], w.fc_w, N_, C, 4 * Cl_);
+    }
     ops_.matmul_backward(nullptr, d.proj_w, nullptr, a.d_proj[i], a.atty[i], w.proj_w, N_, Cl_, C);
     ops_.matmul_backward(nullptr, d.qkv_w, nullptr, a.d_qkv[i], a.ln1_full[i], w.qkv_w, N_, C, 3 * Cl_);
   }

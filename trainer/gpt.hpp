@@ -21,6 +21,7 @@
 
 #include "trainer/config.hpp"
 #include "trainer/groups.hpp"
+#include "trainer/moe.hpp"
 #include "trainer/ops.hpp"
 #include "trainer/params.hpp"
 
@@ -40,7 +41,9 @@ class Gpt {
   // `batch`: sequences per forward on this rank (a micro-batch's); `pp_rank`: this rank's place in
   // the pipeline (its layers: trainer/params.hpp's part_of). Gradients are scaled for the mean over
   // layout.microbatches forwards.
-  Gpt(const ModelConfig& model, const Layout& layout, int tp_rank, int pp_rank, int batch, Ops& ops, Collectives& tp);
+  // `ep`: the expert-parallel group (null: one rank holding every expert).
+  Gpt(const ModelConfig& model, const Layout& layout, int tp_rank, int pp_rank, int batch, Ops& ops, Collectives& tp,
+      Collectives* ep = nullptr);
   Gpt(const ModelConfig& model, const Layout& layout, int tp_rank, int batch, Ops& ops, Collectives& tp)
       : Gpt(model, layout, tp_rank, 0, batch, ops, tp) {}
   ~Gpt();
@@ -110,6 +113,7 @@ class Gpt {
 
   ModelConfig model_;
   Layout parallel_;
+  Collectives solo_;  // the ep group when there is none
   int tp_rank_, pp_rank_;
   int batch_;
   Ops& ops_;
@@ -130,7 +134,8 @@ class Gpt {
   int last_slot_ = 0;  // forward()'s
   // Scratch: a row-parallel layer's partial output (N x C), this rank's rows of it (Nl x C), and
   // backward's buffers.
-  float *partial_, *local_, *dx_, *dfull_, *dpartial_, *dlocal_, *dqkv_, *datty_, *datt_, *dfch_;
+  float *partial_, *local_, *dx_, *dfull_, *dpartial_, *dlocal_, *dqkv_, *datty_, *datt_, *dfch_, *drouter_;
+  std::unique_ptr<Moe> moe_;  // with experts
 };
 
 }  // namespace tutti::train

@@ -12,7 +12,10 @@ namespace tutti::train {
 Coordinates coordinates_of(const Layout& layout, int w) {
   if (w < 0 || w >= layout.world())
     throw InvalidArgument(fmt::format("rank {} is outside a world of {} ({})", w, layout.world(), layout.describe()));
-  return Coordinates{w % layout.tp, (w / layout.tp) % layout.dp, w / (layout.tp * layout.dp)};
+  Coordinates c{w % layout.tp, (w / layout.tp) % layout.dp, w / (layout.tp * layout.dp)};
+  c.ep_rank = c.dp_rank % layout.ep;
+  c.edp_rank = c.dp_rank / layout.ep;
+  return c;
 }
 
 int world_rank_of(const Layout& layout, Coordinates c) {
@@ -143,8 +146,13 @@ Groups Groups::make(tutti::Comm& world, const Layout& layout) {
   tutti::Comm dp = world.split(c.tp_rank + layout.tp * c.pp_rank, c.dp_rank);
   const int line = c.tp_rank + layout.tp * c.dp_rank;  // the pp group's colour
   tutti::Comm pp = world.split(line, c.pp_rank);
+  const int edp_size = layout.dp / layout.ep;
+  tutti::Comm ep = world.split(c.tp_rank + layout.tp * (c.edp_rank + edp_size * c.pp_rank), c.ep_rank);
+  tutti::Comm edp = world.split(c.tp_rank + layout.tp * (c.ep_rank + layout.ep * c.pp_rank), c.edp_rank);
   if (layout.tp > 1) g.tp = Collectives(std::move(tp));
   if (layout.dp > 1) g.dp = Collectives(std::move(dp));
+  if (layout.ep > 1) g.ep = Collectives(std::move(ep));
+  if (edp_size > 1 && layout.ep > 1) g.edp = Collectives(std::move(edp));
   if (layout.pp > 1) {
     g.pp = Collectives(std::move(pp));
     const bool ends = c.pp_rank == 0 || c.pp_rank == layout.pp - 1;

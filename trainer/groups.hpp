@@ -8,6 +8,8 @@
 //   dp group of w: the dp ranks with w's tp_rank and pp_rank   (stride tp)
 //   pp group of w: the pp ranks with w's tp_rank and dp_rank   (stride tp * dp)
 //   embedding group: the first and last pp ranks of w's pp group (the tied embedding's gradient)
+//   ep group of w: the ep consecutive dp ranks around w's (dp_rank = ep_rank + ep * edp_rank): they
+//     split the experts; edp group: the dp ranks holding w's experts (stride tp * ep)
 // Between neighbouring pp ranks each direction has a two-rank communicator of its own (Pipe), so a
 // send to one neighbour never waits behind a receive from the other.
 //
@@ -26,6 +28,7 @@ namespace tutti::train {
 
 struct Coordinates {
   int tp_rank = 0, dp_rank = 0, pp_rank = 0;
+  int ep_rank = 0, edp_rank = 0;  // dp_rank = ep_rank + ep * edp_rank
 };
 // The rank -> group table of a layout (checked by tests; also printed by tutti-train --verbose).
 Coordinates coordinates_of(const Layout& layout, int world_rank);
@@ -86,7 +89,7 @@ struct Pipe {
 struct Groups {
   Layout layout;
   Coordinates at;
-  Collectives tp, dp, pp, embedding;
+  Collectives tp, dp, pp, embedding, ep, edp;
   Pipe pipe;
   static Groups make(tutti::Comm& world, const Layout& layout);
   // For a single rank without a communicator.

@@ -12,16 +12,19 @@ namespace tutti::train {
 ModelPart ModelPart::whole(const ModelConfig& model) {
   ModelPart p;
   for (int l = 0; l < model.layers; ++l) p.layers.push_back(l);
+  for (int e = 0; e < model.experts; ++e) p.experts.push_back(e);
   return p;
 }
 
-ModelPart part_of(const ModelConfig& model, const Layout& layout, int pp_rank) {
+ModelPart part_of(const ModelConfig& model, const Layout& layout, int pp_rank, int ep_rank) {
   const int stages = layout.pp * layout.vp, per = model.layers / stages;
   ModelPart p;
   for (int c = 0; c < layout.vp; ++c)
     for (int l = 0; l < per; ++l) p.layers.push_back((c * layout.pp + pp_rank) * per + l);
   p.embeddings = pp_rank == 0 || pp_rank == layout.pp - 1;
   p.head = pp_rank == layout.pp - 1;
+  const int per_rank = model.experts / layout.ep;
+  for (int e = 0; e < per_rank; ++e) p.experts.push_back(ep_rank * per_rank + e);
   return p;
 }
 
@@ -35,6 +38,7 @@ ParamLayout::ParamLayout(const ModelConfig& model, int tp, int tp_rank, int dp, 
     throw InvalidArgument(fmt::format("parameter layout: tp rank {} of {}, dp {}", tp_rank, tp, dp));
   const int64_t V = model.vocab, T = model.seq, C = model.channels;
   int group = -1;
+  std::vector<int> expert_groups;
   auto add = [&](std::string name, int64_t rows, int64_t cols, Split split) {
     Tensor t;
     t.name = std::move(name);
@@ -63,13 +67,26 @@ ParamLayout::ParamLayout(const ModelConfig& model, int tp, int tp_rank, int dp, 
     add(h + "attn.proj.bias", C, 1, Split::kWhole);
     add(h + "ln2.weight", C, 1, Split::kWhole);
     add(h + "ln2.bias", C, 1, Split::kWhole);
-    add(h + "mlp.proj.bias", C, 1, Split::kWhole);
+    if (model.experts == 0) add(h + "mlp.proj.bias", C, 1, Split::kWhole);
+    else add(h + "moe.router.weight", model.experts, C, Split::kWhole);
     add(h + "attn.qkv.weight", 3 * C, C, Split::kHeadRows);
     add(h + "attn.qkv.bias", 3 * C, 1, Split::kHeadRows);
     add(h + "attn.proj.weight", C, C, Split::kColumns);
-    add(h + "mlp.fc.weight", 4 * C, C, Split::kRows);
-    add(h + "mlp.fc.bias", 4 * C, 1, Split::kRows);
-    add(h + "mlp.proj.weight", C, 4 * C, Split::kColumns);
+    if (model.experts == 0) {
+      add(h + "mlp.fc.weight", 4 * C, C, Split::kRows);
+      add(h + "mlp.fc.bias", 4 * C, 1, Split::kRows);
+      add(h + "mlp.proj.weight", C, 4 * C, Split::kColumns);
+      continue;
+    }
+    // The rank's experts, a group of their own (reduced over the ranks holding the same experts).
+    ++group;
+    expert_groups.push_back(group);
+    for (int e : part_.experts) {
+      const std::string x = fmt::format("{}moe.expert.{}.", h, e);
+      add(x + "fc.weight", 4 * C, C, Split::kRows);
+      add(x + "fc.bias", 4 * C, 1, Split::kRows);
+      add(x + "proj.weight", C, 4 * C, Split::kColumns);
+    }
   }
   if (part_.head) {
     ++group;
@@ -85,6 +102,7 @@ ParamLayout::ParamLayout(const ModelConfig& model, int tp, int tp_rank, int dp, 
     Group& gr = groups_[g];
     gr.offset = at;
     gr.dp = dp;
+    gr.expert = std::find(expert_groups.begin(), expert_groups.end(), g) != expert_groups.end();
     for (Tensor& t : tensors_)
       if (t.group == g) {
         t.offset = at;
@@ -111,7 +129,13 @@ const Tensor* ParamLayout::find_if(const std::string& name) const {
 int ParamLayout::layer_group(int l) const {
   const auto it = std::find(part_.layers.begin(), part_.layers.end(), l);
   if (it == part_.layers.end()) return -1;
-  return static_cast<int>(it - part_.layers.begin()) + (part_.embeddings ? 1 : 0);
+  const int per_layer = model_.experts > 0 ? 2 : 1;
+  return static_cast<int>(it - part_.layers.begin()) * per_layer + (part_.embeddings ? 1 : 0);
+}
+
+int ParamLayout::expert_group(int l) const {
+  const int g = layer_group(l);
+  return g < 0 || model_.experts == 0 ? -1 : g + 1;
 }
 
 
@@ -168,10 +192,26 @@ ParamView bind(const ParamLayout& layout, float* arena) {
   v.layers.resize(static_cast<size_t>(layout.model().layers));
   for (int l : layout.part().layers) {
     const std::string h = fmt::format("h.{}.", l);
-    v.layers[static_cast<size_t>(l)] = (LayerView{at(h + "ln1.weight"), at(h + "ln1.bias"), at(h + "attn.qkv.weight"),
-                                 at(h + "attn.qkv.bias"), at(h + "attn.proj.weight"), at(h + "attn.proj.bias"),
-                                 at(h + "ln2.weight"), at(h + "ln2.bias"), at(h + "mlp.fc.weight"),
-                                 at(h + "mlp.fc.bias"), at(h + "mlp.proj.weight"), at(h + "mlp.proj.bias")});
+    LayerView& lv = v.layers[static_cast<size_t>(l)];
+    lv.ln1_w = at(h + "ln1.weight");
+    lv.ln1_b = at(h + "ln1.bias");
+    lv.qkv_w = at(h + "attn.qkv.weight");
+    lv.qkv_b = at(h + "attn.qkv.bias");
+    lv.proj_w = at(h + "attn.proj.weight");
+    lv.proj_b = at(h + "attn.proj.bias");
+    lv.ln2_w = at(h + "ln2.weight");
+    lv.ln2_b = at(h + "ln2.bias");
+    lv.fc_w = at(h + "mlp.fc.weight");
+    lv.fc_b = at(h + "mlp.fc.bias");
+    lv.fcproj_w = at(h + "mlp.proj.weight");
+    lv.fcproj_b = at(h + "mlp.proj.bias");
+    lv.router = at(h + "moe.router.weight");
+    for (int e : layout.part().experts) {
+      const std::string x = fmt::format("{}moe.expert.{}.", h, e);
+      lv.expert_fc_w.push_back(at(x + "fc.weight"));
+      lv.expert_fc_b.push_back(at(x + "fc.bias"));
+      lv.expert_proj_w.push_back(at(x + "proj.weight"));
+    }
   }
   v.lnf_w = at("lnf.weight");
   v.lnf_b = at("lnf.bias");

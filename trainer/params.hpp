@@ -48,15 +48,17 @@ struct ModelPart {
   std::vector<int> layers;  // global layer indices, ascending
   bool embeddings = true;   // wte and wpe: the first stage, and the last for the tied LM head
   bool head = true;         // the final LayerNorm: the last stage
+  std::vector<int> experts; // global expert ids held (trainer/moe.hpp): those of the rank's ep rank
   static ModelPart whole(const ModelConfig& model);
 };
-ModelPart part_of(const ModelConfig& model, const Layout& layout, int pp_rank);
+ModelPart part_of(const ModelConfig& model, const Layout& layout, int pp_rank, int ep_rank = 0);
 
 struct Group {
   int64_t offset = 0;      // in the arena
   int64_t size = 0;        // padded to a multiple of dp
   int64_t replicated = 0;  // floats at its start that are whole on every tp rank (they come first)
   int dp = 1;
+  bool expert = false;     // a layer's experts: reduced over the expert-data-parallel group
   int64_t shard() const { return size / dp; }
 };
 
@@ -68,6 +70,7 @@ class ParamLayout {
   // Index in groups() of layer l's group, of the embeddings' and of the final LayerNorm's; -1 where
   // this part does not hold it.
   int layer_group(int l) const;
+  int expert_group(int l) const;  // with experts: the group after layer_group(l)
   int embedding_group() const { return part_.embeddings ? 0 : -1; }
   int head_group() const { return part_.head ? static_cast<int>(groups_.size()) - 1 : -1; }
   const ModelConfig& model() const { return model_; }
@@ -105,6 +108,9 @@ class ParamLayout {
 struct LayerView {
   float *ln1_w{}, *ln1_b{}, *qkv_w{}, *qkv_b{}, *proj_w{}, *proj_b{}, *ln2_w{}, *ln2_b{}, *fc_w{}, *fc_b{}, *fcproj_w{},
       *fcproj_b{};
+  // Mixture of experts instead of fc/fcproj: the router and the rank's experts, in expert order.
+  float* router{};
+  std::vector<float*> expert_fc_w, expert_fc_b, expert_proj_w;
 };
 struct ParamView {
   float *wte{}, *wpe{};

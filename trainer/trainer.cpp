@@ -19,7 +19,7 @@ Trainer::Trainer(const ModelConfig& model, const OptimConfig& optim, Groups& gro
     groups.dp.stage_through_host(&ops);
   }
   model_ = std::make_unique<Gpt>(model, lay, groups.at.tp_rank, groups.at.pp_rank, batch / lay.dp / lay.microbatches,
-                                 ops, groups.tp);
+                                 ops, groups.tp, &groups.ep);
   model_->init(seed);
   if (lay.pipelined()) {
     schedule_ = make_schedule(lay.schedule, lay.pp, lay.microbatches, lay.vp);
@@ -134,16 +134,19 @@ double Trainer::grad_norm() {
   const ParamLayout& pl = model_->layout();
   const float* grads = model_->grads();
   const bool whole_here = groups_.at.tp_rank == 0;
-  double local = 0;
+  double local = 0, experts = 0;
   for (int gi = 0; gi < static_cast<int>(pl.groups().size()); ++gi) {
     if (!counts_for_norm(gi)) continue;
     const Group& g = pl.groups()[static_cast<size_t>(gi)];
     int64_t lo = g.offset, hi = g.offset + g.size;
     if (zero()) lo = g.offset + groups_.at.dp_rank * g.shard(), hi = lo + g.shard();
     const int64_t split = std::clamp(g.offset + g.replicated, lo, hi);  // whole tensors come first
-    if (whole_here) local += ops_.sum_squares(grads + lo, split - lo);
-    local += ops_.sum_squares(grads + split, hi - split);
+    double& sum = g.expert ? experts : local;
+    if (whole_here) sum += ops_.sum_squares(grads + lo, split - lo);
+    sum += ops_.sum_squares(grads + split, hi - split);
   }
+  // The ep ranks hold different experts.
+  local += groups_.ep.all_reduce_value(experts);
   double total = groups_.tp.all_reduce_value(local);
   if (zero()) total = groups_.dp.all_reduce_value(total);
   return std::sqrt(groups_.pp.all_reduce_value(total));
@@ -186,6 +189,17 @@ StepResult Trainer::step(const int32_t* sequences) {
   GroupHooks hooks;
   hooks.grads_ready = [&](int g) {
     const Group& gr = gs[static_cast<size_t>(g)];
+    if (gr.expert && lay.ep > 1) {
+      // Each expert's gradient holds the tokens of its ep group's ranks: summed over the ranks
+      // holding the same experts and divided by dp, it is the mean over the global batch.
+      ops_.scale(grads + gr.offset, 1.0f / static_cast<float>(lay.dp), gr.size);
+      if (lay.dp > lay.ep) {
+        pending_.push_back(groups_.edp.all_reduce_async(grads + gr.offset, gr.size, RedOp::kSum));
+        pending_group_.push_back(g);
+        retired.push_back(false);
+      }
+      return;
+    }
     if (lay.dp > 1) {
       if (!fused_.empty())  // the mean over dp as the reduction's scale (exact for powers of two)
         pending_.push_back(fused_[static_cast<size_t>(g)]->reduce(grads + gr.offset, 1.0f / static_cast<float>(lay.dp)));

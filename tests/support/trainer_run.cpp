@@ -51,7 +51,11 @@ Layout with_pipeline(Layout base, int pp, ScheduleKind schedule, int microbatche
 }
 
 RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions& options) {
-  const ModelConfig mc = tiny(options.layers);
+  ModelConfig mc = tiny(options.layers);
+  mc.experts = options.experts;
+  mc.top_k = options.top_k;
+  mc.moe_group = options.moe_group;
+  mc.capacity = options.capacity;
   OptimConfig oc;
   oc.lr = 1e-3f;
   oc.min_lr = 1e-4f;
@@ -98,7 +102,10 @@ RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions&
     out.params[t.name].assign(static_cast<size_t>(t.rows * t.cols), 0.0f);
   for (const Tensor& t : m.layout().tensors()) {
     auto& w = out.params[t.name];
-    const bool mine = groups.at.dp_rank == 0 && (!t.replicated || groups.at.tp_rank == 0) &&
+    // Experts: the ep rank holding them (edp rank 0) counts them.
+    const bool expert = m.layout().groups()[static_cast<size_t>(t.group)].expert;
+    const bool dp_owner = expert ? groups.at.edp_rank == 0 : groups.at.dp_rank == 0;
+    const bool mine = dp_owner && (!t.replicated || groups.at.tp_rank == 0) &&
                       !(embeddings_elsewhere && t.group == m.layout().embedding_group());
     if (mine) m.get_whole(t.name, m.params(), w.data());
   }

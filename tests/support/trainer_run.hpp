@@ -40,6 +40,9 @@ struct RunOptions {
   std::string resume_dir;  // start from this checkpoint (losses then cover the steps run)
   bool cuda = false;       // the CUDA kernels on device 0 instead of the CPU's
   int layers = 2;          // the tiny model's (pipelines need one per stage)
+  // A mixture of experts instead of the MLPs (trainer/moe.hpp); experts 0: dense.
+  int experts = 0, top_k = 1, moe_group = 0;
+  float capacity = 0;
 };
 // Trains up to kSteps steps as one rank of `layout` (world: null for a single rank).
 RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions& options = {});
