@@ -19,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -299,6 +300,9 @@ TEST(Experts, ExpertParallelLayoutsTrainLikeOneRank) {
   ep2.ep = 2, ep4.ep = 4, ep2dp2.ep = 2, tp2ep2.ep = 2;
   Layout tp2sp_ep2 = tp2ep2;
   tp2sp_ep2.sp = true;
+  // With a pipeline too: the auxiliary losses of the first stage's layers travel with the loss.
+  Layout ep2pp2 = test_support::with_pipeline(make_layout(1, 2), 2, ScheduleKind::k1F1B, 2);
+  ep2pp2.ep = 2;
   for (int k : {1, 2})
     for (float capacity : {0.0f, 1.0f}) {
       test_support::RunOptions o;
@@ -308,7 +312,7 @@ TEST(Experts, ExpertParallelLayoutsTrainLikeOneRank) {
       o.moe_group = 2;
       const RunResult one = run_layout(make_layout(1, 1), o);
       EXPECT_LT(one.losses.back(), one.losses.front());
-      for (const Layout& l : {ep2, ep4, ep2dp2, tp2ep2, tp2sp_ep2, make_layout(1, 2)}) {
+      for (const Layout& l : {ep2, ep4, ep2dp2, tp2ep2, tp2sp_ep2, make_layout(1, 2), ep2pp2}) {
         const RunResult r = run_layout(l, o);
         EXPECT_EQ(test_support::compare_training(r, one), "")
             << l.describe() << " top" << k << (capacity > 0 ? " capacity 1" : " dropless");
@@ -511,6 +515,30 @@ TEST(Checkpoint, PipelineCheckpointsLoadUnderOtherLayouts) {
     const RunResult r = run_layout(l, resume);
     ASSERT_EQ(r.losses.size(), static_cast<size_t>(kSteps - 5)) << l.describe();
     EXPECT_EQ(test_support::compare_training(r, want), "") << "resumed at " << l.describe() << " from " << from;
+  }
+}
+
+// Experts saved by the ep ranks holding them load under any other split of them.
+TEST(Checkpoint, ExpertCheckpointsLoadUnderOtherExpertLayouts) {
+  test_support::RunOptions o;
+  o.experts = 4;
+  o.top_k = 2;
+  o.moe_group = 2;
+  const RunResult one = run_layout(make_layout(1, 1), o);
+  RunResult want = one;
+  want.losses.erase(want.losses.begin(), want.losses.begin() + 5);
+  const std::string dir = temp_dir("ep4");
+  test_support::RunOptions save = o;
+  save.save_at = 5;
+  save.save_dir = dir;
+  Layout ep4 = make_layout(1, 4), tp2ep2 = make_layout(2, 2);
+  ep4.ep = 4, tp2ep2.ep = 2;
+  run_layout(ep4, save);
+  for (const Layout& l : {make_layout(1, 1), tp2ep2, make_layout(1, 2)}) {
+    test_support::RunOptions resume = o;
+    resume.resume_dir = dir;
+    const RunResult r = run_layout(l, resume);
+    EXPECT_EQ(test_support::compare_training(r, want), "") << "resumed at " << l.describe();
   }
 }
 
@@ -741,6 +769,56 @@ TEST(Groups, PipelineRanksAreOutermost) {
   }
 }
 
+// The documented order tp, ep, dp, pp (ep splits the dp ranks: dp_rank = ep_rank + ep * edp_rank):
+// a golden table for tp2 x ep2 x dp4 x pp2, the round trip for every layout the tests use, and
+// the members of the ep and expert-data-parallel groups.
+TEST(Groups, ExpertRanksSplitTheDataParallelRanks) {
+  Layout big = test_support::with_pipeline(make_layout(2, 4), 2, ScheduleKind::k1F1B, 2);
+  big.ep = 2;
+  const int golden[16][4] = {  // tp, ep, edp, pp
+      {0, 0, 0, 0}, {1, 0, 0, 0}, {0, 1, 0, 0}, {1, 1, 0, 0}, {0, 0, 1, 0}, {1, 0, 1, 0}, {0, 1, 1, 0}, {1, 1, 1, 0},
+      {0, 0, 0, 1}, {1, 0, 0, 1}, {0, 1, 0, 1}, {1, 1, 0, 1}, {0, 0, 1, 1}, {1, 0, 1, 1}, {0, 1, 1, 1}, {1, 1, 1, 1}};
+  for (int w = 0; w < 16; ++w) {
+    const Coordinates c = coordinates_of(big, w);
+    EXPECT_EQ((std::vector<int>{c.tp_rank, c.ep_rank, c.edp_rank, c.pp_rank}),
+              (std::vector<int>{golden[w][0], golden[w][1], golden[w][2], golden[w][3]}))
+        << "world rank " << w;
+  }
+  // Every layout of the parity tests: coordinates are a bijection.
+  auto with_ep = [](Layout l, int ep) { return l.ep = ep, l; };
+  using test_support::with_pipeline;
+  for (const Layout& l : {make_layout(2, 2, true, 1), with_pipeline(make_layout(2, 2), 2, ScheduleKind::k1F1B, 2),
+                          with_ep(make_layout(1, 4), 2), with_ep(make_layout(2, 2), 2), with_ep(make_layout(1, 4), 4),
+                          with_pipeline(make_layout(1, 4), 4, ScheduleKind::kZeroBubble, 2)}) {
+    std::set<std::vector<int>> seen;
+    for (int w = 0; w < l.world(); ++w) {
+      const Coordinates c = coordinates_of(l, w);
+      EXPECT_EQ(world_rank_of(l, c), w) << l.describe();
+      EXPECT_EQ(c.dp_rank, c.ep_rank + l.ep * c.edp_rank) << l.describe();
+      EXPECT_TRUE(seen.insert({c.tp_rank, c.dp_rank, c.pp_rank}).second) << l.describe() << " rank " << w;
+    }
+  }
+  // Members: tp2 x dp4 with ep2.
+  const Layout l = with_ep(make_layout(2, 4), 2);
+  std::vector<Comm> comms = Comm::create_local(8);
+  std::vector<std::vector<float>> ep(8), edp(8);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 8; ++r)
+    threads.emplace_back([&, r] {
+      Groups g = Groups::make(comms[static_cast<size_t>(r)], l);
+      const float me = static_cast<float>(r);
+      ep[r].resize(2), edp[r].resize(2);
+      g.ep.all_gather(&me, ep[r].data(), 1);
+      g.edp.all_gather(&me, edp[r].data(), 1);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 8; ++r) {
+    const float e0 = static_cast<float>(r - (r / 2) % 2 * 2), d0 = static_cast<float>(r % 4);
+    EXPECT_EQ(ep[r], (std::vector<float>{e0, e0 + 2})) << "rank " << r;
+    EXPECT_EQ(edp[r], (std::vector<float>{d0, d0 + 4})) << "rank " << r;
+  }
+}
+
 TEST(Layouts, ImpossibleLayoutsAreRefusedBeforeAnyWork) {
   const ModelConfig m = test_support::tiny();  // 4 heads, vocabulary 64, sequence 16
   auto message = [&](const Layout& l, int world, int batch) {
@@ -768,6 +846,30 @@ TEST(Layouts, ImpossibleLayoutsAreRefusedBeforeAnyWork) {
   EXPECT_NE(message(with_pipeline(make_layout(1, 1), 2, ScheduleKind::kInterleaved, 4, 2), 2, 8).find("2 layers do not split into --pp 2 x --vp 2"),
             std::string::npos);
   EXPECT_EQ(message(with_pipeline(make_layout(2, 2, true, 1), 2, ScheduleKind::kZeroBubble, 2), 8, 8), "");
+  Layout ep = make_layout(1, 4);
+  ep.ep = 3;
+  EXPECT_NE(message(ep, 4, 8).find("--ep 3 must divide --dp 4"), std::string::npos);
+  ep.ep = 2;
+  EXPECT_NE(message(ep, 4, 8).find("--ep 2 needs --experts"), std::string::npos);
+  ModelConfig moe = m;
+  moe.experts = 3;
+  auto moe_message = [&](const Layout& l) {
+    try {
+      l.validate(moe, l.world(), 8);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(moe_message(ep).find("--ep 2 does not divide --experts 3"), std::string::npos);
+  moe.experts = 4;
+  moe.moe_group = 3;
+  EXPECT_NE(moe_message(ep).find("do not split into routing groups of --moe-group 3"), std::string::npos);
+  moe.moe_group = 1;
+  ep.zero = 1;
+  EXPECT_NE(moe_message(ep).find("--zero 1 with --ep 2"), std::string::npos);
+  moe.top_k = 3;
+  EXPECT_NE(moe_message(make_layout(1, 1)).find("--top-k 3"), std::string::npos);
 }
 
 }  // namespace

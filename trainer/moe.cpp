@@ -53,7 +53,8 @@ Moe::~Moe() = default;
 
 void Moe::exchange_out(Acts& a, const float* rows, float* slots) {
   if (exchange_) {
-    exchange_->dispatch(rows, a.index.data(), slots).wait();
+    tutti::Work w = exchange_->dispatch(rows, a.index.data(), slots);
+    ep_group_.wait(w);
     return;
   }
   for (int64_t s = 0; s < block_; ++s) {
@@ -138,9 +139,11 @@ double Moe::forward(Acts& a, const float* ln_local, const float* ln_full, const 
   a.ein.resize(static_cast<size_t>(slots * C_));
   exchange_out(a, ln_full, a.ein.data());
   a.gate_recv.resize(static_cast<size_t>(slots));
-  if (exchange_)
-    ep_group_.comm()->all_to_all(a.gate_slot.data(), a.gate_recv.data(), static_cast<size_t>(block_), DataType::kFloat32).wait();
-  else
+  if (exchange_) {
+    tutti::Work w = ep_group_.comm()->all_to_all(a.gate_slot.data(), a.gate_recv.data(), static_cast<size_t>(block_),
+                                                 DataType::kFloat32);
+    ep_group_.wait(w);
+  } else
     a.gate_recv = a.gate_slot;
 
   // The experts, a GEMM per (source rank, local expert) block of slots.
@@ -165,7 +168,9 @@ double Moe::forward(Acts& a, const float* ln_local, const float* ln_full, const 
   // Outputs back to the tokens' ranks, kept for the gates' gradient, weighted and summed per token.
   if (exchange_) {
     a.eback.resize(a.eout.size());
-    ep_group_.comm()->all_to_all(a.eout.data(), a.eback.data(), static_cast<size_t>(block_ * C_), DataType::kFloat32).wait();
+    tutti::Work w = ep_group_.comm()->all_to_all(a.eout.data(), a.eback.data(), static_cast<size_t>(block_ * C_),
+                                                 DataType::kFloat32);
+    ep_group_.wait(w);
   } else {
     a.eback = a.eout;
   }
@@ -222,7 +227,8 @@ void Moe::backward(Acts& a, const float* dy, const float* ln_local, const float*
   // Back to the tokens, summed per token (the gate is already in).
   if (exchange_) {
     const std::vector<float> ones(static_cast<size_t>(slots), 1.0f);
-    exchange_->combine(dein.data(), ones.data(), a.index.data(), dpartial).wait();
+    tutti::Work w = exchange_->combine(dein.data(), ones.data(), a.index.data(), dpartial);
+    ep_group_.wait(w);
   } else {
     std::memset(dpartial, 0, static_cast<size_t>(N_ * C_) * sizeof(float));
     for (int64_t s = 0; s < slots; ++s) {

@@ -165,8 +165,13 @@ StepResult Trainer::step(const int32_t* sequences) {
   pending_.clear();
   pending_group_.clear();
   const double pipe0 = groups_.pipe.wait_seconds;
-  const double wait0 = groups_.tp.wait_seconds() + groups_.dp.wait_seconds() + pipe0;
-  auto waited = [&] { return groups_.tp.wait_seconds() + groups_.dp.wait_seconds() + groups_.pipe.wait_seconds - wait0; };
+  auto comm_seconds = [&] {
+    return groups_.tp.wait_seconds() + groups_.dp.wait_seconds() + groups_.ep.wait_seconds() +
+           groups_.edp.wait_seconds() + groups_.pp.wait_seconds() + groups_.embedding.wait_seconds() +
+           groups_.pipe.wait_seconds;
+  };
+  const double wait0 = comm_seconds();
+  auto waited = [&] { return comm_seconds() - wait0; };
   const ParamLayout& pl = model_->layout();
   const auto& gs = pl.groups();
   float* grads = model_->grads();

@@ -5,6 +5,7 @@
 //               [--data FILE] [--out DIR] ...
 //   tutti-run -n 4 build/bin/tutti-train --tp 2 --dp 2 --zero 1 --steps 200
 //   tutti-run -n 2 build/bin/tutti-train --pp 2 --schedule 1f1b --microbatches 8
+//   tutti-run -n 4 build/bin/tutti-train --dp 4 --ep 2 --experts 4 --top-k 2 --capacity 1.25
 //   tutti-train schedule --pp 4 --schedule interleaved --vp 2 [--microbatches 8] [--svg FILE]
 //   tutti-train sample --checkpoint DIR [--tokens 300] [--prompt TEXT] [--temperature 0.8]
 //
@@ -194,6 +195,13 @@ int main(int argc, char** argv) {
   app.add_flag("--sp", layout.sp, "sequence parallel (with --tp)");
   app.add_option("--zero", layout.zero, "ZeRO stage over the dp ranks (0-3)")->capture_default_str();
   app.add_option("--pp", layout.pp, "pipeline-parallel ranks")->capture_default_str();
+  app.add_option("--ep", layout.ep, "expert-parallel ranks (split the dp ranks; needs --experts)")->capture_default_str();
+  app.add_option("--experts", model.experts, "experts per layer's MLP (0: dense)")->capture_default_str();
+  app.add_option("--top-k", model.top_k, "experts per token: 1 or 2")->capture_default_str();
+  app.add_option("--capacity", model.capacity, "expert capacity factor (0: dropless)")->capture_default_str();
+  app.add_option("--aux-loss", model.aux_loss, "the load-balancing loss's coefficient")->capture_default_str();
+  app.add_option("--moe-group", model.moe_group, "sequences per routing group (0: a forward's batch)")
+      ->capture_default_str();
   app.add_option("--vp", layout.vp, "model chunks per pipeline rank (interleaved)")->capture_default_str();
   CLI::Option* mb_opt =
       app.add_option("--microbatches", layout.microbatches, "micro-batches per step and dp rank")->capture_default_str();
