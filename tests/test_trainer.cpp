@@ -419,6 +419,24 @@ TEST(Experts, CapacityKeepsTheFirstChoicesInRowOrder) {
   EXPECT_GT(dropped, 0);
 }
 
+// What a device backend does (host copies around collectives, pipeline boundaries and the
+// experts), run on the CPU's kernels behind another name: a pipeline and expert parallelism still
+// train like one rank.
+TEST(Parity, DeviceBackendPathsTrainLikeOneRank) {
+  test_support::RunOptions o;
+  o.layers = 4;
+  o.experts = 4;
+  o.top_k = 2;
+  o.moe_group = 2;
+  const RunResult one = run_layout(make_layout(1, 1), o);
+  o.staged = true;
+  Layout ep2 = make_layout(1, 2);
+  ep2.ep = 2;
+  for (const Layout& l : {make_layout(1, 1), test_support::with_pipeline(make_layout(2, 1), 2, ScheduleKind::k1F1B, 4),
+                          ep2})
+    EXPECT_EQ(test_support::compare_training(run_layout(l, o), one), "") << l.describe() << " staged";
+}
+
 // On the GPU (when there is one): two ranks sharing it, data or tensor parallel, train like one.
 TEST(Parity, OnTheGpuDp2AndTp2TrainLikeOneRank) {
   std::string why;
@@ -429,6 +447,19 @@ TEST(Parity, OnTheGpuDp2AndTp2TrainLikeOneRank) {
   EXPECT_EQ(test_support::compare_training(one, run_layout(make_layout(1, 1))), "") << "GPU against CPU";
   for (Layout l : {make_layout(1, 2), make_layout(2, 1), make_layout(2, 1, true)})
     EXPECT_EQ(test_support::compare_training(run_layout(l, gpu), one), "") << l.describe() << " on the GPU";
+  // A pipeline and expert parallelism with two ranks sharing the GPU.
+  test_support::RunOptions moe = gpu;
+  moe.layers = 4;
+  moe.experts = 4;
+  moe.top_k = 2;
+  moe.moe_group = 2;
+  test_support::RunOptions moe_cpu = moe;
+  moe_cpu.cuda = false;
+  const RunResult moe_one = run_layout(make_layout(1, 1), moe_cpu);
+  Layout ep2 = make_layout(1, 2);
+  ep2.ep = 2;
+  for (const Layout& l : {test_support::with_pipeline(make_layout(1, 1), 2, ScheduleKind::k1F1B, 4), ep2})
+    EXPECT_EQ(test_support::compare_training(run_layout(l, moe), moe_one), "") << l.describe() << " on the GPU";
 }
 
 // ZeRO changes where the optimizer runs, not the arithmetic: with two dp ranks the reduce-scatter

@@ -25,11 +25,11 @@ Moe::Moe(const ModelConfig& model, const Layout& layout, int tp_rank, int64_t ba
       row0_(row0),
       sp_(layout.sp),
       ops_(ops),
+      host_ops_(std::string(ops.name()) == "cpu" ? nullptr : make_cpu_ops(1)),
+      cpu_(host_ops_ ? *host_ops_ : ops),
       tp_(tp),
       ep_group_(ep) {
   (void)tp_rank;
-  if (std::string(ops.name()) != "cpu")
-    throw InvalidArgument(fmt::format("mixture of experts: the {} backend is not supported yet (use --device cpu)", ops.name()));
   if (ep.size() != layout.ep)
     throw InvalidArgument(fmt::format("mixture of experts: the ep group has {} ranks, the layout says {}", ep.size(), layout.ep));
   group_seqs_ = model.moe_group > 0 ? model.moe_group : batch;
@@ -64,12 +64,78 @@ void Moe::exchange_out(Acts& a, const float* rows, float* slots) {
   }
 }
 
+struct Moe::HostCopy {
+  std::vector<float> router;
+  std::vector<std::vector<float>> fc_w, fc_b, proj_w;
+  LayerView view;
+};
+
+// The router and this rank's experts in host memory: their values (zeros: zeros of their sizes).
+Moe::HostCopy Moe::to_host(const LayerView& w, bool zeros) {
+  HostCopy h;
+  auto take = [&](std::vector<float>& v, const float* src, int64_t n) {
+    v.assign(static_cast<size_t>(n), 0.0f);
+    if (!zeros) ops_.download(v.data(), src, n);
+    return v.data();
+  };
+  h.view.router = take(h.router, w.router, E_ * C_);
+  h.fc_w.resize(static_cast<size_t>(local_experts_));
+  h.fc_b.resize(h.fc_w.size());
+  h.proj_w.resize(h.fc_w.size());
+  for (size_t j = 0; j < h.fc_w.size(); ++j) {
+    h.view.expert_fc_w.push_back(take(h.fc_w[j], w.expert_fc_w[j], H_ * C_));
+    h.view.expert_fc_b.push_back(take(h.fc_b[j], w.expert_fc_b[j], H_));
+    h.view.expert_proj_w.push_back(take(h.proj_w[j], w.expert_proj_w[j], C_ * H_));
+  }
+  return h;
+}
+
 double Moe::forward(Acts& a, const float* ln_local, const float* ln_full, const LayerView& w, float* out) {
+  if (!host_ops_) return forward_host(a, ln_local, ln_full, w, out);
+  std::vector<float> local(static_cast<size_t>(Nl_ * C_)), full(static_cast<size_t>(N_ * C_)), y(full.size());
+  ops_.download(local.data(), ln_local, Nl_ * C_);
+  ops_.download(full.data(), ln_full, N_ * C_);
+  const HostCopy hw = to_host(w, false);
+  const double aux = forward_host(a, local.data(), full.data(), hw.view, y.data());
+  ops_.upload(out, y.data(), N_ * C_);
+  return aux;
+}
+
+void Moe::backward(Acts& a, const float* dy, const float* ln_local, const float* ln_full, const LayerView& w,
+                   LayerView& g, float* dpartial, float* drouter, float aux_scale) {
+  (void)ln_full;
+  if (!host_ops_) return backward_host(a, dy, ln_local, w, g, dpartial, drouter, aux_scale);
+  std::vector<float> hdy(static_cast<size_t>(N_ * C_)), local(static_cast<size_t>(Nl_ * C_)), dp(hdy.size()),
+      dr(local.size());
+  ops_.download(hdy.data(), dy, N_ * C_);
+  ops_.download(local.data(), ln_local, Nl_ * C_);
+  const HostCopy hw = to_host(w, false);
+  HostCopy hg = to_host(g, true);
+  backward_host(a, hdy.data(), local.data(), hw.view, hg.view, dp.data(), dr.data(), aux_scale);
+  ops_.upload(dpartial, dp.data(), N_ * C_);
+  ops_.upload(drouter, dr.data(), Nl_ * C_);
+  // The gradients accumulate: add the host's contributions on the device.
+  auto add = [&](float* grad, const std::vector<float>& delta) {
+    const auto n = static_cast<int64_t>(delta.size());
+    float* tmp = ops_.alloc(n);
+    ops_.upload(tmp, delta.data(), n);
+    ops_.accumulate(grad, tmp, n);
+    ops_.release(tmp);
+  };
+  add(g.router, hg.router);
+  for (size_t j = 0; j < hg.fc_w.size(); ++j) {
+    add(g.expert_fc_w[j], hg.fc_w[j]);
+    add(g.expert_fc_b[j], hg.fc_b[j]);
+    add(g.expert_proj_w[j], hg.proj_w[j]);
+  }
+}
+
+double Moe::forward_host(Acts& a, const float* ln_local, const float* ln_full, const LayerView& w, float* out) {
   const auto E = static_cast<size_t>(E_), K = static_cast<size_t>(k_);
   const int64_t slots = ep_ * block_;
   // Router on this rank's rows, the probabilities of every row on every tp rank.
   std::vector<float> logits(static_cast<size_t>(Nl_) * E);
-  ops_.matmul(logits.data(), ln_local, w.router, nullptr, Nl_, C_, E_);
+  cpu_.matmul(logits.data(), ln_local, w.router, nullptr, Nl_, C_, E_);
   for (int64_t r = 0; r < Nl_; ++r) {
     float* row = logits.data() + r * E_;
     const float m = *std::max_element(row, row + E_);
@@ -154,14 +220,14 @@ double Moe::forward(Acts& a, const float* ln_local, const float* ln_full, const 
   for (int64_t q = 0; q < ep_; ++q)
     for (int j = 0; j < local_experts_; ++j) {
       const int64_t off = q * block_ + j * rows;
-      ops_.matmul(a.h.data() + off * H_, a.ein.data() + off * C_, w.expert_fc_w[static_cast<size_t>(j)],
+      cpu_.matmul(a.h.data() + off * H_, a.ein.data() + off * C_, w.expert_fc_w[static_cast<size_t>(j)],
                   w.expert_fc_b[static_cast<size_t>(j)], rows, C_, H_);
     }
-  ops_.gelu(a.hg.data(), a.h.data(), slots * H_);
+  cpu_.gelu(a.hg.data(), a.h.data(), slots * H_);
   for (int64_t q = 0; q < ep_; ++q)
     for (int j = 0; j < local_experts_; ++j) {
       const int64_t off = q * block_ + j * rows;
-      ops_.matmul(a.eout.data() + off * C_, a.hg.data() + off * H_, w.expert_proj_w[static_cast<size_t>(j)], nullptr,
+      cpu_.matmul(a.eout.data() + off * C_, a.hg.data() + off * H_, w.expert_proj_w[static_cast<size_t>(j)], nullptr,
                   rows, H_, C_);
     }
 
@@ -186,9 +252,8 @@ double Moe::forward(Acts& a, const float* ln_local, const float* ln_full, const 
   return aux / static_cast<double>(groups_);
 }
 
-void Moe::backward(Acts& a, const float* dy, const float* ln_local, const float* ln_full, const LayerView& w,
-                   LayerView& g, float* dpartial, float* drouter, float aux_scale) {
-  (void)ln_full;
+void Moe::backward_host(Acts& a, const float* dy, const float* ln_local, const LayerView& w, LayerView& g,
+                        float* dpartial, float* drouter, float aux_scale) {
   const auto E = static_cast<size_t>(E_), K = static_cast<size_t>(k_);
   const int64_t slots = ep_ * block_, rows = groups_ * per_group_;
   // The gates' gradient: dy . (the expert's output), summed over the tp ranks' partial outputs.
@@ -213,14 +278,14 @@ void Moe::backward(Acts& a, const float* dy, const float* ln_local, const float*
   for (int64_t q = 0; q < ep_; ++q)
     for (int j = 0; j < local_experts_; ++j) {
       const int64_t off = q * block_ + j * rows;
-      ops_.matmul_backward(dh.data() + off * H_, g.expert_proj_w[static_cast<size_t>(j)], nullptr, deo.data() + off * C_,
+      cpu_.matmul_backward(dh.data() + off * H_, g.expert_proj_w[static_cast<size_t>(j)], nullptr, deo.data() + off * C_,
                            a.hg.data() + off * H_, w.expert_proj_w[static_cast<size_t>(j)], rows, H_, C_);
     }
-  ops_.gelu_backward(dh.data(), a.h.data(), dh.data(), slots * H_);
+  cpu_.gelu_backward(dh.data(), a.h.data(), dh.data(), slots * H_);
   for (int64_t q = 0; q < ep_; ++q)
     for (int j = 0; j < local_experts_; ++j) {
       const int64_t off = q * block_ + j * rows;
-      ops_.matmul_backward(dein.data() + off * C_, g.expert_fc_w[static_cast<size_t>(j)],
+      cpu_.matmul_backward(dein.data() + off * C_, g.expert_fc_w[static_cast<size_t>(j)],
                            g.expert_fc_b[static_cast<size_t>(j)], dh.data() + off * H_, a.ein.data() + off * C_,
                            w.expert_fc_w[static_cast<size_t>(j)], rows, C_, H_);
     }
@@ -262,7 +327,7 @@ void Moe::backward(Acts& a, const float* dy, const float* ln_local, const float*
     for (size_t e = 0; e < E; ++e) dot += p[e] * dp[e];
     for (size_t e = 0; e < E; ++e) dlogits[static_cast<size_t>(l) * E + e] = p[e] * (dp[e] - dot);
   }
-  ops_.matmul_backward(drouter, g.router, nullptr, dlogits.data(), ln_local, w.router, Nl_, C_, E_);
+  cpu_.matmul_backward(drouter, g.router, nullptr, dlogits.data(), ln_local, w.router, Nl_, C_, E_);
 }
 
 }  // namespace tutti::train

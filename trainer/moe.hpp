@@ -24,7 +24,9 @@
 // dispatch and is weighted by the gate on arrival; the input gradients come back summed per token
 // with MoeExchange::combine. With one ep rank the same slots are filled by local copies.
 //
-// Host code on the CPU backend's memory (host); the GEMMs go through Ops.
+// Host code. On the CPU backend it works in place; on a device backend the layer's inputs, weights
+// and gradients go through host copies (correct, not fast: the device path of the exchange comes
+// with device buffers in the C++ API).
 
 #include <cstdint>
 #include <memory>
@@ -72,12 +74,19 @@ class Moe {
   int64_t capacity() const { return per_group_; }  // slots per (expert, routing group)
 
  private:
+  struct HostCopy;  // a LayerView's router and experts in host memory
+  HostCopy to_host(const LayerView& w, bool zeros);
+  double forward_host(Acts& a, const float* ln_local, const float* ln_full, const LayerView& w, float* out);
+  void backward_host(Acts& a, const float* dy, const float* ln_local, const LayerView& w, LayerView& g,
+                     float* dpartial, float* drouter, float aux_scale);
   void exchange_out(Acts& a, const float* rows, float* slots);  // token rows -> the experts' slots
   ModelConfig model_;
   int E_, k_, ep_, ep_rank_, local_experts_;
   int64_t B_, T_, C_, H_, N_, Nl_, row0_, group_seqs_, groups_, per_group_, block_;
   bool sp_;
-  Ops& ops_;
+  Ops& ops_;     // the model's backend: inputs, outputs, weights and gradients live there
+  std::unique_ptr<Ops> host_ops_;  // a device backend's: the layer's GEMMs on host copies
+  Ops& cpu_;
   Collectives& tp_;
   Collectives& ep_group_;
   std::unique_ptr<tutti::fused::MoeExchange> exchange_;  // ep > 1

@@ -42,6 +42,88 @@ Layout make_layout(int tp, int dp, bool sp, int zero) {
   return l;
 }
 
+namespace {
+class StagedOps final : public Ops {
+ public:
+  StagedOps() : cpu_(make_cpu_ops(1)) {}
+  const char* name() const override { return "staged"; }
+  float* alloc(int64_t n) override { return cpu_->alloc(n); }
+  void release(float* p) override { cpu_->release(p); }
+  void upload(float* d, const float* h, int64_t n) override { cpu_->upload(d, h, n); }
+  void download(float* h, const float* s, int64_t n) override { cpu_->download(h, s, n); }
+  void zero(float* p, int64_t n) override { cpu_->zero(p, n); }
+  void copy(float* d, const float* s, int64_t n) override { cpu_->copy(d, s, n); }
+  void discard(float* p, int64_t n) override { cpu_->discard(p, n); }
+  void matmul(float* o, const float* i, const float* w, const float* b, int64_t N, int64_t C, int64_t OC) override {
+    cpu_->matmul(o, i, w, b, N, C, OC);
+  }
+  void matmul_backward(float* di, float* dw, float* db, const float* d, const float* i, const float* w, int64_t N,
+                       int64_t C, int64_t OC) override {
+    cpu_->matmul_backward(di, dw, db, d, i, w, N, C, OC);
+  }
+  void layernorm(float* o, float* m, float* r, const float* i, const float* w, const float* b, int64_t N,
+                 int64_t C) override {
+    cpu_->layernorm(o, m, r, i, w, b, N, C);
+  }
+  void layernorm_backward(float* di, float* dw, float* db, const float* d, const float* i, const float* w,
+                          const float* m, const float* r, int64_t N, int64_t C) override {
+    cpu_->layernorm_backward(di, dw, db, d, i, w, m, r, N, C);
+  }
+  void attention(float* o, float* a, const float* q, int64_t T, int64_t B, int64_t NH, int64_t hs) override {
+    cpu_->attention(o, a, q, T, B, NH, hs);
+  }
+  void attention_backward(float* dq, float* da, const float* d, const float* q, const float* a, int64_t T, int64_t B,
+                          int64_t NH, int64_t hs) override {
+    cpu_->attention_backward(dq, da, d, q, a, T, B, NH, hs);
+  }
+  void gelu(float* o, const float* i, int64_t n) override { cpu_->gelu(o, i, n); }
+  void gelu_backward(float* di, const float* i, const float* d, int64_t n) override { cpu_->gelu_backward(di, i, d, n); }
+  void add(float* o, const float* a, const float* b, int64_t n) override { cpu_->add(o, a, b, n); }
+  void accumulate(float* o, const float* a, int64_t n) override { cpu_->accumulate(o, a, n); }
+  void add_bias(float* o, const float* b, int64_t N, int64_t C) override { cpu_->add_bias(o, b, N, C); }
+  void bias_backward(float* db, const float* d, int64_t N, int64_t C) override { cpu_->bias_backward(db, d, N, C); }
+  void scale(float* p, float s, int64_t n) override { cpu_->scale(p, s, n); }
+  void embed(float* o, const int32_t* t, const float* wte, int64_t v0, int64_t Vl, const float* wpe, int64_t t0,
+             int64_t N, int64_t B, int64_t C) override {
+    cpu_->embed(o, t, wte, v0, Vl, wpe, t0, N, B, C);
+  }
+  void embed_backward(float* d, const int32_t* t, const float* g, int64_t v0, int64_t Vl, int64_t N,
+                      int64_t C) override {
+    cpu_->embed_backward(d, t, g, v0, Vl, N, C);
+  }
+  void position_backward(float* d, const float* g, int64_t t0, int64_t N, int64_t B, int64_t C) override {
+    cpu_->position_backward(d, g, t0, N, B, C);
+  }
+  void row_max(float* m, const float* l, int64_t N, int64_t Vl) override { cpu_->row_max(m, l, N, Vl); }
+  void row_sum_exp(float* s, const float* l, const float* m, int64_t N, int64_t Vl) override {
+    cpu_->row_sum_exp(s, l, m, N, Vl);
+  }
+  void target_logit(float* o, const float* l, const int32_t* t, int64_t v0, int64_t N, int64_t Vl) override {
+    cpu_->target_logit(o, l, t, v0, N, Vl);
+  }
+  double mean_loss(const float* m, const float* s, const float* t, int64_t N) override {
+    return cpu_->mean_loss(m, s, t, N);
+  }
+  void cross_entropy_backward(float* d, const float* l, const float* m, const float* s, const int32_t* t, int64_t v0,
+                              float sc, int64_t N, int64_t Vl) override {
+    cpu_->cross_entropy_backward(d, l, m, s, t, v0, sc, N, Vl);
+  }
+  double sum_squares(const float* p, int64_t n) override { return cpu_->sum_squares(p, n); }
+  void adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2, float eps,
+             float wd, int step, float gs) override {
+    cpu_->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, step, gs);
+  }
+  int32_t* alloc_tokens(int64_t n) override { return cpu_->alloc_tokens(n); }
+  void release_tokens(int32_t* p) override { cpu_->release_tokens(p); }
+  void upload_tokens(int32_t* d, const int32_t* h, int64_t n) override { cpu_->upload_tokens(d, h, n); }
+
+ private:
+  std::unique_ptr<Ops> cpu_;
+};
+}  // namespace
+
+std::unique_ptr<Ops> staged_ops() { return std::make_unique<StagedOps>(); }
+
 Layout with_pipeline(Layout base, int pp, ScheduleKind schedule, int microbatches, int vp) {
   base.pp = pp;
   base.schedule = schedule;
@@ -64,7 +146,7 @@ RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions&
   oc.grad_clip = options.grad_clip;
   const TokenStream data = synthetic_tokens(mc.vocab, 20000);
   Groups groups = world ? Groups::make(*world, layout) : Groups::single(layout);
-  auto ops = options.cuda ? make_cuda_ops(0) : make_cpu_ops(1);
+  auto ops = options.cuda ? make_cuda_ops(0) : options.staged ? staged_ops() : make_cpu_ops(1);
   Trainer trainer(mc, oc, groups, *ops, kBatch, 7);
   const int per = kBatch / layout.dp;
   std::vector<int32_t> seqs(static_cast<size_t>(per * (mc.seq + 1)));

@@ -9,6 +9,7 @@
 
 #include "trainer/config.hpp"
 #include "trainer/data.hpp"
+#include "trainer/ops.hpp"
 #include "tutti/tutti.hpp"
 
 namespace tutti::train::test_support {
@@ -39,11 +40,16 @@ struct RunOptions {
   int save_at = -1;
   std::string resume_dir;  // start from this checkpoint (losses then cover the steps run)
   bool cuda = false;       // the CUDA kernels on device 0 instead of the CPU's
+  bool staged = false;     // the CPU's kernels behind a backend that calls itself a device (staged_ops)
   int layers = 2;          // the tiny model's (pipelines need one per stage)
   // A mixture of experts instead of the MLPs (trainer/moe.hpp); experts 0: dense.
   int experts = 0, top_k = 1, moe_group = 0;
   float capacity = 0;
 };
+// The CPU kernels under another name: the trainer then takes every path it takes for a device
+// backend (collectives and pipeline boundaries through host copies, the experts on host copies).
+std::unique_ptr<Ops> staged_ops();
+
 // Trains up to kSteps steps as one rank of `layout` (world: null for a single rank).
 RunResult train_rank(tutti::Comm* world, const Layout& layout, const RunOptions& options = {});
 // Adds `part` into `sum` (the ranks' parts make the whole model).

@@ -1,8 +1,8 @@
 #!/bin/bash
 # tutti-train on the lent GPU (issue: the trainer's GPU checks), one command under 8 minutes:
 #   bash tools/gpu/train_check.sh           (with .gpu/pack from tools/gpu/pack.sh carried over)
-# 1. the CUDA kernels against the PyTorch golden state (float32 and bf16) and DP2/TP2 with two ranks
-#    sharing the GPU against one rank (threads, then processes under tutti-run);
+# 1. the CUDA kernels against the PyTorch golden state (float32 and bf16) and DP2/TP2/PP2/EP2 with two
+#    ranks sharing the GPU against one rank (threads, then processes under tutti-run);
 # 2. GPT-2 124M shape, bf16: tutti-train against PyTorch eager in the same run (tokens/s, ratio).
 # Prints "N passed, M failed".
 set -uo pipefail
@@ -24,7 +24,8 @@ check() {
 }
 check gpu_golden_and_parity 240 test_trainer --gtest_filter='*cuda*:*Gpu*:GoldenBf16*' --gtest_also_run_disabled_tests
 grep -E "SKIPPED|OK|FAILED" "$logs/gpu_golden_and_parity.log" | sed 's/^/    /'
-for flags in "--dp 2" "--tp 2" "--tp 2 --sp"; do
+for flags in "--dp 2" "--tp 2" "--tp 2 --sp" "--pp 2 --schedule 1f1b --microbatches 4 --layers 4" \
+             "--dp 2 --ep 2 --experts 4 --top-k 2 --moe-group 2"; do
   check "gpu_procs2_${flags// /}" 120 tutti-run -n 2 "$pack/bin/trainer-parity" $flags --cuda
 done
 check bench_pytorch 180 python3 "$pack/bench_gpu.py" --steps 10 --warmup 3
