@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <pugixml.hpp>
 #include <set>
@@ -12,17 +13,48 @@
 namespace tutti::plan {
 namespace {
 
+// Line numbers for messages, by binary search over the newlines (counting from the start for each
+// message made a file of many unknown elements quadratic: seconds for a few hundred kilobytes).
 struct Source {
+  explicit Source(const std::string& t) : text(t) {
+    for (size_t i = 0; i < t.size(); ++i)
+      if (t[i] == '\n') newlines.push_back(static_cast<ptrdiff_t>(i));
+  }
   const std::string& text;
+  std::vector<ptrdiff_t> newlines;
   int line(ptrdiff_t offset) const {
-    int l = 1;
-    for (ptrdiff_t i = 0; i < offset && i < static_cast<ptrdiff_t>(text.size()); ++i) l += text[i] == '\n';
-    return l;
+    return 1 + static_cast<int>(std::lower_bound(newlines.begin(), newlines.end(), offset) - newlines.begin());
   }
   int line(const pugi::xml_node& n) const { return line(n.offset_debug()); }
 };
 
-int64_t int_attr(const Source& src, const pugi::xml_node& n, const char* name, bool required, int64_t fallback = 0) {
+// Warnings, at most Limits::kWarnings of them, then one line counting the rest.
+struct Warnings {
+  std::vector<std::string>* out;
+  size_t dropped = 0;
+  explicit operator bool() const { return out != nullptr; }
+  Warnings* operator->() { return this; }
+  void push_back(std::string w) {
+    if (!out) return;
+    if (out->size() < Limits::kWarnings) out->push_back(std::move(w));
+    else ++dropped;
+  }
+  ~Warnings() {
+    if (out && dropped) out->push_back(fmt::format("... and {} more warnings", dropped));
+  }
+};
+
+int64_t int_attr(const Source& src, const pugi::xml_node& n, const char* name, bool required, int64_t fallback = 0);
+
+// An attribute that must fit an int (ids, peers, channels): a larger value is an error, not a wrap.
+int int32_attr(const Source& src, const pugi::xml_node& n, const char* name, bool required, int fallback = 0) {
+  const int64_t v = int_attr(src, n, name, required, fallback);
+  TUTTI_CHECK(v >= INT32_MIN && v <= INT32_MAX, InvalidArgument, "MSCCL XML line {}: <{}> attribute {}={} is out of range",
+              src.line(n), n.name(), name, v);
+  return static_cast<int>(v);
+}
+
+int64_t int_attr(const Source& src, const pugi::xml_node& n, const char* name, bool required, int64_t fallback) {
   pugi::xml_attribute a = n.attribute(name);
   if (!a) {
     TUTTI_CHECK(!required, InvalidArgument, "MSCCL XML line {}: <{}> lacks attribute {}", src.line(n), n.name(), name);
@@ -61,8 +93,7 @@ BufferKind buffer_attr(const Source& src, const pugi::xml_node& n, const char* n
   throw InvalidArgument(fmt::format("MSCCL XML line {}: <step> {}='{}' is not i, o or s", src.line(n), name, v));
 }
 
-void report_unknown(const Source& src, const pugi::xml_node& n, std::set<std::string> known,
-                    std::vector<std::string>* warnings) {
+void report_unknown(const Source& src, const pugi::xml_node& n, const std::set<std::string>& known, Warnings& warnings) {
   if (!warnings) return;
   for (auto a : n.attributes())
     if (!known.count(a.name()))
@@ -72,10 +103,30 @@ void report_unknown(const Source& src, const pugi::xml_node& n, std::set<std::st
 
 char buffer_letter(BufferKind b) { return b == BufferKind::kInput ? 'i' : b == BufferKind::kOutput ? 'o' : 's'; }
 
+Plan import_unchecked(const std::string& text, std::vector<std::string>* warning_list);
+
 }  // namespace
 
 Plan import_msccl_xml(const std::string& text, std::vector<std::string>* warnings) {
+  // Nothing escapes as anything but InvalidArgument.
+  try {
+    return import_unchecked(text, warnings);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::length_error& e) {
+    throw InvalidArgument(fmt::format("MSCCL XML: a size is out of range ({})", e.what()));
+  } catch (const std::bad_alloc&) {
+    throw InvalidArgument("MSCCL XML: the plan does not fit in memory");
+  }
+}
+
+namespace {
+
+Plan import_unchecked(const std::string& text, std::vector<std::string>* warning_list) {
+  TUTTI_CHECK(text.size() <= Limits::kFileBytes, InvalidArgument, "MSCCL XML: {} bytes (at most {})", text.size(),
+              Limits::kFileBytes);
   Source src{text};
+  Warnings warnings{warning_list};
   pugi::xml_document doc;
   pugi::xml_parse_result res = doc.load_string(text.c_str());
   if (!res)
@@ -96,9 +147,14 @@ Plan import_msccl_xml(const std::string& text, std::vector<std::string>* warning
   TUTTI_CHECK(c.has_value() && *c != Collective::kCustom, InvalidArgument,
               "MSCCL XML line {}: unknown collective coll='{}'", src.line(algo), coll);
   p.collective = *c;
-  p.nranks = static_cast<int>(int_attr(src, algo, "ngpus", true));
-  TUTTI_CHECK(p.nranks >= 1, InvalidArgument, "MSCCL XML line {}: ngpus={}", src.line(algo), p.nranks);
+  const int64_t ngpus = int_attr(src, algo, "ngpus", true);
+  TUTTI_CHECK(ngpus >= 1 && ngpus <= Limits::kRanks, InvalidArgument, "MSCCL XML line {}: ngpus={} (allowed 1..{})",
+              src.line(algo), ngpus, Limits::kRanks);
+  p.nranks = static_cast<int>(ngpus);
   int64_t per_loop = int_attr(src, algo, "nchunksperloop", true);
+  TUTTI_CHECK(per_loop >= 1 && per_loop <= int64_t{Limits::kChunkFactor} * p.nranks, InvalidArgument,
+              "MSCCL XML line {}: nchunksperloop={} (allowed 1..{} for ngpus={})", src.line(algo), per_loop,
+              int64_t{Limits::kChunkFactor} * p.nranks, p.nranks);
   bool divided = p.collective == Collective::kAllGather || p.collective == Collective::kReduceScatter ||
                  p.collective == Collective::kAllToAll || p.collective == Collective::kGather ||
                  p.collective == Collective::kScatter;
@@ -132,7 +188,7 @@ Plan import_msccl_xml(const std::string& text, std::vector<std::string>* warning
       continue;
     }
     report_unknown(src, gpu, {"id", "i_chunks", "o_chunks", "s_chunks"}, warnings);
-    int id = static_cast<int>(int_attr(src, gpu, "id", true));
+    int id = int32_attr(src, gpu, "id", true);
     TUTTI_CHECK(id >= 0 && id < p.nranks, InvalidArgument, "MSCCL XML line {}: <gpu id={}> outside 0..{}", src.line(gpu), id,
                 p.nranks - 1);
     TUTTI_CHECK(!seen[id], InvalidArgument, "MSCCL XML line {}: <gpu id={}> appears twice", src.line(gpu), id);
@@ -150,9 +206,13 @@ Plan import_msccl_xml(const std::string& text, std::vector<std::string>* warning
       report_unknown(src, tb, {"id", "send", "recv", "chan"}, warnings);
       Block b;
       b.id = int_attr(src, tb, "id", true);
-      b.channel = static_cast<int>(int_attr(src, tb, "chan", true));
-      int send = static_cast<int>(int_attr(src, tb, "send", true));
-      int recv = static_cast<int>(int_attr(src, tb, "recv", true));
+      b.channel = int32_attr(src, tb, "chan", true);
+      TUTTI_CHECK(b.channel >= 0 && b.channel < Limits::kChannels, InvalidArgument,
+                  "MSCCL XML line {}: <tb chan={}> (allowed 0..{})", src.line(tb), b.channel, Limits::kChannels - 1);
+      int send = int32_attr(src, tb, "send", true);
+      int recv = int32_attr(src, tb, "recv", true);
+      TUTTI_CHECK(send >= -1 && send < p.nranks && recv >= -1 && recv < p.nranks, InvalidArgument,
+                  "MSCCL XML line {}: <tb send={} recv={}> outside -1..{}", src.line(tb), send, recv, p.nranks - 1);
       for (auto st : tb.children()) {
         if (st.type() != pugi::node_element) continue;
         if (std::string(st.name()) != "step") {
@@ -216,9 +276,12 @@ Plan import_msccl_xml(const std::string& text, std::vector<std::string>* warning
   }
   for (int r = 0; r < p.nranks; ++r)
     TUTTI_CHECK(seen[r], InvalidArgument, "MSCCL XML: no <gpu id={}> although ngpus={}", r, p.nranks);
+  check_limits(p);
   renumber_blocks(p);  // tb ids need not be 0..n-1; executors index blocks by id
   return p;
 }
+
+}  // namespace
 
 namespace {
 // MSCCL's spelling of a collective in <algo coll=...>.

@@ -154,6 +154,8 @@ T field(const json& j, const char* key, const std::string& where) {
   }
 }
 
+Plan parse_json_unchecked(const std::string& text);
+
 }  // namespace
 
 std::string to_json(const Plan& p) {
@@ -232,13 +234,67 @@ std::string to_json(const Plan& p) {
   return j.dump(1);
 }
 
+void check_limits(const Plan& p) {
+  using L = Limits;
+  auto over = [&](const std::string& what, int64_t value, int64_t limit) {
+    if (value < 0 || value > limit)
+      throw InvalidArgument(fmt::format("plan '{}': {} is {} (allowed 0..{})", p.name, what, value, limit));
+  };
+  over("nranks", p.nranks, L::kRanks);
+  TUTTI_CHECK(p.nranks >= 1, InvalidArgument, "plan '{}': nranks is {} (at least 1)", p.name, p.nranks);
+  over("chunk_factor", p.chunk_factor, L::kChunkFactor);
+  TUTTI_CHECK(p.chunk_factor >= 1, InvalidArgument, "plan '{}': chunk_factor is {} (at least 1)", p.name, p.chunk_factor);
+  over("number of rank entries", static_cast<int64_t>(p.ranks.size()), L::kRanks);
+  int64_t slots = 0, steps = 0;
+  for (size_t r = 0; r < p.ranks.size(); ++r) {
+    const RankPlan& rp = p.ranks[r];
+    over(fmt::format("rank {} input_chunks", r), rp.input_chunks, L::kChunksPerBuffer);
+    over(fmt::format("rank {} output_chunks", r), rp.output_chunks, L::kChunksPerBuffer);
+    over(fmt::format("rank {} scratch_chunks", r), rp.scratch_chunks, L::kChunksPerBuffer);
+    slots += rp.input_chunks + rp.output_chunks + rp.scratch_chunks;
+    over(fmt::format("rank {} blocks", r), static_cast<int64_t>(rp.blocks.size()), L::kBlocksPerRank);
+    for (const Block& b : rp.blocks) {
+      over(fmt::format("rank {} block {} channel", r, b.id), b.channel, L::kChannels - 1);
+      steps += static_cast<int64_t>(b.steps.size());
+      over("steps", steps, L::kSteps);
+      for (size_t s = 0; s < b.steps.size(); ++s) {
+        const Instruction& in = b.steps[s];
+        over(fmt::format("rank {} block {} step {} operands", r, b.id, s),
+             static_cast<int64_t>(in.srcs.size() + in.more_dsts.size() + in.deps.size()), L::kOperandsPerStep);
+      }
+    }
+  }
+  for (const StateBuffer& sb : p.states) slots += sb.chunks * p.nranks;
+  over("chunks over all ranks and buffers", slots, L::kChunkSlots);
+  over("chunks over all ranks and buffers x nranks", slots * p.nranks, L::kChunkSlotsTimesRanks);
+}
+
 Plan parse_json(const std::string& text) {
+  // Nothing the parser or a malformed document throws escapes as anything but InvalidArgument.
+  try {
+    return parse_json_unchecked(text);
+  } catch (const Error&) {
+    throw;
+  } catch (const json::exception& e) {
+    throw InvalidArgument(fmt::format("plan JSON: {}", e.what()));
+  } catch (const std::length_error& e) {
+    throw InvalidArgument(fmt::format("plan JSON: a size is out of range ({})", e.what()));
+  } catch (const std::bad_alloc&) {
+    throw InvalidArgument("plan JSON: the plan does not fit in memory");
+  }
+}
+
+namespace {
+Plan parse_json_unchecked(const std::string& text) {
+  TUTTI_CHECK(text.size() <= Limits::kFileBytes, InvalidArgument, "plan JSON: {} bytes (at most {})", text.size(),
+              Limits::kFileBytes);
   json j;
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
     throw InvalidArgument(fmt::format("plan JSON: not valid JSON: {}", e.what()));
   }
+  TUTTI_CHECK(j.is_object(), InvalidArgument, "plan JSON: the top level is not an object");
   check_keys(j, {"format", "version", "name", "collective", "nranks", "chunk_factor", "inplace", "root", "protocol",
                  "min_bytes", "max_bytes", "topology", "fifo_depth", "any_count", "states", "ranks"},
              "top level");
@@ -273,6 +329,7 @@ Plan parse_json(const std::string& text) {
     TUTTI_CHECK(j["states"].is_array(), InvalidArgument, "plan JSON: 'states' must be an array");
     for (const json& b : j["states"]) {
       std::string where = fmt::format("states[{}]", p.states.size());
+      TUTTI_CHECK(b.is_object(), InvalidArgument, "plan JSON: {} must be an object", where);
       check_keys(b, {"name", "chunks", "unit"}, where);
       StateBuffer sb{field<std::string>(b, "name", where), field<int64_t>(b, "chunks", where),
                      field<int64_t>(b, "unit", where)};
@@ -285,24 +342,38 @@ Plan parse_json(const std::string& text) {
       p.states.push_back(std::move(sb));
     }
   }
+  TUTTI_CHECK(j.contains("ranks"), InvalidArgument, "plan JSON: top level: missing field 'ranks'");
   const json& ranks = j.at("ranks");
-  TUTTI_CHECK(ranks.is_array() && static_cast<int>(ranks.size()) == p.nranks, InvalidArgument,
+  TUTTI_CHECK(ranks.is_array() && ranks.size() == static_cast<size_t>(std::max(p.nranks, 0)), InvalidArgument,
               "plan JSON: 'ranks' must list {} ranks", p.nranks);
+  // An array where the format has one, an object where it has one: iterating anything else would
+  // read a number as a block.
+  auto array = [](const json& a, const std::string& where, const char* key) -> const json& {
+    TUTTI_CHECK(a.contains(key) && a.at(key).is_array(), InvalidArgument, "plan JSON: {}: '{}' must be an array", where,
+                key);
+    return a.at(key);
+  };
+  auto object = [](const json& o, const std::string& where) {
+    TUTTI_CHECK(o.is_object(), InvalidArgument, "plan JSON: {} must be an object", where);
+  };
   for (size_t r = 0; r < ranks.size(); ++r) {
     std::string where = fmt::format("rank {}", r);
+    object(ranks[r], where);
     check_keys(ranks[r], {"input_chunks", "output_chunks", "scratch_chunks", "blocks"}, where);
     RankPlan rp;
     rp.input_chunks = field<int64_t>(ranks[r], "input_chunks", where);
     rp.output_chunks = field<int64_t>(ranks[r], "output_chunks", where);
     rp.scratch_chunks = field<int64_t>(ranks[r], "scratch_chunks", where);
-    for (const json& jb : ranks[r].at("blocks")) {
+    for (const json& jb : array(ranks[r], where, "blocks")) {
       std::string bw = fmt::format("rank {} block {}", r, rp.blocks.size());
+      object(jb, bw);
       check_keys(jb, {"id", "channel", "steps"}, bw);
       Block b;
       b.id = field<int64_t>(jb, "id", bw);
       b.channel = field<int>(jb, "channel", bw);
-      for (const json& js : jb.at("steps")) {
+      for (const json& js : array(jb, bw, "steps")) {
         std::string sw = fmt::format("{} step {}", bw, b.steps.size());
+        object(js, sw);
         check_keys(js, {"op", "srcs", "dst", "send_peer", "recv_peer", "remote", "deps", "kernel", "scalars", "more_dsts",
                          "stable_source"},
                    sw);
@@ -312,15 +383,16 @@ Plan parse_json(const std::string& text) {
         TUTTI_CHECK(code.has_value(), InvalidArgument, "plan JSON: {}: unknown op '{}'", sw, op);
         in.op = *code;
         if (js.contains("srcs"))
-          for (const json& s : js["srcs"]) in.srcs.push_back(parse_ref(s, sw));
+          for (const json& s : array(js, sw, "srcs")) in.srcs.push_back(parse_ref(s, sw));
         if (js.contains("dst")) in.dst = parse_ref(js["dst"], sw);
         if (js.contains("send_peer")) in.send_peer = field<int>(js, "send_peer", sw);
         if (js.contains("recv_peer")) in.recv_peer = field<int>(js, "recv_peer", sw);
         if (js.contains("remote")) in.remote = parse_ref(js["remote"], sw);
         if (js.contains("stable_source")) in.stable_source = field<bool>(js, "stable_source", sw);
         if (js.contains("deps"))
-          for (const json& d : js["deps"]) {
-            TUTTI_CHECK(d.is_array() && d.size() == 2, InvalidArgument, "plan JSON: {}: a dependency is [block, step]", sw);
+          for (const json& d : array(js, sw, "deps")) {
+            TUTTI_CHECK(d.is_array() && d.size() == 2 && d[0].is_number_integer() && d[1].is_number_integer(),
+                        InvalidArgument, "plan JSON: {}: a dependency is [block, step]", sw);
             in.deps.push_back({d[0].get<int64_t>(), d[1].get<int64_t>()});
           }
         if (js.contains("kernel")) {
@@ -333,13 +405,13 @@ Plan parse_json(const std::string& text) {
           in.kernel = *id;
         }
         if (js.contains("scalars"))
-          for (const json& a : js["scalars"]) {
+          for (const json& a : array(js, sw, "scalars")) {
             // A number is a constant; {"slot": k} the call's k-th value.
             if (a.is_number()) in.scalars.emplace_back(a.get<double>());
             else in.scalars.push_back(ScalarArg::per_call(field<int>(a, "slot", sw + " scalar")));
           }
         if (js.contains("more_dsts"))
-          for (const json& r2 : js["more_dsts"]) in.more_dsts.push_back(parse_ref(r2, sw));
+          for (const json& r2 : array(js, sw, "more_dsts")) in.more_dsts.push_back(parse_ref(r2, sw));
         if (in.op == Opcode::kCompute) {
           const KernelDef& def = kernel_def(in.kernel);
           TUTTI_CHECK(in.scalars.size() == def.scalars.size(), InvalidArgument,
@@ -352,9 +424,11 @@ Plan parse_json(const std::string& text) {
     }
     p.ranks.push_back(std::move(rp));
   }
+  check_limits(p);
   renumber_blocks(p);
   return p;
 }
+}  // namespace
 
 void renumber_blocks(Plan& p) {
   for (size_t r = 0; r < p.ranks.size(); ++r) {

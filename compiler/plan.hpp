@@ -138,6 +138,25 @@ struct Plan {
   int64_t size(int rank, BufferKind b) const;  // chunks of b on `rank`
 };
 
+// What a plan may ask for. Importers check these before they allocate anything sized by the file,
+// and the verifier before it builds its state, so a hostile or damaged file costs at most this much
+// (docs/PLANS.md lists them; tests/test_plan_limits.cpp breaks each one).
+struct Limits {
+  static constexpr int kRanks = 4096;                       // nranks / ngpus
+  static constexpr int kChannels = 32;                      // channel ids 0..31 (NCCL's MAXCHANNELS)
+  static constexpr int64_t kChunksPerBuffer = 1 << 20;      // input, output, scratch chunks of one rank
+  static constexpr int64_t kChunkSlots = 1 << 22;           // chunks of every buffer of every rank
+  static constexpr int64_t kChunkSlotsTimesRanks = 1LL << 28;  // the verifier's symbolic state
+  static constexpr int kChunkFactor = 1 << 16;              // chunks per rank piece
+  static constexpr int64_t kSteps = 1 << 22;                // instructions over all ranks
+  static constexpr int64_t kBlocksPerRank = 1 << 16;
+  static constexpr int64_t kOperandsPerStep = 1 << 12;      // sources, destinations, dependencies
+  static constexpr size_t kFileBytes = size_t{256} << 20;   // a plan file
+  static constexpr size_t kWarnings = 32;                   // importer warnings kept (then a count)
+};
+// Throws InvalidArgument naming the field, its value and the limit.
+void check_limits(const Plan& plan);
+
 // Makes block ids equal to their position in RankPlan::blocks and rewrites dependencies to match, so
 // executors index blocks directly. Importers call it. Throws InvalidArgument naming rank, block and
 // step for a duplicate block id or a dependency on a block that does not exist.

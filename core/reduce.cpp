@@ -9,6 +9,7 @@
 #include <hwy/highway.h>
 
 #include "core/element.hpp"
+#include "core/unaligned.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace tutti::HWY_NAMESPACE {
@@ -64,9 +65,9 @@ void fold_typed(void* dst_v, const void* const* srcs_v, size_t nsrcs, size_t cou
     }
   }
   for (; i < count; ++i) {
-    T acc = static_cast<const T*>(srcs_v[0])[i];
-    for (size_t s = 1; s < nsrcs; ++s) acc = scalar_op<T, kOp>(acc, static_cast<const T*>(srcs_v[s])[i]);
-    dst[i] = acc;
+    T acc = unaligned::load<T>(srcs_v[0], i);
+    for (size_t s = 1; s < nsrcs; ++s) acc = scalar_op<T, kOp>(acc, unaligned::load<T>(srcs_v[s], i));
+    unaligned::store<T>(dst, i, acc);
   }
 }
 
@@ -74,14 +75,13 @@ void fold_typed(void* dst_v, const void* const* srcs_v, size_t nsrcs, size_t cou
 template <class F, int kOp>
 void fold_mini(void* dst_v, const void* const* srcs_v, size_t nsrcs, size_t count) {
   using Bits = typename F::Bits;
-  Bits* dst = static_cast<Bits*>(dst_v);
   for (size_t i = 0; i < count; ++i) {
-    float acc = F::load(static_cast<const Bits*>(srcs_v[0])[i]);
+    float acc = F::load(unaligned::load<Bits>(srcs_v[0], i));
     for (size_t s = 1; s < nsrcs; ++s) {
-      float x = F::load(static_cast<const Bits*>(srcs_v[s])[i]);
+      float x = F::load(unaligned::load<Bits>(srcs_v[s], i));
       acc = F::load(F::store(scalar_op<float, kOp>(acc, x)));
     }
-    dst[i] = F::store(acc);
+    unaligned::store<Bits>(dst_v, i, F::store(acc));
   }
 }
 
@@ -137,25 +137,26 @@ template <class T>
 void scale_typed(void* dst, const void* src, const void* scalar, size_t count) {
   T s;
   std::memcpy(&s, scalar, sizeof(T));
-  for (size_t i = 0; i < count; ++i) static_cast<T*>(dst)[i] = element::op_prod(static_cast<const T*>(src)[i], s);
+  for (size_t i = 0; i < count; ++i) unaligned::store<T>(dst, i, element::op_prod(unaligned::load<T>(src, i), s));
 }
 template <class F>
 void scale_mini(void* dst, const void* src, const void* scalar, size_t count) {
   typename F::Bits sb;
   std::memcpy(&sb, scalar, sizeof(sb));
   float s = F::load(sb);
+  using Bits = typename F::Bits;
   for (size_t i = 0; i < count; ++i)
-    static_cast<typename F::Bits*>(dst)[i] = F::store(F::load(static_cast<const typename F::Bits*>(src)[i]) * s);
+    unaligned::store<Bits>(dst, i, F::store(F::load(unaligned::load<Bits>(src, i)) * s));
 }
 template <class T>
 void divide_typed(void* dst, const void* src, uint64_t n, size_t count) {
-  for (size_t i = 0; i < count; ++i) static_cast<T*>(dst)[i] = element::op_div(static_cast<const T*>(src)[i], n);
+  for (size_t i = 0; i < count; ++i) unaligned::store<T>(dst, i, element::op_div(unaligned::load<T>(src, i), n));
 }
 template <class F>
 void divide_mini(void* dst, const void* src, uint64_t n, size_t count) {
+  using Bits = typename F::Bits;
   for (size_t i = 0; i < count; ++i)
-    static_cast<typename F::Bits*>(dst)[i] =
-        F::store(F::load(static_cast<const typename F::Bits*>(src)[i]) / static_cast<float>(n));
+    unaligned::store<Bits>(dst, i, F::store(F::load(unaligned::load<Bits>(src, i)) / static_cast<float>(n)));
 }
 
 }  // namespace
