@@ -449,7 +449,7 @@ std::function<void()> Dispatcher::start(const CollectiveCall& call) {
   if (!choose_for(call).oneshot) return whole;
   last_plan_ = tuning::kOneShot;
   Mailbox& mb = *comm_.mailbox();
-  auto finish = [this, call, &mb, n, rank] {
+  auto finish = [call, &mb, n, rank] {
     finish_oneshot(mb, call.collective, call.input, call.output, call.count, call.reduction, call.root);
     if (call.reduction.op == RedOp::kAvg && (call.collective != Collective::kReduce || rank == call.root))
       tutti::divide(call.reduction.type, call.output, call.output, static_cast<uint64_t>(n),

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -130,8 +131,13 @@ Ref parse_ref(const json& j, const std::string& where) {
   TUTTI_CHECK(kind.has_value(), InvalidArgument, "plan JSON: {}: unknown buffer '{}' (input, output, scratch, stateK)",
               where, b);
   r.buffer = *kind;
-  r.index = j[1];
-  r.count = j[2];
+  auto fits = [](const json& v) {
+    return !v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX);
+  };
+  TUTTI_CHECK(fits(j[1]) && fits(j[2]), InvalidArgument, "plan JSON: {}: chunk reference {} is out of range", where,
+              j.dump());
+  r.index = j[1].get<int64_t>();
+  r.count = j[2].get<int64_t>();
   return r;
 }
 
@@ -144,13 +150,34 @@ void check_keys(const json& j, std::initializer_list<const char*> known, const s
   }
 }
 
+// An integer field must be an integer in T's range: nlohmann converts a float or a wider integer
+// with a plain cast (1e300 into an int is undefined behaviour, 2^32 wraps).
+template <class T>
+T integer(const json& v, const std::string& where, const char* key) {
+  bool ok = v.is_number_integer();
+  if (ok && v.is_number_unsigned()) ok = v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  else if (ok) {
+    const int64_t x = v.get<int64_t>();
+    ok = (std::is_signed_v<T> || x >= 0) &&
+         (sizeof(T) >= sizeof(int64_t) ||
+          (x >= static_cast<int64_t>(std::numeric_limits<T>::min()) && x <= static_cast<int64_t>(std::numeric_limits<T>::max())));
+  }
+  TUTTI_CHECK(ok, InvalidArgument, "plan JSON: {}: '{}' is {}, not an integer in {}..{}", where, key, v.dump(),
+              std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
+  return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>()) : static_cast<T>(v.get<int64_t>());
+}
+
 template <class T>
 T field(const json& j, const char* key, const std::string& where) {
   TUTTI_CHECK(j.contains(key), InvalidArgument, "plan JSON: {}: missing field '{}'", where, key);
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    throw InvalidArgument(fmt::format("plan JSON: {}: field '{}' has the wrong type", where, key));
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    return integer<T>(j.at(key), where, key);
+  } else {
+    try {
+      return j.at(key).get<T>();
+    } catch (const json::exception&) {
+      throw InvalidArgument(fmt::format("plan JSON: {}: field '{}' has the wrong type", where, key));
+    }
   }
 }
 
@@ -393,7 +420,7 @@ Plan parse_json_unchecked(const std::string& text) {
           for (const json& d : array(js, sw, "deps")) {
             TUTTI_CHECK(d.is_array() && d.size() == 2 && d[0].is_number_integer() && d[1].is_number_integer(),
                         InvalidArgument, "plan JSON: {}: a dependency is [block, step]", sw);
-            in.deps.push_back({d[0].get<int64_t>(), d[1].get<int64_t>()});
+            in.deps.push_back({integer<int64_t>(d[0], sw, "deps"), integer<int64_t>(d[1], sw, "deps")});
           }
         if (js.contains("kernel")) {
           const std::string name = field<std::string>(js, "kernel", sw);

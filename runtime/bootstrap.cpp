@@ -63,7 +63,7 @@ PeerInfo PeerInfo::decode(const std::vector<unsigned char>& bytes) {
   p.pid = r.get<int32_t>();
   auto addr = r.get_bytes();
   TUTTI_CHECK(addr.size() <= sizeof(p.listen.storage), RemoteError, "peer info: address too long");
-  std::memcpy(&p.listen.storage, addr.data(), addr.size());
+  if (!addr.empty()) std::memcpy(&p.listen.storage, addr.data(), addr.size());
   p.listen.length = static_cast<socklen_t>(addr.size());
   p.control_shm = r.get_string();
   p.probe_addr = r.get<uint64_t>();
