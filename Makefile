@@ -23,8 +23,12 @@ demo: build
 	$(BUILD)/bin/tutti-run -n 2 $(BUILD)/bin/tutti-train --tp 2 --sp --steps 100 --eval-every 25 --out runs/demo
 	$(BUILD)/bin/tutti-train sample --checkpoint runs/demo/checkpoint_000100 --tokens 160 --temperature 0.6 --prompt "hacker: "
 
+# The suite, then the sanitizer builds (ASan+UBSan, TSan) of its in-process programs and the fuzz
+# smoke runs (.ci/sanitize.sh; SANITIZE=0 skips them).
+SANITIZE ?= 1
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	if [ "$(SANITIZE)" != 0 ]; then JOBS=$(JOBS) bash .ci/sanitize.sh; fi
 
 # Transport benchmark for docs/PERFORMANCE.md.
 bench: build

@@ -10,6 +10,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "core/error.hpp"
@@ -19,12 +21,37 @@ namespace tutti {
 namespace {
 std::atomic<uint64_t> g_counter{0};
 
-void* map(int fd, size_t bytes, const std::string& name) {
+std::shared_ptr<ShmSegment::Mapping> map(int fd, size_t bytes, const std::string& name) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) throw_system_error(fmt::format("mmap of shared segment {} ({} bytes)", name, bytes));
-  return p;
+  auto m = std::make_shared<ShmSegment::Mapping>();
+  m->data = p;
+  m->size = bytes;
+  return m;
+}
+
+// This process's mappings by segment name (entries of unmapped segments expire).
+std::mutex g_mappings_mutex;
+std::map<std::string, std::weak_ptr<ShmSegment::Mapping>> g_mappings;
+
+void remember(const std::string& name, const std::shared_ptr<ShmSegment::Mapping>& m) {
+  std::lock_guard lock(g_mappings_mutex);
+  for (auto it = g_mappings.begin(); it != g_mappings.end();) it = it->second.expired() ? g_mappings.erase(it) : std::next(it);
+  g_mappings[name] = m;
+}
+
+std::shared_ptr<ShmSegment::Mapping> recall(const std::string& name, size_t bytes) {
+  std::lock_guard lock(g_mappings_mutex);
+  auto it = g_mappings.find(name);
+  if (it == g_mappings.end()) return nullptr;
+  auto m = it->second.lock();
+  return m && (bytes == 0 || bytes <= m->size) ? m : nullptr;
 }
 }  // namespace
+
+ShmSegment::Mapping::~Mapping() {
+  if (data) munmap(data, size);
+}
 
 ShmSegment ShmSegment::create(const std::string& what, size_t bytes) {
   ShmSegment s;
@@ -39,14 +66,14 @@ ShmSegment ShmSegment::create(const std::string& what, size_t bytes) {
     throw SystemError(fmt::format("ftruncate of shared segment {} to {} bytes (is /dev/shm full?)", s.name_, bytes), err);
   }
   try {
-    s.data_ = map(fd, bytes, s.name_);
+    s.mapping_ = map(fd, bytes, s.name_);
   } catch (...) {
     ::close(fd);
     shm_unlink(s.name_.c_str());
     throw;
   }
   ::close(fd);
-  s.size_ = bytes;
+  remember(s.name_, s.mapping_);
   TUTTI_TRACE(log::kShm, "created shared segment {} ({} bytes)", s.name_, bytes);
   return s;
 }
@@ -54,6 +81,7 @@ ShmSegment ShmSegment::create(const std::string& what, size_t bytes) {
 ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
   ShmSegment s;
   s.name_ = name;
+  if ((s.mapping_ = recall(name, bytes))) return s;  // a rank of this process made it
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) throw_system_error(fmt::format("shm_open({}) of a peer's segment", name));
   if (bytes == 0) {
@@ -66,21 +94,20 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
     bytes = static_cast<size_t>(st.st_size);
   }
   try {
-    s.data_ = map(fd, bytes, name);
+    s.mapping_ = map(fd, bytes, name);
   } catch (...) {
     ::close(fd);
     throw;
   }
   ::close(fd);
-  s.size_ = bytes;
+  remember(name, s.mapping_);
   return s;
 }
 
 ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
   if (this != &o) {
-    this->~ShmSegment();
-    data_ = std::exchange(o.data_, nullptr);
-    size_ = std::exchange(o.size_, 0);
+    unlink();  // (calling the destructor here ended the members' lifetimes before assigning to them)
+    mapping_ = std::move(o.mapping_);
     name_ = std::move(o.name_);
     owner_ = std::exchange(o.owner_, false);
   }
@@ -96,8 +123,7 @@ void ShmSegment::unlink() {
 
 ShmSegment::~ShmSegment() {
   unlink();
-  if (data_) munmap(data_, size_);
-  data_ = nullptr;
+  mapping_.reset();
 }
 
 int sweep_stale_segments() {

@@ -2,8 +2,15 @@
 // A POSIX shared-memory segment (RAII). Segments are named /tutti-<pid>-<n>-<what>: the creator's
 // pid lets sweep_stale_segments() remove what a crashed process left. Communicators unlink their
 // segments as soon as every peer has mapped them, so a crash after setup leaks nothing.
+//
+// A process maps a segment once: ranks that are threads of one process share the creator's mapping
+// (open() finds it by name) instead of mapping the pages again at another address. Besides saving
+// mappings, this puts a FIFO's atomics at one address for every thread, which is what
+// ThreadSanitizer needs to see the happens-before edges they carry (two mappings of one page look
+// like two unrelated variables to it).
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 namespace tutti {
@@ -20,13 +27,18 @@ class ShmSegment {
   ~ShmSegment();
 
   void unlink();  // removes the name; mappings stay valid
-  void* data() const { return data_; }
-  size_t size() const { return size_; }
+  void* data() const { return mapping_ ? mapping_->data : nullptr; }
+  size_t size() const { return mapping_ ? mapping_->size : 0; }
   const std::string& name() const { return name_; }
 
+  struct Mapping {  // munmap when the last ShmSegment of this process using it goes
+    void* data = nullptr;
+    size_t size = 0;
+    ~Mapping();
+  };
+
  private:
-  void* data_ = nullptr;
-  size_t size_ = 0;
+  std::shared_ptr<Mapping> mapping_;
   std::string name_;
   bool owner_ = false;
 };

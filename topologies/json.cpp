@@ -30,42 +30,56 @@ std::string to_json(const Topology& t) {
   return j.dump(1);
 }
 
+namespace {
+// An integer that fits an int: nlohmann converts floats and wide integers with a plain cast.
+int int_of(const json& v, const char* what) {
+  TUTTI_CHECK(v.is_number_integer() && (v.is_number_unsigned() ? v.get<uint64_t>() <= INT32_MAX
+                                                                 : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX),
+              InvalidArgument, "topology JSON: {} is {}, not an integer of 32 bits", what, v.dump());
+  return static_cast<int>(v.get<int64_t>());
+}
+}  // namespace
+
 Topology parse_json(const std::string& text) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past double
     throw InvalidArgument(fmt::format("topology JSON: not valid JSON: {}", e.what()));
   }
   try {
+    TUTTI_CHECK(j.is_object(), InvalidArgument, "topology JSON: the top level is not an object");
     TUTTI_CHECK(j.value("format", "") == "tutti-topology", InvalidArgument, "topology JSON: format is not 'tutti-topology'");
-    TUTTI_CHECK(j.value("version", 0) == 1, InvalidArgument, "topology JSON: version {} is not supported", j.value("version", 0));
+    TUTTI_CHECK(j.contains("version") && int_of(j["version"], "version") == 1, InvalidArgument,
+                "topology JSON: version {} is not supported", j.value("version", json()).dump());
     Topology t;
     t.name = j.at("name").get<std::string>();
     for (auto& d : j.at("devices")) {
       Device dev;
-      dev.id = d.at("id");
+      dev.id = int_of(d.at("id"), "a device's id");
       auto type = parse_device_type(d.at("type").get<std::string>());
       TUTTI_CHECK(type.has_value(), InvalidArgument, "topology JSON: device {} has unknown type '{}'", dev.id,
                   d.at("type").get<std::string>());
       TUTTI_CHECK(dev.id == static_cast<int>(t.devices.size()), InvalidArgument, "topology JSON: device ids must be 0..n-1 in order");
       dev.type = *type;
       dev.name = d.at("name");
-      dev.parent = d.at("parent");
-      dev.host = d.at("host");
+      dev.parent = int_of(d.at("parent"), "a device's parent");
+      dev.host = int_of(d.at("host"), "a device's host");
       dev.attrs = d.at("attrs").get<std::map<std::string, std::string>>();
       t.devices.push_back(dev);
     }
     for (auto& l : j.at("links")) {
       auto type = parse_link_type(l.at("type").get<std::string>());
       TUTTI_CHECK(type.has_value(), InvalidArgument, "topology JSON: link of unknown type '{}'", l.at("type").get<std::string>());
-      Link link{l.at("a"), l.at("b"), *type, l.at("gbps"), l.at("latency_us"), l.at("count")};
+      Link link{int_of(l.at("a"), "a link's a"), int_of(l.at("b"), "a link's b"), *type, l.at("gbps").get<double>(),
+                l.at("latency_us").get<double>(), int_of(l.at("count"), "a link's count")};
       TUTTI_CHECK(link.a >= 0 && link.b >= 0 && link.a < static_cast<int>(t.devices.size()) &&
                       link.b < static_cast<int>(t.devices.size()),
                   InvalidArgument, "topology JSON: link {}-{} names a device that does not exist", link.a, link.b);
       t.links.push_back(link);
     }
-    t.rank_device = j.at("ranks").get<std::vector<int>>();
+    TUTTI_CHECK(j.at("ranks").is_array(), InvalidArgument, "topology JSON: ranks is not an array");
+    for (const json& r : j.at("ranks")) t.rank_device.push_back(int_of(r, "a rank's device"));
     for (int d : t.rank_device)
       TUTTI_CHECK(d >= 0 && d < static_cast<int>(t.devices.size()), InvalidArgument, "topology JSON: rank on device {}", d);
     return t;

@@ -1,0 +1,73 @@
+#!/bin/bash
+# The sanitizer jobs and fuzz smoke runs of `make test` (so CI runs them):
+#   1. AddressSanitizer + UndefinedBehaviorSanitizer (clang): the in-process test programs below
+#      and the five libFuzzer targets (tests/fuzz/), each fuzzed for TUTTI_FUZZ_SECONDS (default 20)
+#      from its seed corpus. The library is built with -fsanitize=fuzzer-no-link too, so one build
+#      serves both.
+#   2. ThreadSanitizer (clang): the programs whose ranks are threads of one process, where a data
+#      race between ranks would be.
+# Any sanitizer report fails the job (halt_on_error). Leak detection is off: the abort and failure
+# tests leave a failed communicator's memory to the process's end on purpose (docs/ARCHITECTURE.md,
+# "Lifetime of FIFOs"). Subsets, not the whole suite, because both builds and their runs must fit in
+# CI's 30 minutes beside the normal build on 2 cores: the programs chosen cover the code that decodes
+# input (plans, topologies, bootstrap), computes (reductions, kernels, fused operations), and runs
+# plans (CPU executor, one-shot path, communicators, C++ API, emulated device executor).
+#   bash .ci/sanitize.sh [--fuzz-only | --asan-only | --tsan-only]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-all}
+JOBS=${JOBS:-$(nproc)}
+export TUTTI_FUZZ_SECONDS=${TUTTI_FUZZ_SECONDS:-20}
+asan_tests=(test_datatype test_reduce test_env test_dsl test_kernels test_compiler test_msccl_xml test_topology
+            test_simulate test_executor test_oneshot test_fused test_schedule test_bootstrap test_cpp_api)
+tsan_tests=(test_executor test_oneshot test_cpp_api test_communicator test_transport test_fused test_device_executor)
+fuzz_targets=(fuzz_msccl_xml fuzz_plan_json fuzz_nccl_topology_xml fuzz_topology_json fuzz_bootstrap_peer_info)
+common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTUTTI_WITH_CUDA=OFF -DTUTTI_WITH_IBVERBS=OFF -DTUTTI_WERROR=OFF
+        -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14)
+failed=()
+
+run_tests() {  # build dir, env..., -- tests...
+  local dir=$1; shift
+  local envs=()
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  for t in "$@"; do
+    if env "${envs[@]}" "$dir/bin/$t" --gtest_brief=1 > "$dir/$t.log" 2>&1; then
+      echo "PASS $dir $t"
+    else
+      echo "FAIL $dir $t"; grep -E "ERROR: |SUMMARY|runtime error|FAILED|Failure" "$dir/$t.log" | head -20 | sed 's/^/    /'
+      failed+=("$dir/$t")
+    fi
+  done
+}
+
+if [ "$mode" = all ] || [ "$mode" = --asan-only ] || [ "$mode" = --fuzz-only ]; then
+  flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+  cmake -S . -B build-sanitize "${common[@]}" -DTUTTI_FUZZ=ON -DTUTTI_FUZZ_SECONDS="$TUTTI_FUZZ_SECONDS" \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags -fsanitize=fuzzer-no-link" \
+    -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" > build-sanitize.cmake.log
+  targets=("${fuzz_targets[@]}")
+  [ "$mode" = --fuzz-only ] || targets+=("${asan_tests[@]}" tutti-run tutti-test-rank)
+  cmake --build build-sanitize -j "$JOBS" --target "${targets[@]}" > build-sanitize.build.log 2>&1 ||
+    { tail -30 build-sanitize.build.log; exit 1; }
+  if [ "$mode" != --fuzz-only ]; then
+    run_tests build-sanitize ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 \
+      UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 -- "${asan_tests[@]}"
+  fi
+  (cd build-sanitize && ctest -L fuzz --output-on-failure) || failed+=("fuzz")
+fi
+
+if [ "$mode" = all ] || [ "$mode" = --tsan-only ]; then
+  flags="-fsanitize=thread -fno-omit-frame-pointer"
+  cmake -S . -B build-tsan "${common[@]}" -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
+    -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" > build-tsan.cmake.log
+  cmake --build build-tsan -j "$JOBS" --target "${tsan_tests[@]}" tutti-run tutti-test-rank > build-tsan.build.log 2>&1 ||
+    { tail -30 build-tsan.build.log; exit 1; }
+  run_tests build-tsan TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 -- "${tsan_tests[@]}"
+fi
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "sanitizer jobs failed: ${failed[*]}"
+  exit 1
+fi
+echo "sanitizer jobs passed"
