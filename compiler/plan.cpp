@@ -338,6 +338,10 @@ Plan parse_json_unchecked(const std::string& text) {
   p.collective = *c;
   p.nranks = field<int>(j, "nranks", "top level");
   p.chunk_factor = field<int>(j, "chunk_factor", "top level");
+  TUTTI_CHECK(p.nranks >= 1 && p.nranks <= Limits::kRanks, InvalidArgument, "plan JSON: nranks is {} (allowed 1..{})",
+              p.nranks, Limits::kRanks);
+  TUTTI_CHECK(p.chunk_factor >= 1 && p.chunk_factor <= Limits::kChunkFactor, InvalidArgument,
+              "plan JSON: chunk_factor is {} (allowed 1..{})", p.chunk_factor, Limits::kChunkFactor);
   p.inplace = field<bool>(j, "inplace", "top level");
   p.root = field<int>(j, "root", "top level");
   std::string proto = field<std::string>(j, "protocol", "top level");

@@ -140,7 +140,7 @@ struct Plan {
 
 // What a plan may ask for. Importers check these before they allocate anything sized by the file,
 // and the verifier before it builds its state, so a hostile or damaged file costs at most this much
-// (docs/PLANS.md lists them; tests/test_plan_limits.cpp breaks each one).
+// (docs/PLANS.md lists them; tests/test_plan_limits.cpp breaks them).
 struct Limits {
   static constexpr int kRanks = 4096;                       // nranks / ngpus
   static constexpr int kChannels = 32;                      // channel ids 0..31 (NCCL's MAXCHANNELS)

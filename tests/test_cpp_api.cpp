@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/env.hpp"
 #include "tutti/tutti.hpp"
 
 namespace {
@@ -92,7 +93,7 @@ TEST(CppApi, BadArgumentsAreRefusedAtTheCallNamingWhatIsWrong) {
 TEST(CppApi, LoadedPlansAreVerifiedAndUsed) {
   // A shared MSCCL plan for 4 ranks, loaded through the API and forced by name.
   tutti::load_plan(TUTTI_TESTDATA "/msccl/ncv4-ag_hier_4_LL.xml");
-  setenv("TUTTI_ALGO", "allgather_hierarchical", 1);
+  tutti::test_support::ScopedEnv env({{"TUTTI_ALGO", "allgather_hierarchical"}});
   const int n = 4;
   auto comms = tutti::Comm::create_local(n);
   on_ranks(comms, [&](int r, tutti::Comm& c) {
@@ -101,7 +102,6 @@ TEST(CppApi, LoadedPlansAreVerifiedAndUsed) {
     for (int q = 0; q < n; ++q) ASSERT_EQ(out[q * 64], static_cast<float>(q));
     EXPECT_EQ(c.last_plan(), "allgather_hierarchical");
   });
-  unsetenv("TUTTI_ALGO");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "runtime/device/device_executor.hpp"
 #include "runtime/device/host_staging.hpp"
 #include "runtime/instruction_semantics.hpp"
+#include "support/env.hpp"
 #include "support/ranks.hpp"
 
 using namespace tutti;
@@ -505,19 +506,15 @@ TEST(DeviceExecutor, HostStagingReportsAFailedCallWithoutHoldingTheStream) {
 // NCCL_BUFFSIZE the FIFO of a connection (cut into TUTTI_DEVICE_FIFO_DEPTH slots, as NCCL cuts it
 // into steps), NCCL_MIN/MAX_NCHANNELS bound the automatic instance count; tutti's own names win.
 TEST(DeviceOptions, NcclVariablesMapOntoTheDeviceSettings) {
-  setenv("NCCL_NTHREADS", "256", 1);
-  setenv("NCCL_BUFFSIZE", "1M", 1);
-  setenv("NCCL_MIN_NCHANNELS", "2", 1);
-  setenv("NCCL_MAX_NCHANNELS", "4", 1);
+  test_support::ScopedEnv env(
+      {{"NCCL_NTHREADS", "256"}, {"NCCL_BUFFSIZE", "1M"}, {"NCCL_MIN_NCHANNELS", "2"}, {"NCCL_MAX_NCHANNELS", "4"}});
   DeviceOptions o = DeviceOptions::from_env();
   EXPECT_EQ(o.threads, 256);
   EXPECT_EQ(o.slot_bytes, (1 << 20) / o.fifo_depth);
   EXPECT_EQ(o.min_instances, 2);
   EXPECT_EQ(o.max_instances, 4);
-  setenv("TUTTI_DEVICE_SLOT_SIZE", "64K", 1);
+  env.set("TUTTI_DEVICE_SLOT_SIZE", "64K");
   EXPECT_EQ(DeviceOptions::from_env().slot_bytes, 64 << 10);
-  setenv("NCCL_MIN_NCHANNELS", "8", 1);
+  env.set("NCCL_MIN_NCHANNELS", "8");
   EXPECT_THROW(DeviceOptions::from_env(), InvalidArgument);  // min above max names both
-  for (const char* v : {"NCCL_NTHREADS", "NCCL_BUFFSIZE", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "TUTTI_DEVICE_SLOT_SIZE"})
-    unsetenv(v);
 }

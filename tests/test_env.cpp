@@ -10,6 +10,7 @@
 #include "core/log.hpp"
 #include "runtime/socket.hpp"
 #include "runtime/unique_id.hpp"
+#include "support/env.hpp"
 
 using namespace tutti;
 
@@ -28,16 +29,16 @@ TEST(Env, EveryVariableIsDocumentedInOneTable) {
 }
 
 TEST(Env, TypedLookupsAndErrorsNameTheVariable) {
-  setenv("TUTTI_SHM_SLOTS", "12", 1);
+  test_support::ScopedEnv vars({{"TUTTI_SHM_SLOTS", "12"}});
   EXPECT_EQ(env::get_int("TUTTI_SHM_SLOTS"), 12);
-  setenv("TUTTI_SHM_SLOTS", "twelve", 1);
+  vars.set("TUTTI_SHM_SLOTS", "twelve");
   try {
     env::get_int("TUTTI_SHM_SLOTS");
     FAIL();
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("TUTTI_SHM_SLOTS='twelve'"), std::string::npos) << e.what();
   }
-  unsetenv("TUTTI_SHM_SLOTS");
+  vars.set("TUTTI_SHM_SLOTS", nullptr);
   EXPECT_EQ(env::get_int("TUTTI_SHM_SLOTS"), 16);  // the declared default
   EXPECT_EQ(env::parse_size("64K"), 65536u);
   EXPECT_EQ(env::parse_size("16M"), 16u << 20);
@@ -47,13 +48,10 @@ TEST(Env, TypedLookupsAndErrorsNameTheVariable) {
 }
 
 TEST(Env, NcclAliasesAreHonouredAndTuttiWins) {
-  unsetenv("TUTTI_DEBUG");
-  setenv("NCCL_DEBUG", "INFO", 1);
+  test_support::ScopedEnv vars({{"TUTTI_DEBUG", nullptr}, {"NCCL_DEBUG", "INFO"}});
   EXPECT_EQ(env::get_string("TUTTI_DEBUG"), "INFO");
-  setenv("TUTTI_DEBUG", "TRACE", 1);
+  vars.set("TUTTI_DEBUG", "TRACE");
   EXPECT_EQ(env::get_string("TUTTI_DEBUG"), "TRACE");
-  unsetenv("TUTTI_DEBUG");
-  unsetenv("NCCL_DEBUG");
 }
 
 TEST(Log, LevelsAndSubsystemsParseLikeNccl) {
@@ -68,17 +66,15 @@ TEST(Log, LevelsAndSubsystemsParseLikeNccl) {
 
 TEST(Log, WritesToTheDebugFileWithRankPrefix) {
   std::string path = ::testing::TempDir() + "/tutti-log-%p.txt";
-  setenv("TUTTI_DEBUG", "INFO", 1);
-  setenv("TUTTI_DEBUG_SUBSYS", "NET", 1);
-  setenv("TUTTI_DEBUG_FILE", path.c_str(), 1);
-  log::reload();
-  log::set_thread_rank(5);
-  TUTTI_INFO(log::kNet, "hello {}", 42);
-  TUTTI_INFO(log::kShm, "filtered out");
-  log::set_thread_rank(-1);
-  unsetenv("TUTTI_DEBUG");
-  unsetenv("TUTTI_DEBUG_SUBSYS");
-  unsetenv("TUTTI_DEBUG_FILE");
+  {
+    test_support::ScopedEnv vars(
+        {{"TUTTI_DEBUG", "INFO"}, {"TUTTI_DEBUG_SUBSYS", "NET"}, {"TUTTI_DEBUG_FILE", path.c_str()}});
+    log::reload();
+    log::set_thread_rank(5);
+    TUTTI_INFO(log::kNet, "hello {}", 42);
+    TUTTI_INFO(log::kShm, "filtered out");
+    log::set_thread_rank(-1);
+  }
   log::reload();
   std::string real = path.replace(path.find("%p"), 2, std::to_string(getpid()));
   std::ifstream in(real);

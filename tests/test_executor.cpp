@@ -10,6 +10,7 @@
 #include "runtime/executor.hpp"
 #include "runtime/instruction_semantics.hpp"
 #include "runtime/worker_pool.hpp"
+#include "support/env.hpp"
 
 using namespace tutti;
 
@@ -120,11 +121,10 @@ TEST(Executor, EveryBuiltinProducesTheReferenceResult) {
 }
 
 TEST(Executor, TcpTransportAndSmallTilesPipeline) {
-  setenv("TUTTI_TILE_SIZE", "4096", 1);
+  test_support::ScopedEnv env({{"TUTTI_TILE_SIZE", "4096"}});
   plan::Plan pl = plan::compile(algorithms::build("ring_allreduce", 4, {{"channels", 2}})).plan;
   run_and_check(pl, 100003, TransportKind::kTcp);
   run_and_check(pl, 100003, TransportKind::kShm);
-  unsetenv("TUTTI_TILE_SIZE");
 }
 
 // An in-place all-gather of two ranks where each sends its piece, rewrites it, and receives: with a
@@ -169,22 +169,19 @@ plan::Plan send_first_exchange() {
 
 TEST(Executor, SendsAreEagerSoLargeMessagesBothWaysDoNotDeadlock) {
   // 2 slots of 4 KiB per FIFO, 4 KiB tiles: a 16 MiB message is 4096 tiles against 2 slots.
-  setenv("TUTTI_SHM_SLOTS", "2", 1);
-  setenv("TUTTI_SHM_SLOT_SIZE", "4K", 1);
-  setenv("TUTTI_TILE_SIZE", "4K", 1);
-  setenv("TUTTI_TIMEOUT", "60", 1);  // a deadlock fails the test instead of hanging it
+  test_support::ScopedEnv env({{"TUTTI_SHM_SLOTS", "2"},
+                               {"TUTTI_SHM_SLOT_SIZE", "4K"},
+                               {"TUTTI_TILE_SIZE", "4K"},
+                               {"TUTTI_TIMEOUT", "60"}});  // a deadlock fails the test instead of hanging it
   plan::Plan pl = send_first_exchange();
   run_and_check(pl, 4 << 20, TransportKind::kShm);
-  unsetenv("TUTTI_TILE_SIZE");
   // TCP with whole messages as one tile: 64 MiB each way is more than the kernel buffers hold.
-  setenv("TUTTI_TILE_SIZE", "64M", 1);
+  env.set("TUTTI_TILE_SIZE", "64M");
   run_and_check(pl, 16 << 20, TransportKind::kTcp);
-  for (const char* v : {"TUTTI_SHM_SLOTS", "TUTTI_SHM_SLOT_SIZE", "TUTTI_TILE_SIZE", "TUTTI_TIMEOUT"}) unsetenv(v);
 }
 
 TEST(Executor, WorkerThreadsRunChannelsInParallel) {
-  setenv("TUTTI_WORKERS", "3", 1);
-  setenv("TUTTI_TIMEOUT", "60", 1);
+  test_support::ScopedEnv env({{"TUTTI_WORKERS", "3"}, {"TUTTI_TIMEOUT", "60"}});
   {
     auto comms = Communicator::create_local(1);
     EXPECT_EQ(CpuExecutor(*comms[0], CpuExecutorOptions::from_env()).workers(), 3);
@@ -197,23 +194,18 @@ TEST(Executor, WorkerThreadsRunChannelsInParallel) {
     run_and_check(plan::compile(algorithms::build("ring_allgather", 4, {{"channels", 3}})).plan, 30001, transport);
     run_and_check(plan::compile(algorithms::build("tree_allreduce", 5, {})).plan, 100003, transport);
   }
-  unsetenv("TUTTI_WORKERS");
-  unsetenv("TUTTI_TIMEOUT");
 }
 
 // An executor keeps each plan's state machines and engines; switching between plans (a training
 // step alternates all-reduce, all-gather and reduce-scatter) must start each from a clean state.
 TEST(Executor, AlternatingPlansOnOneExecutorEachRunFromACleanState) {
-  setenv("TUTTI_WORKERS", "2", 1);
-  setenv("TUTTI_TIMEOUT", "60", 1);
+  test_support::ScopedEnv env({{"TUTTI_WORKERS", "2"}, {"TUTTI_TIMEOUT", "60"}});
   auto prepare = [](const char* name, algorithms::Params prm) {
     return PreparedPlan::make(plan::compile(algorithms::build(name, 4, prm)).plan);
   };
   Prepared ring = prepare("ring_allreduce", {{"channels", 2}}), rhd = prepare("rhd_allreduce", {});
   Prepared gather = prepare("ring_allgather", {{"channels", 3}});
   run_and_check({ring, rhd, ring, gather, rhd, gather, ring}, 30001);
-  unsetenv("TUTTI_WORKERS");
-  unsetenv("TUTTI_TIMEOUT");
 }
 
 TEST(Executor, DefaultWorkersFitTheCores) {

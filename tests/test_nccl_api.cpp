@@ -4,12 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cstddef>
 #include <cstring>
 #include <functional>
 #include <numeric>
-#include <optional>
 #include <string>
 #include <utility>
 #include <latch>
@@ -17,6 +15,7 @@
 #include <vector>
 
 #include "collectives/include/nccl.h"
+#include "support/env.hpp"
 
 namespace {
 
@@ -282,7 +281,7 @@ TEST(NcclApi, RevokeStopsCallsAndLeavesSplitWorking) {
 // ncclCommAbort stops a non-blocking init that waits in the rendezvous for a rank that never comes
 // (the init timeout is set far beyond the test's own, so only the abort can end the wait).
 TEST(NcclApi, AbortStopsANonBlockingInitWaitingForItsPeers) {
-  setenv("TUTTI_INIT_TIMEOUT", "3600", 1);
+  tutti::test_support::ScopedEnv env({{"TUTTI_INIT_TIMEOUT", "3600"}});
   ncclUniqueId id;
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -293,7 +292,6 @@ TEST(NcclApi, AbortStopsANonBlockingInitWaitingForItsPeers) {
   ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
   EXPECT_EQ(state, ncclInProgress);
   EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
-  unsetenv("TUTTI_INIT_TIMEOUT");
 }
 
 // One thread, one group, a non-blocking and a blocking communicator: the blocking one's call is done
@@ -487,15 +485,16 @@ TEST(NcclApi, BadCallsReturnErrorsThatSayWhatWasWrong) {
 }
 
 TEST(NcclApi, MismatchedCountsAreCaughtWithTuttiCheck) {
-  setenv("TUTTI_CHECK", "1", 1);
   std::vector<ncclResult_t> results(2);
   std::vector<std::string> errors(2);
-  on_ranks(2, [&](int r, ncclComm_t comm) {
-    std::vector<float> x(200);
-    results[r] = ncclAllReduce(x.data(), x.data(), r == 0 ? 100 : 200, ncclFloat, ncclSum, comm, nullptr);
-    errors[r] = ncclGetLastError(comm);
-  });
-  unsetenv("TUTTI_CHECK");
+  {
+    tutti::test_support::ScopedEnv env({{"TUTTI_CHECK", "1"}});
+    on_ranks(2, [&](int r, ncclComm_t comm) {
+      std::vector<float> x(200);
+      results[r] = ncclAllReduce(x.data(), x.data(), r == 0 ? 100 : 200, ncclFloat, ncclSum, comm, nullptr);
+      errors[r] = ncclGetLastError(comm);
+    });
+  }
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(results[r], ncclInvalidArgument);
     EXPECT_NE(errors[r].find("with count"), std::string::npos) << errors[r];
@@ -632,32 +631,12 @@ TEST(NcclApi, SplitMemAllocAndRegistration) {
 
 }  // namespace
 
-namespace {
-// Sets environment variables for the scope of a test, and restores what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (auto& [k, v] : vars) {
-      const char* old = std::getenv(k);
-      saved_.push_back({k, old ? std::optional<std::string>(old) : std::nullopt});
-      setenv(k, v, 1);
-    }
-  }
-  ~ScopedEnv() {
-    for (auto& [k, v] : saved_) v ? setenv(k.c_str(), v->c_str(), 1) : unsetenv(k.c_str());
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
-}  // namespace
-
 // Device buffers through the NCCL API (on the emulated device, which runs the CUDA interpreter's
 // code on CPU threads): a rank whose peer stops calling fails after TUTTI_TIMEOUT with an error
 // that names the plan, the block and the peer, and ncclCommGetAsyncError reports it afterwards.
 TEST(NcclApi, DeviceCollectiveWithoutItsPeerTimesOutNamingIt) {
   // 2 s: no wait of the joint first call times out on a loaded machine.
-  ScopedEnv env({{"TUTTI_DEVICE", "emulated"}, {"TUTTI_TIMEOUT", "2"}});
+  tutti::test_support::ScopedEnv env({{"TUTTI_DEVICE", "emulated"}, {"TUTTI_TIMEOUT", "2"}});
   on_ranks(2, [&](int r, ncclComm_t comm) {
     std::vector<float> buf(4096, 1.0f);
     ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr), ncclSuccess)

@@ -5,15 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
-#include <optional>
 #include <sstream>
 
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/log.hpp"
+#include "support/env.hpp"
 #include "topologies/nvml.hpp"
 #include "topologies/topology.hpp"
 
@@ -22,25 +21,7 @@ using namespace tutti::topo;
 
 namespace {
 
-// Sets (value) or removes (nullptr) an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_) setenv(name_.c_str(), old_->c_str(), 1);
-    else unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
+using test_support::ScopedEnv;
 
 // Log lines of the GRAPH subsystem go to a file while this lives.
 class CapturedLog {
@@ -61,8 +42,7 @@ class CapturedLog {
     ~Reload() { log::reload(); }  // runs last, once the variables below are restored
   } reload_;
   std::string path_ = ::testing::TempDir() + "tutti-nvml-log-" + std::to_string(getpid()) + ".txt";
-  ScopedEnv level_{"TUTTI_DEBUG", "INFO"}, subsys_{"TUTTI_DEBUG_SUBSYS", "GRAPH"};
-  ScopedEnv file_{"TUTTI_DEBUG_FILE", path_.c_str()};
+  ScopedEnv env_{{"TUTTI_DEBUG", "INFO"}, {"TUTTI_DEBUG_SUBSYS", "GRAPH"}, {"TUTTI_DEBUG_FILE", path_.c_str()}};
 };
 
 constexpr double kSm90Link = 20.6;  // GB/s per NVLink, NCCL's figure for sm 90
@@ -70,7 +50,7 @@ constexpr double kSm90Link = 20.6;  // GB/s per NVLink, NCCL's figure for sm 90
 Topology without_nvml() { return detect(DetectOptions{""}); }
 
 Topology with_fake(const char* scenario) {
-  ScopedEnv lib("TUTTI_NVML_LIBRARY", FAKE_NVML_PATH), which("FAKE_NVML_SCENARIO", scenario);
+  ScopedEnv env({{"TUTTI_NVML_LIBRARY", FAKE_NVML_PATH}, {"FAKE_NVML_SCENARIO", scenario}});
   return detect();
 }
 
@@ -204,7 +184,7 @@ TEST(NvmlDetection, AMissingLibraryLeavesDetectionAsWithoutNvml) {
   CapturedLog log;
   Topology t;
   {
-    ScopedEnv lib("TUTTI_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1");
+    ScopedEnv env({{"TUTTI_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1"}});
     EXPECT_NO_THROW(t = detect());
   }
   EXPECT_TRUE(t == base);
@@ -219,7 +199,7 @@ TEST(NvmlDetection, ALibraryThatIsNotNvmlIsRefusedByName) {
   EXPECT_FALSE(nvml::read("libm.so.6", &why).has_value());
   EXPECT_NE(why.find("libm.so.6 has no nvmlInit_v2"), std::string::npos) << why;
   // And through detection, which carries on.
-  ScopedEnv lib("TUTTI_NVML_LIBRARY", "libm.so.6");
+  ScopedEnv env({{"TUTTI_NVML_LIBRARY", "libm.so.6"}});
   EXPECT_TRUE(detect() == without_nvml());
 }
 

@@ -13,6 +13,7 @@
 #include "collectives/oneshot.hpp"
 #include "core/element.hpp"
 #include "runtime/communicator.hpp"
+#include "support/env.hpp"
 #include "tests/support/ranks.hpp"
 
 using namespace tutti;
@@ -147,8 +148,9 @@ TEST(OneShot, OutboxesAreReusedSafelyOverManyCallsOfMixedSizes) {
 TEST(OneShot, PreMulSumAvgAndEveryTypeMatchThePlans) {
   // The dispatcher with the mailbox and with plans only must agree bit for bit.
   std::vector<unsigned char> first;
+  test_support::ScopedEnv env;
   for (const char* threshold : {"32K", "0"}) {
-    setenv("TUTTI_ONESHOT_THRESHOLD", threshold, 1);
+    env.set("TUTTI_ONESHOT_THRESHOLD", threshold);
     auto comms = Communicator::create_local(3);
     std::vector<std::vector<unsigned char>> results(3);
     on_ranks(comms, [&](int rank, Communicator& comm) {
@@ -178,7 +180,6 @@ TEST(OneShot, PreMulSumAvgAndEveryTypeMatchThePlans) {
     EXPECT_EQ(results[0], results[1]);
     EXPECT_EQ(results[0], results[2]);
   }
-  unsetenv("TUTTI_ONESHOT_THRESHOLD");
 }
 
 TEST(OneShot, AbortEndsAWaitForAPeerThatNeverComes) {

@@ -15,6 +15,7 @@
 #include "compiler/compile.hpp"
 #include "collectives/tuner.hpp"
 #include "core/error.hpp"
+#include "support/env.hpp"
 #include "tests/support/ranks.hpp"
 
 using namespace tutti;
@@ -181,14 +182,13 @@ TEST(Tuner, DispatcherFollowsTheTuningFile) {
   t.put({Collective::kAllReduce, 2, 1025, 4096, {tuning::kOneShot, {}}, 0});
   t.put({Collective::kAllReduce, 2, 4097, UINT64_MAX, {"hier_allreduce", {{"local", 3}}}, 0});  // not for 2 ranks
   t.save(path);
-  setenv("TUTTI_TUNING_FILE", path.c_str(), 1);
+  test_support::ScopedEnv env({{"TUTTI_TUNING_FILE", path.c_str()}});
   auto comms = Communicator::create_local(2);
   std::vector<std::vector<std::string>> plans(2);
   on_ranks(comms, [&](int rank, Communicator& comm) {
     Dispatcher d(comm);
     for (int64_t count : {16, 512, 8192}) plans[rank].push_back(allreduce(d, count));
   });
-  unsetenv("TUTTI_TUNING_FILE");
   std::remove(path.c_str());
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(plans[r][0].find("ring"), std::string::npos) << plans[r][0];
@@ -244,8 +244,7 @@ TEST(Tuner, DispatchersOfOneCommunicatorShareResources) {
 TEST(Tuner, TuneMeasuresOnFirstUseAgreesOnEveryRankAndSavesTheTable) {
   const std::string path = testing::TempDir() + "tutti_tuned_" + std::to_string(getpid()) + ".json";
   std::remove(path.c_str());
-  setenv("TUTTI_TUNING_FILE", path.c_str(), 1);
-  setenv("TUTTI_TUNE", "1", 1);
+  test_support::ScopedEnv env({{"TUTTI_TUNING_FILE", path.c_str()}, {"TUTTI_TUNE", "1"}});
   auto comms = Communicator::create_local(3);
   std::vector<std::vector<std::string>> plans(3);
   on_ranks(comms, [&](int rank, Communicator& comm) {
@@ -253,8 +252,6 @@ TEST(Tuner, TuneMeasuresOnFirstUseAgreesOnEveryRankAndSavesTheTable) {
     for (int64_t count : {2, 3000, 100000, 3000}) plans[rank].push_back(allreduce(d, count));
     EXPECT_NE(d.table().find(Collective::kAllReduce, 3, 12000), nullptr);
   });
-  unsetenv("TUTTI_TUNE");
-  unsetenv("TUTTI_TUNING_FILE");
   EXPECT_EQ(plans[0], plans[1]);
   EXPECT_EQ(plans[0], plans[2]);
   EXPECT_EQ(plans[0][1], plans[0][3]);  // measured once, then reused
