@@ -17,6 +17,9 @@
 namespace tutti {
 
 // Whether a call of `collective` with NCCL's `count` of `esize`-byte elements fits the mailbox.
+// Bytes of every outbox the call itself takes: the collective, datatype, op, root and count each rank
+// was called with, compared on every rank after the exchange (mismatches fail on all of them).
+inline constexpr size_t kOneshotHeaderBytes = 16;
 bool oneshot_fits(const Mailbox& mailbox, Collective collective, int64_t count, int64_t esize);
 
 // Runs one call. input/output follow NCCL (in-place allowed exactly as NCCL defines it); output of

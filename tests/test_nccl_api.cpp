@@ -501,6 +501,54 @@ TEST(NcclApi, MismatchedCountsAreCaughtWithTuttiCheck) {
   }
 }
 
+// Without TUTTI_CHECK, small calls still compare what every rank was called with (the one-shot
+// mailbox carries it ahead of the data): each mismatch fails on every rank naming both calls, and
+// the communicator goes on working for matching calls.
+TEST(NcclApi, MismatchedSmallCallsAreCaughtWithoutTuttiCheck) {
+  struct Case {
+    const char* what;
+    std::function<ncclResult_t(int, ncclComm_t, float*)> call;
+    const char* fragment;
+  };
+  const std::vector<Case> cases = {
+      {"count",
+       [](int r, ncclComm_t c, float* x) { return ncclAllReduce(x, x, r == 0 ? 4 : 6, ncclFloat, ncclSum, c, nullptr); },
+       "all_reduce of 4 float (sum)"},
+      {"collective",
+       [](int r, ncclComm_t c, float* x) {
+         return r == 0 ? ncclAllReduce(x, x, 4, ncclFloat, ncclSum, c, nullptr)
+                       : ncclBroadcast(x, x, 4, ncclFloat, 0, c, nullptr);
+       },
+       "broadcast of 4 float to root 0"},
+      {"op",
+       [](int r, ncclComm_t c, float* x) { return ncclAllReduce(x, x, 4, ncclFloat, r == 0 ? ncclSum : ncclMax, c, nullptr); },
+       "all_reduce of 4 float (max)"},
+      {"root",
+       [](int r, ncclComm_t c, float* x) { return ncclBroadcast(x, x, 4, ncclFloat, r, c, nullptr); },
+       "to root 1"},
+  };
+  for (const Case& k : cases) {
+    std::vector<ncclResult_t> results(2), after(2);
+    std::vector<std::string> errors(2);
+    std::vector<std::vector<float>> sums(2);
+    on_ranks(2, [&](int r, ncclComm_t comm) {
+      std::vector<float> x(64, 1.0f);
+      results[r] = k.call(r, comm, x.data());
+      errors[r] = ncclGetLastError(comm);
+      std::vector<float> y(4, static_cast<float>(r + 1));
+      after[r] = ncclAllReduce(y.data(), y.data(), 4, ncclFloat, ncclSum, comm, nullptr);
+      sums[r] = y;
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(results[r], ncclInvalidArgument) << k.what << " rank " << r;
+      EXPECT_NE(errors[r].find(k.fragment), std::string::npos) << k.what << " rank " << r << ": " << errors[r];
+      EXPECT_NE(errors[r].find("every rank must make the same call"), std::string::npos) << errors[r];
+      EXPECT_EQ(after[r], ncclSuccess) << k.what << ": the next matching call on rank " << r;
+      EXPECT_EQ(sums[r], std::vector<float>(4, 3.0f)) << k.what;
+    }
+  }
+}
+
 TEST(NcclApi, AbortDuringACollectiveUnblocksEveryRank) {
   const int n = 3;
   ncclUniqueId id;

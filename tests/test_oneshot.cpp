@@ -233,7 +233,8 @@ TEST(OneShot, FitsFollowsTheCapacityAndTheCollectivesShape) {
   // The outbox is whole cache lines: at least what was asked, less than a line more.
   ASSERT_GE(mb.capacity(), 1024u);
   ASSERT_LT(mb.capacity(), 1024u + 64);
-  const int64_t floats = static_cast<int64_t>(mb.capacity() / 4);
+  // Each outbox starts with the call's header (kOneshotHeaderBytes); the data gets the rest.
+  const int64_t floats = static_cast<int64_t>((mb.capacity() - kOneshotHeaderBytes) / 4);
   EXPECT_TRUE(oneshot_fits(mb, Collective::kAllReduce, floats, 4));
   EXPECT_FALSE(oneshot_fits(mb, Collective::kAllReduce, floats + 1, 4));
   EXPECT_TRUE(oneshot_fits(mb, Collective::kAllGather, floats, 4));  // publishes its piece
