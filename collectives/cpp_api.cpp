@@ -347,6 +347,7 @@ Work run_plan(Comm& comm, const CompiledPlan& plan, const PlanCall& call) {
   auto work = std::make_shared<WorkState>();
   work->queue = s.queue;
   work->ticket = s.queue->post([&s, prepared = plan.prepared(), args] {
+    if (FaultInjector* f = s.comm->faults()) f->begin_call(*s.comm);
     s.dispatcher->resources()->executor.run(*prepared, args);
     std::lock_guard lock(s.mu);
     s.last_plan = prepared->plan.name;

@@ -448,6 +448,7 @@ std::function<void()> Dispatcher::start(const CollectiveCall& call) {
   const Collective c = call.collective;
   if (!choose_for(call).oneshot) return whole;
   last_plan_ = tuning::kOneShot;
+  if (FaultInjector* f = comm_.faults()) f->begin_call(comm_);
   Mailbox& mb = *comm_.mailbox();
   auto finish = [call, &mb, n, rank] {
     finish_oneshot(mb, call.collective, call.input, call.output, call.count, call.reduction, call.root);
@@ -470,6 +471,7 @@ void Dispatcher::run(const CollectiveCall& call, Executor& ex) {
   const int64_t esize = static_cast<int64_t>(size_of(call.reduction.type));
   const int64_t in_elems = input_elems(c, call.count, n), out_elems = output_elems(c, call.count, n);
   const size_t in_bytes = static_cast<size_t>(in_elems * esize), out_bytes = static_cast<size_t>(out_elems * esize);
+  if (FaultInjector* f = comm_.faults()) f->begin_call(comm_);
   if (check_) check_consistent(call);
   const unsigned char* in = static_cast<const unsigned char*>(call.input);
   unsigned char* out = static_cast<unsigned char*>(call.output);

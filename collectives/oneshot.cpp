@@ -102,9 +102,12 @@ void finish_oneshot(Mailbox& mb, Collective c, const void* input, void* output, 
   // Every rank compares every peer's call with its own, so all of them fail, naming both calls.
   const CallHeader mine = header_of(c, count, red, root);
   for (int r = 0; r < n; ++r) {
-    if (r == rank) continue;
     CallHeader theirs;
     std::memcpy(&theirs, mb.data(r), kHeader);
+    if (r == rank && std::memcmp(&theirs, &mine, kHeader) != 0)
+      throw RemoteError(fmt::format("rank {}: its own published call header reads {} instead of {}: the outbox was "
+                                    "damaged",
+                                    rank, describe(theirs), describe(mine)));
     if (std::memcmp(&theirs, &mine, kHeader) != 0)
       throw InvalidArgument(fmt::format("rank {} calls {} but rank {} calls {}: every rank must make the same call "
                                         "(collective, count, datatype, op, root)",

@@ -28,6 +28,9 @@ constexpr Variable kVariables[] = {
      "Rank among the processes of this host (also read: OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID)."},
     {"TUTTI_INIT_TIMEOUT", "", "120", "Seconds a rank waits for all ranks to arrive at communicator creation."},
     {"TUTTI_TIMEOUT", "", "1800", "Seconds any other blocking wait may last before it fails; 0 waits forever."},
+    {"TUTTI_FAULT", "", "",
+     "Faults injected on purpose, for testing: KIND[:rank=R][:call=N][:step=S][:peer=P][:seconds=X], comma-separated; "
+     "KIND is kill, stop, delay, close, drop or corrupt (docs/RELIABILITY.md)."},
     {"TUTTI_TRANSPORT", "", "auto", "auto (shm within a host, tcp across hosts), shm, or tcp for every peer."},
     {"TUTTI_SHM_SLOTS", "", "16",
      "Slots in each shared-memory FIFO. 2 MiB per direction keeps both ranks of a 2-core exchange busy; 1 MiB "

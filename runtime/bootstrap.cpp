@@ -1,10 +1,12 @@
 #include "runtime/bootstrap.hpp"
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -237,6 +239,52 @@ bool Bootstrap::peer_departed(int peer) const {
   return mesh_.at(peer)->departed;
 }
 
+std::vector<int> Bootstrap::silent_peers(double wait_s) {
+  const uint64_t nonce = ping_seq_.fetch_add(1) + 1;
+  std::vector<int> asked, silent;
+  for (int peer = 0; peer < nranks(); ++peer) {
+    if (peer == rank()) continue;
+    {
+      std::lock_guard lock(state_->mutex());
+      if (!mesh_[peer]->fd || mesh_[peer]->eof || mesh_[peer]->departed) continue;
+    }
+    try {
+      send_frame(peer, static_cast<uint32_t>(wire::FrameType::kPing), nonce, {}, Deadline::after(0.2));
+      asked.push_back(peer);
+    } catch (const Error&) {
+      silent.push_back(peer);
+    }
+  }
+  Deadline deadline = Deadline::after(wait_s);
+  std::unique_lock lock(state_->mutex());
+  auto unanswered = [&] {
+    std::vector<int> out;
+    for (int peer : asked)
+      if (mesh_[peer]->pong < nonce) out.push_back(peer);
+    return out;
+  };
+  while (!unanswered().empty() && !deadline.expired()) state_->cv().wait_for(lock, std::chrono::milliseconds(10));
+  for (int peer : unanswered()) silent.push_back(peer);
+  std::sort(silent.begin(), silent.end());
+  return silent;
+}
+
+std::string Bootstrap::liveness(double wait_s) {
+  std::vector<int> silent = silent_peers(wait_s);
+  if (silent.empty())
+    return fmt::format("every peer answered a liveness check within {} s (none is stopped or dead)", wait_s);
+  std::string names;
+  for (int peer : silent) names += fmt::format("{}{}", names.empty() ? "" : ", ", describe(peer));
+  return fmt::format("no answer to a liveness check within {} s from {}: stopped (SIGSTOP), hung outside tutti, "
+                     "or unreachable",
+                     wait_s, names);
+}
+
+void Bootstrap::sever(int peer) {
+  std::lock_guard lock(state_->mutex());
+  if (mesh_.at(peer)->fd) ::shutdown(mesh_[peer]->fd.get(), SHUT_RDWR);
+}
+
 void Bootstrap::notify_failure(const std::string& message) {
   wire::Writer w;
   w.put_string(message);
@@ -283,7 +331,19 @@ void Bootstrap::handle_frame(int peer, uint32_t type, uint64_t tag, std::vector<
         msg = wire::Reader(payload, "abort notice").get_string();
       } catch (const Error&) {
       }
-      state_->fail(ErrorKind::kRemote, fmt::format("{} failed: {}", describe(peer), msg));
+      state_->fail(ErrorKind::kRemote, fmt::format("{} failed: {}", describe(peer), msg), /*tell_peers=*/false);
+      return;
+    }
+    case wire::FrameType::kPing:
+      try {
+        send_frame(peer, static_cast<uint32_t>(wire::FrameType::kPong), tag, {}, Deadline::after(0.2));
+      } catch (const Error&) {
+      }
+      return;
+    case wire::FrameType::kPong: {
+      std::lock_guard lock(state_->mutex());
+      mesh_[peer]->pong = std::max(mesh_[peer]->pong, tag);
+      state_->cv().notify_all();
       return;
     }
     default:

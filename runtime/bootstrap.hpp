@@ -6,6 +6,7 @@
 // the peer on this rank, waking every waiter. An orderly shutdown sends "goodbye" first, so the EOF
 // that follows is not a failure.
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -71,6 +72,13 @@ class Bootstrap {
   // Orderly end: goodbye to every peer, then close.
   void shutdown();
   bool peer_departed(int peer) const;
+  // Pings every connected peer through its service thread and returns those that did not answer
+  // within wait_s (a stopped process answers nothing; a busy one answers at once).
+  std::vector<int> silent_peers(double wait_s);
+  // The same as a sentence for an error message.
+  std::string liveness(double wait_s);
+  // Cuts the mesh connection to `peer` without a goodbye, as a crash would (TUTTI_FAULT=close).
+  void sever(int peer);
 
  private:
   struct Peer {
@@ -79,6 +87,7 @@ class Bootstrap {
     std::vector<unsigned char> buf;
     bool departed = false;
     bool eof = false;
+    uint64_t pong = 0;  // the latest liveness check answered
   };
   struct Pending {
     Fd fd;
@@ -106,6 +115,7 @@ class Bootstrap {
   std::vector<int> registered_;  // peers whose mesh socket the service thread reads
   std::atomic<bool> stop_{false};
   uint64_t op_seq_ = 0;
+  std::atomic<uint64_t> ping_seq_{0};
   std::thread thread_;
 };
 

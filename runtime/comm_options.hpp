@@ -3,6 +3,9 @@
 // Apart from communicator.hpp so transports can read them without depending on the communicator.
 
 #include <cstdint>
+#include <vector>
+
+#include "runtime/fault.hpp"
 
 namespace tutti {
 
@@ -21,6 +24,7 @@ struct CommOptions {
   uint64_t tcp_stripe_threshold = 256 << 10;
   int spin = 200;  // microseconds
   uint64_t mailbox_bytes = 32 << 10;  // data capacity of each rank's one-shot outbox (0: none)
+  std::vector<FaultSpec> faults;      // TUTTI_FAULT (runtime/fault.hpp); none by default
 
   // Defaults from TUTTI_* variables (see docs/ENVIRONMENT.md).
   static CommOptions from_env();

@@ -10,7 +10,7 @@ namespace tutti {
 CommState::CommState(int rank, int nranks)
     : rank_(rank), nranks_(nranks), event_fd_(TUTTI_SYSCALL(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), "eventfd()")) {}
 
-void CommState::fail(ErrorKind kind, const std::string& message) {
+void CommState::fail(ErrorKind kind, const std::string& message, bool tell_peers) {
   {
     std::lock_guard lock(mutex_);
     if (failed_.load()) return;
@@ -20,6 +20,20 @@ void CommState::fail(ErrorKind kind, const std::string& message) {
   }
   TUTTI_WARN("rank {}: {}", rank_, message);
   wake_all();
+  if (!tell_peers || aborted()) return;  // an abort tells the peers itself
+  std::lock_guard lock(tell_mutex_);
+  if (tell_peers_) tell_peers_(message);
+}
+
+void CommState::set_hooks(std::function<void(const std::string&)> tell_peers, std::function<std::string()> diagnose) {
+  std::scoped_lock lock(tell_mutex_, diagnose_mutex_);
+  tell_peers_ = std::move(tell_peers);
+  diagnose_ = std::move(diagnose);
+}
+
+std::string CommState::diagnose() {
+  std::lock_guard lock(diagnose_mutex_);
+  return diagnose_ ? diagnose_() : std::string();
 }
 
 void CommState::abort() {

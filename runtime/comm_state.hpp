@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -19,8 +20,16 @@ class CommState {
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
 
-  // Records the first failure; later ones are ignored. Wakes every waiter.
-  void fail(ErrorKind kind, const std::string& message);
+  // Records the first failure; later ones are ignored. Wakes every waiter, and tells every peer
+  // (the tell_peers hook) unless told not to (a failure a peer told us about): a rank that
+  // fails alone (a timeout, a corrupt message, a mismatched call) must not leave its peers waiting.
+  void fail(ErrorKind kind, const std::string& message, bool tell_peers = true);
+  // Hooks the communicator installs once its bootstrap works, and clears before the bootstrap goes:
+  // tell_peers(message) sends the failure to every peer; diagnose() says, for a timeout's message,
+  // which peers answer a liveness check (a stopped or hung process does not).
+  void set_hooks(std::function<void(const std::string&)> tell_peers, std::function<std::string()> diagnose);
+  void clear_hooks() { set_hooks(nullptr, nullptr); }
+  std::string diagnose();
   void abort();
   bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
   // Revoke (ncclCommRevoke): every data-plane wait (connections, mailbox, executors) gives up with
@@ -59,6 +68,11 @@ class CommState {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   Doorbell* doorbell_ = nullptr;
+  // Each held while its hook runs, so clear_hooks() waits for it. Two: the service thread may tell
+  // the peers of a failure while a worker's diagnosis waits for that thread to hear their answers.
+  std::mutex tell_mutex_, diagnose_mutex_;
+  std::function<void(const std::string&)> tell_peers_;
+  std::function<std::string()> diagnose_;
   Fd event_fd_;
 };
 

@@ -56,6 +56,7 @@ CommOptions CommOptions::from_env() {
   o.tcp_stripe_threshold = env::get_size("TUTTI_TCP_STRIPE_THRESHOLD");
   o.spin = static_cast<int>(env::get_int("TUTTI_SPIN"));
   o.mailbox_bytes = env::get_size("TUTTI_MAILBOX_SIZE");
+  o.faults = parse_faults(env::get_string("TUTTI_FAULT"));
   TUTTI_CHECK(o.shm_slots >= 1, InvalidArgument, "TUTTI_SHM_SLOTS must be at least 1");
   TUTTI_CHECK(o.shm_slot_size >= 64, InvalidArgument, "TUTTI_SHM_SLOT_SIZE must be at least 64 bytes");
   TUTTI_CHECK(o.tcp_sockets >= 1 && o.tcp_sockets <= 64, InvalidArgument, "TUTTI_TCP_NSOCKS must be in 1..64");
@@ -190,8 +191,11 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
     }
     mailbox_ = std::make_unique<Mailbox>(rank, std::move(segs), *engine_, *state_, oversubscribed);
   }
+  faults_ = FaultInjector::make(options_.faults, rank);
   connect_channels(1);  // ends with a barrier: every peer has mapped our control segment
   control_.unlink();
+  state_->set_hooks([b = bootstrap_.get()](const std::string& message) { b->notify_failure(message); },
+                    [b = bootstrap_.get(), t = options_.timeout_s] { return b->liveness(std::min(1.0, t)); });
   TUTTI_INFO(log::kInit, "rank {}/{} ready (pid {}, generation {})", rank, nranks, getpid(), generation);
 }
 
@@ -213,11 +217,41 @@ Communicator::~Communicator() {
       TUTTI_WARN("rank {}: destroy could not flush: {}", rank(), e.what());
     }
   }
+  state_->clear_hooks();
   bootstrap_->shutdown();
   connections_.clear();
 }
 
 void Communicator::revoke() { state_->revoke(); }
+
+void Communicator::apply_faults(Connection& c, int peer) {
+  if (injected_.empty()) return;
+  if (injected_[peer] & kInjectedDrop) c.drop_sends();
+  if (injected_[peer] & kInjectedCorrupt) c.corrupt_next_header();
+}
+
+void Communicator::inject(FaultKind kind, int peer) {
+  if (injected_.empty()) injected_.assign(size(), 0);
+  std::string whom = peer < 0 ? std::string("every peer") : fmt::format("rank {}", peer);
+  // A cut link fails this rank at once (its own sockets are gone), but the peers must find out by
+  // themselves, as after a crash: nothing is sent to them.
+  if (kind == FaultKind::kClose)
+    state_->fail(ErrorKind::kRemote, fmt::format("rank {} closed its connections to {} (TUTTI_FAULT=close)", rank(), whom),
+                 /*tell_peers=*/false);
+  for (int p = 0; p < size(); ++p) {
+    if (p == rank() || (peer >= 0 && p != peer)) continue;
+    if (kind == FaultKind::kDrop) injected_[p] |= kInjectedDrop;
+    if (kind == FaultKind::kCorrupt) injected_[p] |= kInjectedCorrupt;
+    for (auto& channel : connections_) {
+      if (!channel[p]) continue;
+      apply_faults(*channel[p], p);
+      if (kind == FaultKind::kClose) channel[p]->sever();
+    }
+    if (kind == FaultKind::kClose) bootstrap_->sever(p);
+  }
+  if (mailbox_ && kind == FaultKind::kDrop) mailbox_->inject_drop();
+  if (mailbox_ && kind == FaultKind::kCorrupt) mailbox_->inject_corrupt();
+}
 
 void Communicator::abort() {
   if (state_->aborted()) return;
@@ -265,8 +299,11 @@ void Communicator::connect_channels(int n) {
   for (const ChannelSetup& setup : setups) {
     std::vector<std::unique_ptr<Connection>> conns(nranks);
     for (size_t t = 0; t < transports_.size(); ++t) transports_[t]->connect(setup, peers[t], published, conns);
-    for (auto& c : conns)
-      if (c) engine_->add(c.get());
+    for (size_t p = 0; p < conns.size(); ++p)
+      if (conns[p]) {
+        engine_->add(conns[p].get());
+        apply_faults(*conns[p], static_cast<int>(p));
+      }
     connections_.push_back(std::move(conns));
   }
   bootstrap_->barrier();  // everyone has mapped everything: names can go

@@ -20,6 +20,7 @@
 #include "runtime/bootstrap.hpp"
 #include "runtime/comm_options.hpp"
 #include "runtime/comm_state.hpp"
+#include "runtime/fault.hpp"
 #include "runtime/mailbox.hpp"
 #include "runtime/progress.hpp"
 #include "runtime/shm_segment.hpp"
@@ -82,12 +83,17 @@ class Communicator {
   ProgressEngine& engine() { return *engine_; }
   Bootstrap& bootstrap() { return *bootstrap_; }
   CommState& state() { return *state_; }
+  // TUTTI_FAULT's faults for this rank, or null (runtime/fault.hpp).
+  FaultInjector* faults() { return faults_.get(); }
+  // Carries out a close, drop or corrupt fault on the links to `peer` (-1: every peer).
+  void inject(FaultKind kind, int peer);
 
  private:
   Communicator(const UniqueId& id, int nranks, int rank, const CommOptions& options, uint64_t generation,
                std::shared_ptr<CommState> state);
   void connect_channels(int n);  // collective: connects channels channels()..n-1
   void check_peer(int peer, const char* what) const;
+  void apply_faults(Connection& c, int peer);  // drop/corrupt flags of `peer` on a new connection
 
   CommOptions options_;
   std::shared_ptr<CommState> state_;
@@ -100,6 +106,9 @@ class Communicator {
   std::vector<std::vector<std::unique_ptr<Connection>>> connections_;  // [channel][rank]
   int local_ranks_ = 1;
   std::unique_ptr<Mailbox> mailbox_;
+  std::unique_ptr<FaultInjector> faults_;
+  static constexpr uint8_t kInjectedDrop = 1, kInjectedCorrupt = 2;
+  std::vector<uint8_t> injected_;  // by peer: faults injected on its links (empty: none)
 };
 
 }  // namespace tutti

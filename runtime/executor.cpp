@@ -146,7 +146,8 @@ class BlockMachine {
         staging_slots(c.staging_slots),
         bell(c.bell),
         failed(c.failed),
-        tracing(trace::enabled()) {}
+        tracing(trace::enabled()),
+        faults(c.comm.faults()) {}
 
   // One pass over the worker's blocks: starts what is ready, advances transfers, retires steps.
   // Returns whether anything moved; `done` when every block of the worker is retired.
@@ -214,6 +215,8 @@ class BlockMachine {
   Doorbell* const bell;
   std::atomic<bool>& failed;
   const bool tracing;
+  FaultInjector* const faults;              // TUTTI_FAULT, or null
+  std::atomic<int64_t> started_steps{0};     // instructions this rank started in the call (for faults)
 };
 
 bool BlockMachine::start(size_t b) {
@@ -389,6 +392,7 @@ bool BlockMachine::step(int worker, bool& done) {
             }
           }
         if (!ready) break;
+        if (faults) faults->at_step(comm, started_steps.fetch_add(1, std::memory_order_relaxed) + 1);
         moved = true;
         r.started = true;
         if (tracing) r.started_us = trace::now_us();
@@ -462,7 +466,8 @@ std::string BlockMachine::stall(int worker) const {
       std::string peers;
       if (in.recv_peer >= 0) peers += fmt::format(" from rank {}", in.recv_peer);
       if (in.send_peer >= 0) peers += fmt::format(" to rank {}", in.send_peer);
-      state = fmt::format("step {} ({}{}): {}", r.pc, plan::to_string(in.op), peers, state);
+      const std::string size = r.started ? fmt::format(" of {} bytes", r.bytes) : std::string();
+      state = fmt::format("step {} ({}{}{}): {}", r.pc, plan::to_string(in.op), size, peers, state);
     }
     where += fmt::format("{}block {} (channel {}) {}", where.empty() ? "" : "; ", r.block->id, r.block->channel,
                          state);
@@ -631,6 +636,16 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
     for (size_t b = 0; b < slot->nruns; ++b) slot->runs[b].reset();
   }
   Layout* const layout = slot.get();
+  // Every message of this call carries what the call is, and every receive checks it: ranks that
+  // make different calls fail on the first message (runtime/call_stamp.hpp).
+  const Collective c = p.collective;
+  const bool reduces = c == Collective::kAllReduce || c == Collective::kReduce || c == Collective::kReduceScatter ||
+                       c == Collective::kCustom;
+  const bool rooted = c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kGather ||
+                      c == Collective::kScatter;
+  const CallStamp stamp = make_stamp(c, args.reduction.type, args.reduction.op, reduces, rooted ? p.root : -1);
+  for (const auto& worker_conns : layout->conns)
+    for (Connection* conn : worker_conns) conn->set_stamp(stamp);
   Run* runs = layout->runs.get();
   const size_t nruns = layout->nruns;
   const int nworkers = layout->nworkers;

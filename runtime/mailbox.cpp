@@ -56,7 +56,8 @@ const unsigned char* Mailbox::data(int r) const { return boxes_[r].data[seq_ & 1
 void Mailbox::publish(const char* what) {
   if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", what));
   const uint64_t s = ++seq_;
-  boxes_[rank_].word[s & 1]->store(s, std::memory_order_release);
+  if (corrupt_ && capacity_ > 8) boxes_[rank_].data[s & 1][8] ^= 1u << 3, corrupt_ = false;
+  if (!drop_) boxes_[rank_].word[s & 1]->store(s, std::memory_order_release);
   for (int r = 0; r < size(); ++r)
     if (r != rank_) ring(*boxes_[r].bell);
   next_ = rank_ == 0 ? 1 : 0;

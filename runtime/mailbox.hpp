@@ -70,6 +70,11 @@ class Mailbox {
   // After exchange(): rank r's data of this call (our own outbox for r == rank).
   const unsigned char* data(int r) const;
   uint64_t calls() const { return seq_; }
+  // Fault injection (runtime/fault.hpp). drop: from now on publish() announces nothing, so peers
+  // wait in vain. corrupt: the next publish() flips bit 3 of outbox byte 8 (the count of a one-shot
+  // call's header, which every peer compares with its own).
+  void inject_drop() { drop_ = true; }
+  void inject_corrupt() { corrupt_ = true; }
 
  private:
   bool seen();  // arrived() without the spin
@@ -86,6 +91,7 @@ class Mailbox {
   bool oversubscribed_;
   uint64_t seq_ = 0;  // calls published so far
   int next_ = 0;      // the lowest peer not yet seen publishing call seq_
+  bool drop_ = false, corrupt_ = false;
 };
 
 }  // namespace tutti

@@ -99,8 +99,16 @@ void ProgressEngine::run(FunctionRef<bool(bool& done)> step, FunctionRef<std::st
       deadline = Deadline::after(timeout_s_);
       continue;
     }
-    if (deadline.expired())
-      throw Timeout(fmt::format("rank {}: timed out after {} s (TUTTI_TIMEOUT) {}", state_->rank(), timeout_s_, what()));
+    if (deadline.expired()) {
+      // The wait-for dump: what this rank waits on (every block, step, peer and byte count), and
+      // which peers still answer. Recorded as the communicator's failure, which tells the peers.
+      std::string message = fmt::format("rank {}: timed out after {} s (TUTTI_TIMEOUT) {}", state_->rank(),
+                                        timeout_s_, what());
+      std::string alive = state_->diagnose();
+      if (!alive.empty()) message += "; " + alive;
+      state_->fail(ErrorKind::kTimeout, message);
+      throw Timeout(message);
+    }
     if (has_fds_) {
       fds.clear();
       fds.push_back({state_->event_fd(), POLLIN, 0});

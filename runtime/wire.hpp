@@ -25,6 +25,8 @@ enum class FrameType : uint32_t {
   kGoodbye = 6,       // rank -> rank: orderly shutdown, EOF that follows is not a failure
   kAbortNotice = 7,   // rank -> rank: this rank failed or aborted (payload: message)
   kTcpHello = 8,      // rank -> rank: a TCP transport socket (channel, index)
+  kPing = 9,          // rank -> rank: liveness check (tag: a nonce); the service thread answers
+  kPong = 10,         // rank -> rank: the answer (tag: the nonce)
 };
 
 struct FrameHeader {

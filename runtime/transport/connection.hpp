@@ -24,6 +24,7 @@
 
 #include "core/copy.hpp"
 #include "core/reduce.hpp"
+#include "runtime/call_stamp.hpp"
 #include "runtime/transport/transport.hpp"
 
 namespace tutti {
@@ -42,14 +43,20 @@ class Connection {
   virtual const TransportInfo& transport() const = 0;
 
   Ticket send(const void* data, size_t bytes) {
-    sendq_.push_back({static_cast<unsigned char*>(const_cast<void*>(data)), bytes, ++sends_posted_});
+    Op o{static_cast<unsigned char*>(const_cast<void*>(data)), bytes, ++sends_posted_};
+    o.stamp = stamp_;
+    sendq_.push_back(std::move(o));
     return sends_posted_;
   }
+  // The call the messages posted from now on belong to (runtime/call_stamp.hpp): sends carry it,
+  // receives expect it. 0 (the default) outside plans.
+  void set_stamp(CallStamp s) { stamp_ = s; }
   // `stream`: the receiver will not read `data` again soon, so the transport may write it around
   // the caches (core/copy.hpp). The bytes are visible, as always, once the ticket is done.
   Ticket recv(void* data, size_t bytes, bool stream = false) {
     Op o{static_cast<unsigned char*>(data), bytes, ++recvs_posted_};
     o.stream = stream;
+    o.stamp = stamp_;
     recvq_.push_back(std::move(o));
     return recvs_posted_;
   }
@@ -62,6 +69,7 @@ class Connection {
     o.reduce = true;
     o.redop = op;
     o.type = type;
+    o.stamp = stamp_;
     recvq_.push_back(std::move(o));
     return recvs_posted_;
   }
@@ -98,6 +106,13 @@ class Connection {
   // File descriptors to poll() when sleeping (TCP); shared memory sleeps on the doorbell instead.
   virtual void poll_fds(std::vector<pollfd>&) const {}
 
+  // Fault injection (runtime/fault.hpp). drop: from now on, sends complete without reaching the
+  // peer. corrupt: one bit of the next message header flips after its checksum is computed.
+  // sever(): the transport's own link is cut as a crash would cut it (TCP: both directions shut).
+  void drop_sends() { drop_ = true; }
+  void corrupt_next_header() { corrupt_ = true; }
+  virtual void sever() {}
+
  protected:
   struct Op {
     Op(unsigned char* d, size_t b, Ticket t) : data(d), bytes(b), ticket(t) {}
@@ -114,7 +129,12 @@ class Connection {
     RedOp redop = RedOp::kSum;
     DataType type = DataType::kFloat32;
     std::shared_ptr<unsigned char[]> owned;  // own(): the message's private copy
+    CallStamp stamp = 0;                      // the call it belongs to (set_stamp when posted)
   };
+  // The error for a message whose stamp is not the receive's: both calls named.
+  [[noreturn]] void stamp_mismatch(CallStamp sent, CallStamp expected) const;
+  // The error for a header whose checksum does not match its words.
+  [[noreturn]] void corrupt_header(const char* what) const;
   // own() hooks: whether the transport still may switch a send to a private copy, and how to repoint
   // its internal references from `old` to op.data.
   virtual bool can_own(const Op&) const { return true; }
@@ -135,6 +155,8 @@ class Connection {
   std::deque<Op> sendq_, recvq_;
   Ticket sends_posted_ = 0, recvs_posted_ = 0;
   Ticket sends_completed_ = 0, recvs_completed_ = 0;
+  CallStamp stamp_ = 0;
+  bool drop_ = false, corrupt_ = false;  // fault injection
 };
 
 }  // namespace tutti

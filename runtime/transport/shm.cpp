@@ -29,6 +29,12 @@ void init_fifo(void* at, const FifoLayout& layout, bool cma_ok) {
 
 namespace {
 
+// 24 bits of a hash of every other word of the header (the sequence word is written separately).
+uint32_t check_of(const SlotHeader& h) {
+  return static_cast<uint32_t>(header_hash({h.message_bytes, h.offset, h.fragment_bytes, h.source_address,
+                                            h.segment_bytes, h.stamp | uint64_t(h.mode) << 32}) >> 40);
+}
+
 constexpr uint64_t kProbeValue = 0x7475747469707262ull;
 volatile uint64_t g_probe_word = kProbeValue;
 
@@ -154,6 +160,13 @@ void populate(FifoControl* f, size_t bytes) {
 }
 }  // namespace
 
+SlotHeader ShmConnection::read_header(const unsigned char* s) const {
+  SlotHeader h;
+  std::memcpy(&h, s, sizeof(h));
+  if (h.check != check_of(h)) corrupt_header("shared-memory slot header");
+  return h;
+}
+
 bool ShmConnection::progress() {
   bool moved = false;
   // Slots are populated as deep as the largest message so far reaches (header included).
@@ -189,7 +202,15 @@ bool ShmConnection::progress_send() {
     }
     Op& op = sendq_[next_post_];
     unsigned char* s = slot(f, head_);
-    SlotHeader h{op.bytes, op.offset, 0, 0, SlotMode::kInline, 0, 0};
+    if (drop_) {  // TUTTI_FAULT=drop: complete it unsent
+      op.started = true;
+      op.offset = op.bytes;
+      op.aux = UINT64_MAX;
+      ++next_post_;
+      moved = true;
+      continue;
+    }
+    SlotHeader h{op.bytes, op.offset, 0, 0, 0, op.stamp, SlotMode::kInline, 0, 0};
     SharedBufferRef shared;
     if (!op.started && op.bytes > 0 && op.bytes >= ep_.zero_copy_threshold) {
       if (ep_.same_process) {
@@ -217,6 +238,8 @@ bool ShmConnection::progress_send() {
       op.aux = UINT64_MAX;
     }
     op.started = true;
+    h.check = check_of(h);
+    if (corrupt_) h.message_bytes ^= 1ull << 3, corrupt_ = false;  // TUTTI_FAULT=corrupt
     std::memcpy(s, &h, offsetof(SlotHeader, seq));
     std::atomic_ref<uint64_t>(reinterpret_cast<SlotHeader*>(s)->seq).store(head_ + 1, std::memory_order_release);
     f->head.store(++head_, std::memory_order_release);
@@ -290,16 +313,14 @@ bool ShmConnection::pull_ahead() {
   head_seen_ = f->head.load(std::memory_order_acquire);
   uint64_t last_cma = UINT64_MAX;
   for (uint64_t k = tail_; k < head_seen_; ++k) {
-    SlotHeader h;
-    std::memcpy(&h, slot(f, k), sizeof(h));
+    SlotHeader h = read_header(slot(f, k));
     if (h.mode != SlotMode::kInline) last_cma = k;
   }
   if (last_cma == UINT64_MAX) return false;
   // Messages are published whole and in order, so every slot up to the descriptor completes a message.
   while (tail_ <= last_cma) {
     unsigned char* s = slot(f, tail_);
-    SlotHeader h;
-    std::memcpy(&h, s, sizeof(h));
+    SlotHeader h = read_header(s);
     if (h.offset == 0) {
       partial_.assign(h.message_bytes, 0);
       partial_filled_ = 0;
@@ -314,7 +335,7 @@ bool ShmConnection::pull_ahead() {
       f->tail.store(++tail_, std::memory_order_release);
     }
     ring(*ep_.peer_bell);
-    if (h.offset + h.fragment_bytes == h.message_bytes) early_.push_back(std::move(partial_));
+    if (h.offset + h.fragment_bytes == h.message_bytes) early_.push_back({std::move(partial_), h.stamp});
   }
   return true;
 }
@@ -324,7 +345,8 @@ bool ShmConnection::progress_recv() {
   bool moved = false;
   while (!recvq_.empty() && !early_.empty()) {
     Op& op = recvq_.front();
-    std::vector<unsigned char>& m = early_.front();
+    std::vector<unsigned char>& m = early_.front().bytes;
+    if (early_.front().stamp != op.stamp) stamp_mismatch(early_.front().stamp, op.stamp);
     if (m.size() != op.bytes)
       throw RemoteError(fmt::format("{}: message size mismatch: the peer sent {} bytes, the receive was posted for {}",
                                     where(), m.size(), op.bytes));
@@ -343,8 +365,8 @@ bool ShmConnection::progress_recv() {
     }
     Op& op = recvq_.front();
     unsigned char* s = slot(f, tail_);
-    SlotHeader h;
-    std::memcpy(&h, s, sizeof(h));
+    SlotHeader h = read_header(s);
+    if (h.offset == 0 && h.stamp != op.stamp) stamp_mismatch(h.stamp, op.stamp);
     if (h.message_bytes != op.bytes)
       throw RemoteError(fmt::format("{}: message size mismatch: the peer sent {} bytes, the receive was posted for {}",
                                     where(), h.message_bytes, op.bytes));

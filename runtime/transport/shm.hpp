@@ -54,7 +54,7 @@ struct alignas(64) FifoControl {
 };
 
 // How a slot carries its fragment.
-enum class SlotMode : uint64_t {
+enum class SlotMode : uint32_t {
   kInline = 0,   // the bytes follow the header
   kAddress = 1,  // single copy: source_address is the sender's buffer (process_vm_readv, or memcpy in-process)
   kSegment = 2,  // zero copy: source_address is an offset into the named segment that follows the header
@@ -65,8 +65,10 @@ struct SlotHeader {
   uint64_t offset;         // where this fragment goes
   uint64_t fragment_bytes;
   uint64_t source_address;  // kAddress: sender's address; kSegment: offset in the segment
-  SlotMode mode;
-  uint64_t segment_bytes;  // kSegment: size of the segment, whose name follows the header
+  uint64_t segment_bytes;   // kSegment: size of the segment, whose name follows the header
+  CallStamp stamp;          // the call the message belongs to (runtime/call_stamp.hpp)
+  SlotMode mode : 8;
+  uint32_t check : 24;      // of the words above (check_of): a damaged header is an error
   // Written last (release): k + 1 for the k-th slot ever published. The receiver polls this word
   // in the slot itself rather than the FIFO's head, so a small message costs the receiver one cache
   // miss (header and payload share the line), not two dependent ones.
@@ -120,6 +122,8 @@ class ShmConnection : public Connection {
   bool progress_send();
   bool progress_recv();
   bool pull_ahead();
+  // Reads slot `index`'s header and checks its checksum.
+  SlotHeader read_header(const unsigned char* slot) const;
   unsigned char* slot(FifoControl* f, uint64_t index) const;
   void copy_from_peer(unsigned char* dst, uint64_t src, size_t bytes);
   // Where this process can read a by-reference fragment in place, or nullptr (cross-process
@@ -135,8 +139,12 @@ class ShmConnection : public Connection {
   uint64_t tail_ = 0, head_seen_ = 0;  // receiver side
   uint64_t cma_posted_ = 0;
   size_t next_post_ = 0;  // index into sendq_ of the first message not fully posted
-  std::deque<std::vector<unsigned char>> early_;  // messages taken before their receive was posted
-  std::vector<unsigned char> partial_;            // an early message still being assembled
+  struct Early {
+    std::vector<unsigned char> bytes;
+    CallStamp stamp;
+  };
+  std::deque<Early> early_;             // messages taken before their receive was posted
+  std::vector<unsigned char> partial_;  // an early message still being assembled
   size_t partial_filled_ = 0;
   std::vector<unsigned char> bounce_;  // single-copy data for a reducing receive
   std::map<std::string, ShmSegment> mapped_;  // peers' segments seen in kSegment slots (kept mapped)

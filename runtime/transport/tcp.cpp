@@ -80,16 +80,26 @@ void TcpConnection::plan(Message& m, unsigned char* data, bool send) {
   }
 }
 
+uint32_t TcpConnection::check_of(const Header& h) {
+  return static_cast<uint32_t>(header_hash({h.magic, h.bytes, h.stamp, h.unused}) >> 32);
+}
+
 void TcpConnection::finish_segment(bool send, const Segment& s) {
   auto& msgs = send ? send_messages_ : recv_messages_;
   Message& m = msgs[s.ticket - msgs.front().ticket];
-  if (s.header && !send && (m.header.magic != kHeaderMagic || m.header.bytes != m.bytes)) {
-    if (m.header.magic != kHeaderMagic)
-      throw RemoteError(fmt::format("{}: malformed TCP message header (bad magic)", where()));
-    throw RemoteError(fmt::format("{}: message size mismatch: the peer sent {} bytes, the receive was posted for {}",
-                                  where(), m.header.bytes, m.bytes));
+  if (s.header && !send) {
+    const Header& h = m.header;
+    if (h.magic != kHeaderMagic || h.check != check_of(h)) corrupt_header("TCP message header");
+    if (h.stamp != m.stamp) stamp_mismatch(h.stamp, m.stamp);
+    if (h.bytes != m.bytes)
+      throw RemoteError(fmt::format("{}: message size mismatch: the peer sent {} bytes, the receive was posted for {}",
+                                    where(), h.bytes, m.bytes));
   }
   --m.segments_left;
+}
+
+void TcpConnection::sever() {
+  for (auto& s : sockets_) ::shutdown(s.get(), SHUT_RDWR);
 }
 
 bool TcpConnection::progress() {
@@ -97,12 +107,16 @@ bool TcpConnection::progress() {
   // Split newly posted operations into segments.
   for (; send_planned_ < sendq_.size(); ++send_planned_) {
     Op& op = sendq_[send_planned_];
-    send_messages_.push_back({op.ticket, 0, {kHeaderMagic, 0, op.bytes}, op.bytes, {}});
-    plan(send_messages_.back(), op.data, true);
+    send_messages_.push_back({op.ticket, 0, {kHeaderMagic, 0, op.bytes, op.stamp, 0}, op.bytes, op.stamp, {}});
+    Message& m = send_messages_.back();
+    m.header.check = check_of(m.header);
+    if (corrupt_) m.header.bytes ^= 1ull << 3, corrupt_ = false;  // TUTTI_FAULT=corrupt
+    if (drop_) continue;  // TUTTI_FAULT=drop: no segments, so it completes unsent
+    plan(m, op.data, true);
   }
   for (; recv_planned_ < recvq_.size(); ++recv_planned_) {
     Op& op = recvq_[recv_planned_];
-    recv_messages_.push_back({op.ticket, 0, {0, 0, 0}, op.bytes, {}});
+    recv_messages_.push_back({op.ticket, 0, {0, 0, 0, 0, 0}, op.bytes, op.stamp, {}});
     Message& m = recv_messages_.back();
     if (op.reduce) m.temp.resize(op.bytes);
     plan(m, op.reduce ? m.temp.data() : op.data, false);

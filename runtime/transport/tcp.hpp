@@ -23,16 +23,21 @@ class TcpConnection : public Connection {
   const TransportInfo& transport() const override;
   bool progress() override;
   void poll_fds(std::vector<pollfd>& fds) const override;
+  void sever() override;
 
  protected:
   void rebase(Op& op, const unsigned char* old) override;
 
  private:
+  // Every message starts with one. `check` covers the other words (runtime/call_stamp.hpp).
   struct Header {
     uint32_t magic;
-    uint32_t reserved;
+    uint32_t check;
     uint64_t bytes;
+    CallStamp stamp;
+    uint32_t unused;
   };
+  static uint32_t check_of(const Header& h);
   struct Segment {
     unsigned char* data;
     size_t bytes;
@@ -45,6 +50,7 @@ class TcpConnection : public Connection {
     int segments_left;
     Header header;  // the send's header, or the received one
     size_t bytes;
+    CallStamp stamp;                  // a receive's: the stamp its message must carry
     std::vector<unsigned char> temp;  // a reducing receive lands here, then is reduced into place
   };
   // Splits a message into per-socket segments.

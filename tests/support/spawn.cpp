@@ -1,6 +1,7 @@
 #include "tests/support/spawn.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -54,7 +55,14 @@ std::vector<ProcessResult> spawn_ranks(const std::vector<std::string>& argv,
   }
   std::vector<ProcessResult> results(pids.size());
   for (size_t r = 0; r < pids.size(); ++r) {
-    waitpid(pids[r], &results[r].status, 0);
+    waitpid(pids[r], &results[r].status, WUNTRACED);
+    results[r].stopped = WIFSTOPPED(results[r].status);
+  }
+  for (size_t r = 0; r < pids.size(); ++r) {
+    if (results[r].stopped) {
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], &results[r].status, 0);
+    }
     std::ifstream in(logs[r]);
     std::stringstream ss;
     ss << in.rdbuf();

@@ -11,12 +11,14 @@ namespace tutti::test_support {
 struct ProcessResult {
   int status = 0;  // raw waitpid status
   std::string output;
+  bool stopped = false;  // it stopped (SIGSTOP) and was killed once every other rank had ended
   bool exited(int code) const;
   bool killed_by(int sig) const;
 };
 
 // Runs argv once per rank with extra environment per rank; waits for all (no time limit here: the
-// CTest timeout bounds a hang). Output is stdout+stderr of each process.
+// CTest timeout bounds a hang). Output is stdout+stderr of each process. A rank that stops itself
+// (TUTTI_FAULT=stop) is killed with SIGKILL once every other rank has exited.
 std::vector<ProcessResult> spawn_ranks(const std::vector<std::string>& argv,
                                        const std::vector<std::map<std::string, std::string>>& envs);
 

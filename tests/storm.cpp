@@ -1,0 +1,318 @@
+// tutti-storm: a collective storm. Every rank draws the same random sequence of calls from a fixed
+// seed and issues them on three communicators at once: the world, a split into even and odd ranks,
+// and a split with the ranks in reverse order. Calls are every collective (all-reduce, all-gather,
+// reduce-scatter, broadcast, reduce, all-to-all, a ring of sends and receives), every datatype and
+// op (premulsum too), counts from 0 to --max-bytes (odd counts, log-uniform sizes), in place and
+// out of place, roots at random, alone or several in one ncclGroupStart/End. Every result is
+// compared bit for bit with the reference (nccl-tests' data: small integers, so every reduction
+// order is exact).
+//
+//   tutti-storm [--calls K] [--seed S] [--max-bytes B] [--threads T]
+//
+// Under tutti-run every process runs T ranks as threads (default 1). Each rank prints one line,
+// "rank R: storm of K calls (seed S): W wrong, E failed"; the exit status is 0 only if every rank
+// of this process saw no wrong element and no failed call.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/include/nccl.h"
+#include "core/datatype.hpp"
+#include "core/reduce.hpp"
+
+using namespace tutti;
+
+namespace {
+
+enum class Coll { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kReduce, kAllToAll, kSendRecv };
+constexpr int kColls = 7;
+const char* const kNames[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv"};
+
+struct Options {
+  int calls = 60;
+  uint64_t seed = 1;
+  uint64_t max_bytes = 8 << 20;
+  int threads = 1;
+};
+
+// One call as every rank drew it. `root_draw` becomes a root of whichever communicator it runs on.
+struct Call {
+  Coll coll;
+  DataType type;
+  int op;  // 0 sum, 1 prod, 2 max, 3 min, 4 avg, 5 premulsum (by 2)
+  size_t count;
+  bool inplace;
+  uint64_t root_draw;
+  int comm;  // 0 world, 1 parity split, 2 reversed split
+  uint64_t salt;
+};
+
+// nccl-tests' kind of data: small integers, exact in every type under every reduction order.
+double value(DataType t, int op, int rank, size_t i, uint64_t salt) {
+  uint64_t h = ((i + salt) * 2654435761u + static_cast<uint64_t>(rank) * 40503u + 7) >> 7;
+  if (op == 1) return (h & 1) ? 1.0 : -1.0;
+  if (t == DataType::kFp8E4M3 || t == DataType::kFp8E5M2) return static_cast<double>(h % 3) - 1.0;
+  if (t == DataType::kUint8 || t == DataType::kUint32 || t == DataType::kUint64) return static_cast<double>(h % 11);
+  return static_cast<double>(h % 11) - 5.0;
+}
+
+Call draw(std::mt19937_64& rng, const Options& o, bool allow_p2p) {
+  Call c;
+  c.coll = static_cast<Coll>(rng() % (allow_p2p ? kColls : kColls - 1));
+  c.type = static_cast<DataType>(rng() % kNumDataTypes);
+  c.op = static_cast<int>(rng() % 6);
+  const size_t es = size_of(c.type);
+  if (rng() % 16 == 0) {
+    c.count = 0;
+  } else {
+    // Log-uniform bytes in [es, max_bytes], an odd count; the pieces of gathers and scatters are
+    // per rank, so their totals stay within max_bytes for up to 8 ranks.
+    double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    uint64_t bytes = static_cast<uint64_t>(std::exp(u * std::log(static_cast<double>(o.max_bytes) / es))) * es;
+    if (c.coll == Coll::kAllGather || c.coll == Coll::kReduceScatter || c.coll == Coll::kAllToAll) bytes /= 8;
+    c.count = std::max<size_t>(1, bytes / es) | 1;
+  }
+  c.inplace = (rng() & 1) && c.coll != Coll::kAllToAll && c.coll != Coll::kSendRecv;
+  c.root_draw = rng();
+  c.comm = static_cast<int>(rng() % 3);
+  c.salt = rng() % 1000;
+  return c;
+}
+
+#define STORM_CHECK(call)                                                                                          \
+  do {                                                                                                            \
+    ncclResult_t rc_ = (call);                                                                                    \
+    if (rc_ != ncclSuccess) throw std::runtime_error(std::string(#call) + ": " + ncclGetErrorString(rc_) + ": " + \
+                                                     ncclGetLastError(nullptr));                                 \
+  } while (0)
+
+class Rank {
+ public:
+  Rank(const Options& o, int rank, int nranks, ncclComm_t world) : o_(o), rank_(rank) {
+    comms_[0] = world;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    STORM_CHECK(ncclCommSplit(world, rank % 2, rank, &comms_[1], &cfg));
+    STORM_CHECK(ncclCommSplit(world, 0, nranks - rank, &comms_[2], &cfg));
+    for (auto& b : bufs_) {
+      b.send.assign(o.max_bytes + 64, 0);
+      b.recv.assign(o.max_bytes + 64, 0);
+    }
+  }
+  ~Rank() {
+    ncclCommDestroy(comms_[1]);
+    ncclCommDestroy(comms_[2]);
+  }
+
+  // Runs the whole sequence; returns the number of wrong elements and failed calls.
+  std::pair<long, long> run() {
+    std::mt19937_64 rng(o_.seed);
+    long wrong = 0, failed = 0;
+    for (int step = 0; step < o_.calls;) {
+      // Alone, or two or three collectives in one group on one communicator.
+      const int group = rng() % 4 == 0 ? 2 + static_cast<int>(rng() % 2) : 1;
+      std::vector<Call> calls;
+      for (int g = 0; g < group; ++g) {
+        calls.push_back(draw(rng, o_, group == 1));
+        calls.back().comm = calls.front().comm;
+      }
+      step += group;
+      try {
+        if (group > 1) STORM_CHECK(ncclGroupStart());
+        for (int g = 0; g < group; ++g) issue(calls[g], bufs_[g]);
+        if (group > 1) STORM_CHECK(ncclGroupEnd());
+        // A premulsum op lives until the group that uses it has run.
+        for (auto& [op, comm] : premuls_) STORM_CHECK(ncclRedOpDestroy(op, comm));
+        premuls_.clear();
+        for (int g = 0; g < group; ++g) {
+          long w = check(calls[g], bufs_[g]);
+          if (w)
+            std::fprintf(stderr, "rank %d: %ld wrong in %s of %zu %s (op %d, %s, comm %d%s)\n", rank_, w,
+                         kNames[static_cast<int>(calls[g].coll)], calls[g].count,
+                         std::string(name(calls[g].type)).c_str(), calls[g].op,
+                         calls[g].inplace ? "in place" : "out of place", calls[g].comm, group > 1 ? ", grouped" : "");
+          wrong += w;
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: call %d failed: %s\n", rank_, step, e.what());
+        ++failed;
+        break;  // the communicators may be unusable now; the exit status reports it
+      }
+    }
+    return {wrong, failed};
+  }
+
+ private:
+  struct Buffers {
+    std::vector<unsigned char> send, recv;
+    std::vector<unsigned char> expect;
+    unsigned char *sb = nullptr, *rb = nullptr;
+    size_t out_elems = 0;
+    bool meaningful = true;
+  };
+
+  void issue(const Call& c, Buffers& b) {
+    ncclComm_t comm = comms_[c.comm];
+    int n = 0, me = 0;
+    STORM_CHECK(ncclCommCount(comm, &n));
+    STORM_CHECK(ncclCommUserRank(comm, &me));
+    const size_t es = size_of(c.type), count = c.count;
+    const int root = static_cast<int>(c.root_draw % static_cast<uint64_t>(n));
+    const auto t = static_cast<ncclDataType_t>(c.type);
+    size_t in_elems = count, out_elems = count;
+    if (c.coll == Coll::kAllGather || c.coll == Coll::kAllToAll) out_elems = count * n;
+    if (c.coll == Coll::kReduceScatter || c.coll == Coll::kAllToAll) in_elems = count * n;
+    b.sb = b.send.data();
+    b.rb = b.recv.data();
+    if (c.inplace) {
+      if (c.coll == Coll::kAllGather) b.sb = b.rb + me * count * es;
+      else if (c.coll == Coll::kReduceScatter) b.sb = b.rb, b.rb = b.rb + me * count * es;
+      else b.sb = b.rb;
+    }
+    for (size_t i = 0; i < in_elems; ++i) store_value(c.type, b.sb + i * es, value(c.type, c.op, me, i, c.salt));
+    // The reference, before the call (in-place calls overwrite the input).
+    b.out_elems = out_elems;
+    b.meaningful = !(c.coll == Coll::kReduce && me != root);
+    b.expect.assign(std::max<size_t>(out_elems, 1) * es, 0);
+    const double scale = c.op == 5 ? 2 : 1;
+    for (size_t i = 0; i < out_elems; ++i) {
+      double v = 0;
+      switch (c.coll) {
+        case Coll::kAllReduce:
+        case Coll::kReduce:
+        case Coll::kReduceScatter: {
+          size_t src = c.coll == Coll::kReduceScatter ? me * count + i : i;
+          v = value(c.type, c.op, 0, src, c.salt) * scale;
+          for (int q = 1; q < n; ++q) {
+            double x = value(c.type, c.op, q, src, c.salt) * scale;
+            if (c.op == 1) v *= x;
+            else if (c.op == 2) v = std::max(v, x);
+            else if (c.op == 3) v = std::min(v, x);
+            else v += x;
+          }
+          break;
+        }
+        case Coll::kAllGather: v = value(c.type, c.op, static_cast<int>(i / count), i % count, c.salt); break;
+        case Coll::kBroadcast: v = value(c.type, c.op, root, i, c.salt); break;
+        case Coll::kAllToAll:
+          v = value(c.type, c.op, static_cast<int>(i / count), me * count + i % count, c.salt);
+          break;
+        case Coll::kSendRecv: v = value(c.type, c.op, (me + n - 1) % n, i, c.salt); break;
+      }
+      store_value(c.type, b.expect.data() + i * es, v);
+    }
+    const bool reduces = c.coll == Coll::kAllReduce || c.coll == Coll::kReduce || c.coll == Coll::kReduceScatter;
+    if (reduces && c.op == 4) divide(c.type, b.expect.data(), b.expect.data(), static_cast<uint64_t>(n), out_elems);
+    ncclRedOp_t op = static_cast<ncclRedOp_t>(std::min(c.op, 4));
+    ncclRedOp_t premul{};
+    if (reduces && c.op == 5) {
+      unsigned char two[8] = {};
+      store_value(c.type, two, 2.0);
+      STORM_CHECK(ncclRedOpCreatePreMulSum(&premul, two, t, ncclScalarHostImmediate, comm));
+      op = premul;
+    }
+    switch (c.coll) {
+      case Coll::kAllReduce: STORM_CHECK(ncclAllReduce(b.sb, b.rb, count, t, op, comm, nullptr)); break;
+      case Coll::kAllGather: STORM_CHECK(ncclAllGather(b.sb, b.rb, count, t, comm, nullptr)); break;
+      case Coll::kReduceScatter: STORM_CHECK(ncclReduceScatter(b.sb, b.rb, count, t, op, comm, nullptr)); break;
+      case Coll::kBroadcast: STORM_CHECK(ncclBroadcast(b.sb, b.rb, count, t, root, comm, nullptr)); break;
+      case Coll::kReduce: STORM_CHECK(ncclReduce(b.sb, b.rb, count, t, op, root, comm, nullptr)); break;
+      case Coll::kAllToAll: STORM_CHECK(ncclAlltoAll(b.sb, b.rb, count, t, comm, nullptr)); break;
+      case Coll::kSendRecv:
+        STORM_CHECK(ncclGroupStart());
+        STORM_CHECK(ncclSend(b.sb, count, t, (me + 1) % n, comm, nullptr));
+        STORM_CHECK(ncclRecv(b.rb, count, t, (me + n - 1) % n, comm, nullptr));
+        STORM_CHECK(ncclGroupEnd());
+        break;
+    }
+    if (reduces && c.op == 5) premuls_.push_back({premul, comm});
+  }
+
+  long check(const Call& c, const Buffers& b) {
+    if (!b.meaningful) return 0;
+    const size_t es = size_of(c.type);
+    checked_bytes_ += b.out_elems * es;
+    long wrong = 0;
+    for (size_t i = 0; i < b.out_elems; ++i)
+      if (std::memcmp(b.rb + i * es, b.expect.data() + i * es, es) != 0) ++wrong;
+    return wrong;
+  }
+
+  const Options& o_;
+  int rank_;
+  ncclComm_t comms_[3] = {};
+  Buffers bufs_[3];
+  std::vector<std::pair<ncclRedOp_t, ncclComm_t>> premuls_;
+
+ public:
+  uint64_t checked_bytes_ = 0;  // of results compared with the reference
+};
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--calls") o.calls = std::atoi(argv[i + 1]);
+    else if (a == "--seed") o.seed = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--max-bytes") o.max_bytes = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--threads") o.threads = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "usage: tutti-storm [--calls K] [--seed S] [--max-bytes B] [--threads T]\n");
+      return 2;
+    }
+  }
+  const int proc = env_int("TUTTI_RANK", 0), procs = env_int("TUTTI_SIZE", 1);
+  const int nranks = procs * o.threads;
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess) {
+    std::fprintf(stderr, "tutti-storm: ncclGetUniqueId failed: %s\n", ncclGetLastError(nullptr));
+    return 1;
+  }
+  std::mutex print;
+  std::vector<int> bad(o.threads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < o.threads; ++t)
+    threads.emplace_back([&, t] {
+      const int rank = proc * o.threads + t;
+      ncclComm_t world = nullptr;
+      try {
+        STORM_CHECK(ncclCommInitRank(&world, nranks, id, rank));
+        long wrong = 0, failed = 0;
+        uint64_t checked = 0;
+        {
+          Rank r(o, rank, nranks, world);
+          std::tie(wrong, failed) = r.run();
+          checked = r.checked_bytes_;
+        }
+        std::lock_guard lock(print);
+        std::printf("rank %d: storm of %d calls (seed %llu, %d ranks, %.1f MiB of results checked): %ld wrong, %ld "
+                    "failed\n",
+                    rank, o.calls, static_cast<unsigned long long>(o.seed), nranks, checked / 1048576.0, wrong, failed);
+        bad[t] = wrong || failed;
+      } catch (const std::exception& e) {
+        std::lock_guard lock(print);
+        std::printf("rank %d: %s\n", rank, e.what());
+        bad[t] = 1;
+      }
+      if (world) ncclCommDestroy(world);
+    });
+  for (auto& th : threads) th.join();
+  std::fflush(stdout);
+  return std::count(bad.begin(), bad.end(), 1) ? 1 : 0;
+}
