@@ -549,6 +549,55 @@ TEST(NcclApi, MismatchedSmallCallsAreCaughtWithoutTuttiCheck) {
   }
 }
 
+// Without the mailbox every call runs a plan, and every message carries the call it belongs to
+// (runtime/call_stamp.hpp): mismatched calls fail on their first message, on both ranks, naming
+// both calls, over shared memory and TCP, and no rank reports success with another call's data.
+TEST(NcclApi, MismatchedPlanCallsFailOnTheFirstMessage) {
+  struct Case {
+    const char* what;
+    std::function<ncclResult_t(int, ncclComm_t, float*)> call;
+    const char* fragment;
+  };
+  const size_t n = 4096;  // op and datatype: the same bytes on both ranks, so only the stamp can tell
+  const std::vector<Case> cases = {
+      {"op",
+       [n](int r, ncclComm_t c, float* x) { return ncclAllReduce(x, x, n, ncclFloat, r == 0 ? ncclSum : ncclMax, c, nullptr); },
+       "all_reduce of float (max)"},
+      {"datatype",
+       [n](int r, ncclComm_t c, float* x) {
+         return ncclAllReduce(x, x, n, r == 0 ? ncclFloat : ncclInt32, ncclSum, c, nullptr);
+       },
+       "all_reduce of int32 (sum)"},
+      {"collective",
+       [n](int r, ncclComm_t c, float* x) {
+         return r == 0 ? ncclAllReduce(x, x, n, ncclFloat, ncclSum, c, nullptr)
+                       : ncclAllGather(x, x + n, n / 2, ncclFloat, c, nullptr);
+       },
+       "all_gather of float"},
+      // Roots are in the stamp too, but two ranks that each take themselves for the root of a
+      // 2-rank reduce both wait to receive: no message flows, so only TUTTI_CHECK (or the timeout,
+      // with its wait-for dump) finds that one.
+  };
+  for (const char* transport : {"shm", "tcp"})
+    for (const Case& k : cases) {
+      tutti::test_support::ScopedEnv env({{"TUTTI_MAILBOX_SIZE", "0"}, {"TUTTI_TRANSPORT", transport}, {"TUTTI_TIMEOUT", "60"}});
+      std::vector<ncclResult_t> results(2);
+      std::vector<std::string> errors(2);
+      on_ranks(2, [&](int r, ncclComm_t comm) {
+        std::vector<float> x(2 * n, 1.0f);
+        results[r] = k.call(r, comm, x.data());
+        errors[r] = ncclGetLastError(comm);
+      });
+      bool named = false;
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_NE(results[r], ncclSuccess) << transport << " " << k.what << " rank " << r;
+        named |= errors[r].find(k.fragment) != std::string::npos &&
+                 errors[r].find("every rank must make the same calls") != std::string::npos;
+      }
+      EXPECT_TRUE(named) << transport << " " << k.what << ": " << errors[0] << " | " << errors[1];
+    }
+}
+
 TEST(NcclApi, AbortDuringACollectiveUnblocksEveryRank) {
   const int n = 3;
   ncclUniqueId id;
