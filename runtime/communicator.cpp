@@ -217,6 +217,10 @@ Communicator::~Communicator() {
       TUTTI_WARN("rank {}: destroy could not flush: {}", rank(), e.what());
     }
   }
+  if (state_->interrupted())
+    for (auto& channel : connections_)
+      for (auto& c : channel)
+        if (c) c->withdraw();  // a peer may still be reading a failed call's buffers
   state_->clear_hooks();
   bootstrap_->shutdown();
   connections_.clear();

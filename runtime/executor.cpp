@@ -561,13 +561,20 @@ void run_host_p2p(Communicator& comm, const std::vector<P2pTransfer>& ops) {
                 self_recvs[i]->bytes);
     if (self_sends[i]->bytes) std::memmove(self_recvs[i]->buffer, self_sends[i]->buffer, self_sends[i]->bytes);
   }
-  comm.engine().wait(
-      [&] {
-        for (auto& p : posted)
-          if (p.send ? !p.c->send_done(p.t) : !p.c->recv_done(p.t)) return false;
-        return true;
-      },
-      [&] { return fmt::format("waiting for {} point-to-point operation(s) of a group", posted.size()); });
+  try {
+    comm.engine().wait(
+        [&] {
+          for (auto& p : posted)
+            if (p.send ? !p.c->send_done(p.t) : !p.c->recv_done(p.t)) return false;
+          return true;
+        },
+        [&] { return fmt::format("waiting for {} point-to-point operation(s) of a group", posted.size()); });
+  } catch (...) {
+    // The caller may free the buffers once this returns: no peer may read them any more.
+    for (auto& p : posted)
+      if (p.send) p.c->withdraw();
+    throw;
+  }
 }
 
 void check_call(const PreparedPlan& pp, int nranks, const ExecArgs& args) {
@@ -668,6 +675,16 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
                [&] { return machine.relieve(worker); });
   };
 
+  // A failed call must not return while a peer may still read this rank's buffers by reference:
+  // the caller may free them at once (Connection::withdraw).
+  struct Withdraw {
+    const std::vector<std::vector<Connection*>>& conns;
+    ~Withdraw() {
+      if (std::uncaught_exceptions() == 0) return;
+      for (const auto& worker_conns : conns)
+        for (Connection* c : worker_conns) c->withdraw();
+    }
+  } withdraw{conns};
   if (nworkers == 1) {
     work(0, comm_.engine());
     return;

@@ -112,6 +112,10 @@ class Connection {
   void drop_sends() { drop_ = true; }
   void corrupt_next_header() { corrupt_ = true; }
   virtual void sever() {}
+  // Called when this rank leaves a failed call (error, timeout, abort): once it returns, no peer
+  // reads this rank's memory by reference any more, so the caller may free its buffers. A read in
+  // progress finishes first; later ones fail on the reader. Waits only for reads already begun.
+  virtual void withdraw() {}
 
  protected:
   struct Op {

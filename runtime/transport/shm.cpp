@@ -1,5 +1,11 @@
 #include "runtime/transport/shm.hpp"
 
+#include <chrono>
+
+#include <sched.h>
+
+#include <signal.h>
+
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -22,6 +28,8 @@ void init_fifo(void* at, const FifoLayout& layout, bool cma_ok) {
   f->head.store(0);
   f->tail.store(0);
   f->cma_done.store(0);
+  f->reading.store(0);
+  f->withdrawn.store(0);
   f->cma_ok = cma_ok ? 1 : 0;
   f->slots = layout.slots;
   f->slot_size = layout.slot_size;
@@ -290,7 +298,35 @@ const unsigned char* ShmConnection::direct_source(const SlotHeader& h, const uns
   return static_cast<const unsigned char*>(it->second.data()) + h.source_address;
 }
 
+void ShmConnection::withdraw() {
+  // Only the sender's memory is read by reference, and only through our FIFO to the peer.
+  FifoControl* f = ep_.out;
+  f->withdrawn.store(1, std::memory_order_seq_cst);
+  // A read in progress is one memcpy or process_vm_readv: it ends soon, unless the reading process
+  // died in it (its flag then stays set), which the pid check sees.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (f->reading.load(std::memory_order_seq_cst) != 0) {
+    if (!ep_.same_process && ::kill(ep_.peer_pid, 0) != 0 && errno == ESRCH) return;
+    if (std::chrono::steady_clock::now() > give_up) {
+      TUTTI_WARN("{}: rank {} still reads this rank's buffer after 30 s; giving up waiting", where(), peer_);
+      return;
+    }
+    sched_yield();
+  }
+}
+
 void ShmConnection::take_reference(const SlotHeader& h, const unsigned char* s, const Op& op, unsigned char* to) {
+  // The sender may be leaving a failed call, after which its buffer can be freed: announce the read,
+  // then make sure the message was not withdrawn (FifoControl, "Withdrawal").
+  FifoControl* in = ep_.in;
+  in->reading.store(1, std::memory_order_seq_cst);
+  struct Done {
+    FifoControl* f;
+    ~Done() { f->reading.store(0, std::memory_order_release); }
+  } done{in};
+  if (in->withdrawn.load(std::memory_order_seq_cst) != 0)
+    throw RemoteError(fmt::format("{}: rank {} withdrew a {}-byte message before it was read (its call failed)",
+                                  where(), peer_, h.fragment_bytes));
   if (const unsigned char* src = direct_source(h, s)) {
     if (to) std::memcpy(to, src, h.fragment_bytes);
     else deliver(op, 0, src, h.fragment_bytes);

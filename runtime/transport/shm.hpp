@@ -48,6 +48,12 @@ struct alignas(64) FifoControl {
   alignas(64) std::atomic<uint64_t> head;      // slots published by the sender
   alignas(64) std::atomic<uint64_t> tail;      // slots released by the receiver
   alignas(64) std::atomic<uint64_t> cma_done;  // single-copy messages the receiver finished
+  // Withdrawal of by-reference messages (ShmConnection::withdraw): the receiver sets `reading`
+  // around every read of the sender's memory and checks `withdrawn` after setting it; a sender
+  // whose call failed sets `withdrawn`, then waits until `reading` is clear. Both sides seq_cst, so
+  // either the reader sees the withdrawal or the sender sees the read and waits for it to end.
+  alignas(64) std::atomic<uint32_t> reading;
+  std::atomic<uint32_t> withdrawn;
   alignas(64) uint32_t cma_ok;                 // receiver can read the sender's memory (set at setup)
   uint32_t slots;
   uint64_t slot_size;
@@ -113,6 +119,7 @@ class ShmConnection : public Connection {
   const TransportInfo& transport() const override;
   bool progress() override;
   bool relieve() override;
+  void withdraw() override;
 
  protected:
   // A single copy already announced reads the sender's buffer: it cannot move.
