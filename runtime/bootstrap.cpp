@@ -320,9 +320,12 @@ void Bootstrap::handle_frame(int peer, uint32_t type, uint64_t tag, std::vector<
       return;
     }
     case wire::FrameType::kGoodbye: {
-      std::lock_guard lock(state_->mutex());
-      mesh_[peer]->departed = true;
-      state_->cv().notify_all();
+      {
+        std::lock_guard lock(state_->mutex());
+        mesh_[peer]->departed = true;
+        state_->cv().notify_all();
+      }
+      state_->set_departed(peer);  // wakes data-plane waiters: the mailbox fails at once
       return;
     }
     case wire::FrameType::kAbortNotice: {

@@ -3,12 +3,22 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "core/log.hpp"
 
 namespace tutti {
 
 CommState::CommState(int rank, int nranks)
-    : rank_(rank), nranks_(nranks), event_fd_(TUTTI_SYSCALL(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), "eventfd()")) {}
+    : rank_(rank),
+      nranks_(nranks),
+      departed_(std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(std::max(nranks, 1)))),
+      event_fd_(TUTTI_SYSCALL(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), "eventfd()")) {}
+
+void CommState::set_departed(int peer) {
+  departed_[static_cast<size_t>(peer)].store(true, std::memory_order_release);
+  wake_all();
+}
 
 void CommState::fail(ErrorKind kind, const std::string& message, bool tell_peers) {
   {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -47,6 +48,11 @@ class CommState {
   std::string error_message() const;
   const std::atomic<bool>* abort_flag() const { return &aborted_; }
 
+  // A peer that left in order (destroyed its communicator: the bootstrap's goodbye). Waits that
+  // need that peer fail at once instead of at TUTTI_TIMEOUT.
+  void set_departed(int peer);
+  bool departed(int peer) const { return departed_[static_cast<size_t>(peer)].load(std::memory_order_acquire); }
+
   // Wakes futex sleepers (doorbell), poll() sleepers (event fd) and condition-variable sleepers.
   void wake_all();
   void set_doorbell(Doorbell* bell) { doorbell_ = bell; }
@@ -68,6 +74,7 @@ class CommState {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   Doorbell* doorbell_ = nullptr;
+  std::unique_ptr<std::atomic<bool>[]> departed_;
   // Each held while its hook runs, so clear_hooks() waits for it. Two: the service thread may tell
   // the peers of a failure while a worker's diagnosis waits for that thread to hear their answers.
   std::mutex tell_mutex_, diagnose_mutex_;

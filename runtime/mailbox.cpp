@@ -87,7 +87,20 @@ bool Mailbox::arrived() {
 
 void Mailbox::wait(const char* what) {
   if (arrived()) return;
-  engine_.wait([&] { return seen(); }, [&] {
+  engine_.wait(
+      [&] {
+        if (seen()) return true;
+        // A peer that destroyed its communicator will never publish: fail now, not at the timeout.
+        if (state_.departed(next_)) {
+          std::string message = fmt::format("rank {}: {} (one-shot mailbox call {}): rank {} left the communicator "
+                                            "(destroyed it) without making this call",
+                                            rank_, what, seq_, next_);
+          state_.fail(ErrorKind::kRemote, message);
+          throw RemoteError(message);
+        }
+        return false;
+      },
+      [&] {
     return fmt::format("rank {}: {} (one-shot mailbox call {}): waiting for rank {} to publish", rank_, what, seq_,
                        next_);
   });

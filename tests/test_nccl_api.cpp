@@ -598,6 +598,40 @@ TEST(NcclApi, MismatchedPlanCallsFailOnTheFirstMessage) {
     }
 }
 
+// A rank that skips a call and destroys its communicator: the one-shot path (a small all-reduce,
+// every rank on this host) fails at once with an error naming it, as the plan path does, instead
+// of waiting out TUTTI_TIMEOUT.
+TEST(NcclApi, OneShotCallFailsAtOnceWhenAPeerHasLeft) {
+  tutti::test_support::ScopedEnv env({{"TUTTI_TIMEOUT", "300"}});
+  const int n = 3;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<ncclComm_t> comms(n);
+  std::vector<std::thread> init;
+  for (int r = 0; r < n; ++r) init.emplace_back([&, r] { ASSERT_EQ(ncclCommInitRank(&comms[r], n, id, r), ncclSuccess); });
+  for (auto& t : init) t.join();
+  std::vector<ncclResult_t> results(n, ncclSuccess);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      if (r == 1) {
+        EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
+        return;
+      }
+      std::vector<float> x(64, 1.0f);
+      results[r] = ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat, ncclSum, comms[r], nullptr);
+      errors[r] = ncclGetLastError(comms[r]);
+    });
+  for (auto& t : threads) t.join();
+  for (int r : {0, 2}) {
+    EXPECT_NE(results[r], ncclSuccess) << "rank " << r;
+    EXPECT_NE(errors[r].find("rank 1 left the communicator"), std::string::npos) << errors[r];
+    EXPECT_EQ(errors[r].find("timed out"), std::string::npos) << errors[r];
+    ncclCommDestroy(comms[r]);
+  }
+}
+
 TEST(NcclApi, AbortDuringACollectiveUnblocksEveryRank) {
   const int n = 3;
   ncclUniqueId id;
