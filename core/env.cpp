@@ -19,7 +19,7 @@ constexpr Variable kVariables[] = {
     {"TUTTI_COMM_ID", "NCCL_COMM_ID", "",
      "Rendezvous address. host:port (rank 0 listens there) or the hex form of a unique id (set by tutti-run)."},
     {"TUTTI_COMM_SECRET", "", "",
-     "Shared secret for a host:port TUTTI_COMM_ID; without it the secret is derived from the address."},
+     "Shared secret for a host:port TUTTI_COMM_ID (required with one: a bare host:port is refused without it)."},
     {"TUTTI_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "",
      "Network interfaces to use, NCCL syntax: prefix list, ^ excludes, = exact match (e.g. eth0, ^docker, =veth1)."},
     {"TUTTI_RANK", "", "", "This process's rank (also read: OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID)."},

@@ -96,8 +96,15 @@ UniqueId UniqueId::parse(const std::string& text) {
     return id;
   }
   SocketAddress root = SocketAddress::parse(text);
+  // A host:port carries no secret, and one derived from the address is no secret at all (anyone
+  // who can reach the port can compute it and join as a rank), so it must come from outside.
   std::string secret = env::get_string("TUTTI_COMM_SECRET");
-  return make(root, fnv1a(secret.empty() ? "tutti:" + text : secret));
+  TUTTI_CHECK(!secret.empty(), InvalidArgument,
+              "comm id '{}' is a bare host:port, which carries no secret: set the same TUTTI_COMM_SECRET on every "
+              "rank (e.g. export TUTTI_COMM_SECRET=$(od -An -tx8 -N16 /dev/urandom | tr -d ' ')), or start the "
+              "ranks with tutti-run, whose ids carry a random secret (docs/SECURITY.md)",
+              text);
+  return make(root, fnv1a("tutti-secret:" + secret));
 }
 
 }  // namespace tutti

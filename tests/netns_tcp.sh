@@ -19,7 +19,7 @@ ip -n $b addr add 10.213.0.2/24 dev vethB$$
 ip -n $a link set vethA$$ up; ip -n $a link set lo up
 ip -n $b link set vethB$$ up; ip -n $b link set lo up
 set +e
-common="TUTTI_SIZE=2 NCCL_COMM_ID=10.213.0.1:29517 TUTTI_TRANSPORT=tcp TUTTI_INIT_TIMEOUT=60"
+common="TUTTI_SIZE=2 TUTTI_COMM_SECRET=netns NCCL_COMM_ID=10.213.0.1:29517 TUTTI_TRANSPORT=tcp TUTTI_INIT_TIMEOUT=60"
 ip netns exec $a env $common TUTTI_RANK=0 NCCL_SOCKET_IFNAME=vethA $bin exchange 8388608 > /tmp/netns-$$-0.log 2>&1 &
 p0=$!
 ip netns exec $b env $common TUTTI_RANK=1 NCCL_SOCKET_IFNAME=vethB $bin exchange 8388608 > /tmp/netns-$$-1.log 2>&1 &
@@ -32,7 +32,7 @@ echo "netns TCP exchange ok"
 # Two hosts: rank 1 in an IPC namespace of its own shares no memory with rank 0 (another host hash),
 # so the world topology merged through the bootstrap has two hosts joined over the network.
 if ! unshare --ipc true 2>/dev/null; then echo "skipped the two-host topology: unshare --ipc is not allowed"; exit 0; fi
-common="TUTTI_SIZE=2 NCCL_COMM_ID=10.213.0.1:29518 TUTTI_INIT_TIMEOUT=60"
+common="TUTTI_SIZE=2 TUTTI_COMM_SECRET=netns NCCL_COMM_ID=10.213.0.1:29518 TUTTI_INIT_TIMEOUT=60"
 ip netns exec $a env $common TUTTI_RANK=0 NCCL_SOCKET_IFNAME=vethA $bin world 2 > /tmp/netns-$$-0.log 2>&1 &
 p0=$!
 ip netns exec $b unshare --ipc env $common TUTTI_RANK=1 NCCL_SOCKET_IFNAME=vethB $bin world 2 > /tmp/netns-$$-1.log 2>&1 &

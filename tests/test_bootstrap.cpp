@@ -213,13 +213,19 @@ TEST(Processes, OpenMpiAndSlurmRankVariablesWithNcclCommId) {
   std::string comm_id = "127.0.0.1:" + std::to_string(free_port());
   std::vector<std::map<std::string, std::string>> ompi, slurm;
   for (int r = 0; r < 3; ++r) {
-    ompi.push_back({{"OMPI_COMM_WORLD_RANK", std::to_string(r)}, {"OMPI_COMM_WORLD_SIZE", "3"}, {"NCCL_COMM_ID", comm_id}});
+    ompi.push_back({{"OMPI_COMM_WORLD_RANK", std::to_string(r)},
+                    {"OMPI_COMM_WORLD_SIZE", "3"},
+                    {"NCCL_COMM_ID", comm_id},
+                    {"TUTTI_COMM_SECRET", "ompi-test"}});
   }
   for (auto& res : test_support::spawn_ranks({rank_binary(), "exchange", "65536"}, ompi))
     EXPECT_TRUE(res.exited(0)) << res.output;
   comm_id = "127.0.0.1:" + std::to_string(free_port());
   for (int r = 0; r < 2; ++r)
-    slurm.push_back({{"SLURM_PROCID", std::to_string(r)}, {"SLURM_NTASKS", "2"}, {"NCCL_COMM_ID", comm_id}});
+    slurm.push_back({{"SLURM_PROCID", std::to_string(r)},
+                     {"SLURM_NTASKS", "2"},
+                     {"NCCL_COMM_ID", comm_id},
+                     {"TUTTI_COMM_SECRET", "slurm-test"}});
   for (auto& res : test_support::spawn_ranks({rank_binary(), "exchange", "65536"}, slurm))
     EXPECT_TRUE(res.exited(0)) << res.output;
 }

@@ -166,7 +166,7 @@ constexpr const char* kUsage =
     "COLL: all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv (allreduce... accepted)\n"
     "Flags follow nccl-tests' (any order, before or after COLL); -g, -m, -p are accepted and ignored.\n"
     "Ranks: -t threads per process; processes from tutti-run, mpirun or srun (set NCCL_COMM_ID=host:port\n"
-    "under mpirun/srun so they can meet).\n";
+    "and the same TUTTI_COMM_SECRET under mpirun/srun so they can meet).\n";
 
 [[noreturn]] void usage(const std::string& msg) {
   std::fprintf(stderr, "tutti-perf: %s\n%s", msg.c_str(), kUsage);
@@ -275,7 +275,7 @@ std::pair<int, int> process_rank_and_count() {
   if (procs > 1 && !std::getenv("TUTTI_COMM_ID") && !std::getenv("NCCL_COMM_ID")) {
     std::fprintf(stderr,
                  "tutti-perf: rank %d of %d processes (from the launcher's environment), but no rendezvous address: "
-                 "set NCCL_COMM_ID=host:port for every process, or start them with tutti-run\n",
+                 "set NCCL_COMM_ID=host:port and TUTTI_COMM_SECRET for every process, or start them with tutti-run\n",
                  proc, procs);
     std::exit(2);
   }
