@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -55,9 +56,18 @@ ShmSegment::Mapping::~Mapping() {
 
 ShmSegment ShmSegment::create(const std::string& what, size_t bytes) {
   ShmSegment s;
-  s.name_ = fmt::format("/tutti-{}-{}-{}", getpid(), g_counter.fetch_add(1), what);
-  int fd = shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) throw_system_error(fmt::format("shm_open({})", s.name_));
+  // Owner-only, never reused, and named with 64 random bits: another user on the host can neither
+  // guess a name to create it first (which would make this rank fail or, worse, use their memory)
+  // nor open it. The pid stays first so sweep_stale_segments() can tell whose it was.
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    uint64_t nonce = 0;
+    if (getrandom(&nonce, sizeof(nonce), 0) != static_cast<ssize_t>(sizeof(nonce)))
+      throw_system_error("getrandom() for a shared segment name");
+    s.name_ = fmt::format("/tutti-{}-{:016x}-{}-{}", getpid(), nonce, g_counter.fetch_add(1), what);
+    fd = shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 && (errno != EEXIST || attempt == 3)) throw_system_error(fmt::format("shm_open({})", s.name_));
+  }
   s.owner_ = true;
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     int err = errno;
@@ -82,17 +92,23 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
   ShmSegment s;
   s.name_ = name;
   if ((s.mapping_ = recall(name, bytes))) return s;  // a rank of this process made it
-  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) throw_system_error(fmt::format("shm_open({}) of a peer's segment", name));
-  if (bytes == 0) {
-    struct stat st {};
-    if (fstat(fd, &st) != 0) {
-      int err = errno;
-      ::close(fd);
-      throw SystemError(fmt::format("fstat of a peer's segment {}", name), err);
-    }
-    bytes = static_cast<size_t>(st.st_size);
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw SystemError(fmt::format("fstat of a peer's segment {}", name), err);
   }
+  // A peer of this job runs as this user and makes its segments owner-only: anything else was made
+  // by someone else under the name a peer announced.
+  if (st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+    ::close(fd);
+    throw RemoteError(fmt::format("shared segment {} is owned by uid {} with mode {:o}, not by this user (uid {}) "
+                                  "with mode 600: refusing a segment this job did not create",
+                                  name, st.st_uid, st.st_mode & 0777, geteuid()));
+  }
+  if (bytes == 0) bytes = static_cast<size_t>(st.st_size);
   try {
     s.mapping_ = map(fd, bytes, name);
   } catch (...) {

@@ -3,11 +3,16 @@
 // through tutti-test-rank under tutti-run (see CMakeLists.txt).
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <exception>
 #include <thread>
 
+#include "core/error.hpp"
+#include "runtime/shm_segment.hpp"
 #include "runtime/transport/shm.hpp"
 #include "tests/support/exchange.hpp"
 
@@ -150,3 +155,45 @@ TEST(Transport, SingleCopyProbeDetectsForbiddenReads) {
   EXPECT_FALSE(probe_single_copy(0x3fffffff, reinterpret_cast<uint64_t>(&word), word));     // no such process
 }
 }  // namespace
+
+namespace tutti {
+namespace {
+
+// Shared segments: owner-only, named with random bits (another user can neither guess nor
+// pre-create one), and a segment that is not this user's with mode 600 is refused on open.
+TEST(SharedSegments, AreOwnerOnlyUnguessableAndForeignOnesAreRefused) {
+  ShmSegment a = ShmSegment::create("test", 4096), b = ShmSegment::create("test", 4096);
+  struct stat st {};
+  ASSERT_EQ(::stat(("/dev/shm" + a.name()).c_str(), &st), 0) << a.name();
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_uid, geteuid());
+  // /tutti-PID-RANDOM-COUNTER-what: 16 hex digits of randomness, different for every segment.
+  auto nonce = [](const std::string& name) { return name.substr(name.find('-', 7) + 1, 16); };
+  EXPECT_EQ(nonce(a.name()).find_first_not_of("0123456789abcdef"), std::string::npos) << a.name();
+  EXPECT_NE(nonce(a.name()), nonce(b.name()));
+
+  const std::string foreign = "/tutti-" + std::to_string(getpid()) + "-foreign-test";
+  int fd = shm_open(foreign.c_str(), O_CREAT | O_EXCL | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fchmod(fd, 0644), 0);  // past the umask: readable by others
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  auto refused = [&] {
+    try {
+      ShmSegment::open(foreign, 4096);
+    } catch (const RemoteError& e) {
+      return std::string(e.what());
+    }
+    return std::string("opened");
+  };
+  EXPECT_NE(refused().find("refusing a segment this job did not create"), std::string::npos) << refused();
+  if (geteuid() == 0) {  // CI runs as root: a segment of another user, mode 600
+    ASSERT_EQ(fchmod(fd, 0600), 0);
+    ASSERT_EQ(fchown(fd, 65534, 65534), 0);
+    EXPECT_NE(refused().find("owned by uid 65534"), std::string::npos) << refused();
+  }
+  ::close(fd);
+  shm_unlink(foreign.c_str());
+}
+
+}  // namespace
+}  // namespace tutti
