@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(cmake ninja-build g++ make pkg-config libfmt-dev libhwloc-dev libhwy-dev nlohmann-json3-dev
           libopenblas-dev zlib1g-dev jargon-text gnuplot-nox
           libpugixml-dev libcli11-dev libibverbs-dev libgtest-dev libgmock-dev libbenchmark-dev iproute2
-          clang-14 libclang-rt-14-dev)
+          clang-14 libclang-rt-14-dev libssl-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

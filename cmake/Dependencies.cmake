@@ -43,3 +43,4 @@ endif()
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(ZLIB REQUIRED)
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)  # HMAC-SHA256 for the bootstrap's challenge-response

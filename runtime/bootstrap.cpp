@@ -13,11 +13,32 @@
 #include <list>
 
 #include "core/log.hpp"
+#include "runtime/auth.hpp"
 #include "runtime/rendezvous.hpp"
 #include "runtime/wire.hpp"
 
 namespace tutti {
 namespace {
+
+constexpr std::string_view kMeshPurpose = "tutti mesh hello";
+constexpr std::string_view kTcpPurpose = "tutti tcp hello";
+
+// Connects as `rank` to a listener: answers its challenge with a hello of `type` whose MAC proves
+// the secret over the challenge and `fields`.
+void send_hello(int fd, uint64_t secret, wire::FrameType type, const std::vector<unsigned char>& fields,
+                Deadline deadline, const std::string& what) {
+  const auth::Nonce challenge = auth::recv_challenge(fd, deadline, what);
+  const auth::Mac proof = auth::mac(secret, type == wire::FrameType::kMeshHello ? kMeshPurpose : kTcpPurpose, challenge,
+                                    fields.data(), fields.size());
+  std::vector<unsigned char> hello(proof.size() + fields.size());
+  std::memcpy(hello.data(), proof.data(), proof.size());
+  if (!fields.empty()) std::memcpy(hello.data() + proof.size(), fields.data(), fields.size());
+  wire::FrameHeader h;
+  h.type = static_cast<uint32_t>(type);
+  h.length = hello.size();
+  send_exact(fd, &h, sizeof(h), deadline, what);
+  send_exact(fd, hello.data(), hello.size(), deadline, what);
+}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -114,12 +135,8 @@ void Bootstrap::establish(const UniqueId& id, uint64_t generation, PeerInfo self
   for (int peer = rank + 1; peer < n; ++peer) {
     Fd fd = connect_with_retry(peers_[peer].listen, deadline, state_->abort_flag(), describe(peer));
     wire::Writer w;
-    w.put<uint64_t>(secret_).put<int32_t>(rank);
-    wire::FrameHeader h;
-    h.type = static_cast<uint32_t>(wire::FrameType::kMeshHello);
-    h.length = w.bytes().size();
-    send_exact(fd.get(), &h, sizeof(h), deadline, describe(peer));
-    send_exact(fd.get(), w.bytes().data(), w.bytes().size(), deadline, describe(peer));
+    w.put<int32_t>(rank);
+    send_hello(fd.get(), secret_, wire::FrameType::kMeshHello, w.bytes(), deadline, describe(peer));
     set_nonblocking(fd.get());
     std::lock_guard lock(state_->mutex());
     mesh_[peer]->fd = std::move(fd);
@@ -205,12 +222,8 @@ Fd Bootstrap::connect_tcp(int peer, uint32_t channel, uint32_t index) {
   Deadline deadline = Deadline::after(timeout_s_);
   Fd fd = connect_with_retry(peers_.at(peer).listen, deadline, state_->abort_flag(), describe(peer));
   wire::Writer w;
-  w.put<uint64_t>(secret_).put<int32_t>(rank()).put<uint32_t>(channel).put<uint32_t>(index);
-  wire::FrameHeader h;
-  h.type = static_cast<uint32_t>(wire::FrameType::kTcpHello);
-  h.length = w.bytes().size();
-  send_exact(fd.get(), &h, sizeof(h), deadline, describe(peer));
-  send_exact(fd.get(), w.bytes().data(), w.bytes().size(), deadline, describe(peer));
+  w.put<int32_t>(rank()).put<uint32_t>(channel).put<uint32_t>(index);
+  send_hello(fd.get(), secret_, wire::FrameType::kTcpHello, w.bytes(), deadline, describe(peer));
   return fd;
 }
 
@@ -357,14 +370,19 @@ void Bootstrap::handle_frame(int peer, uint32_t type, uint64_t tag, std::vector<
 void Bootstrap::handle_pending(Pending& p) {
   wire::FrameHeader h;
   std::memcpy(&h, p.buf.data(), sizeof(h));
-  wire::Reader r(p.buf.data() + sizeof(h), h.length, "bootstrap hello");
-  uint64_t secret = r.get<uint64_t>();
-  int from = r.get<int32_t>();
-  if (secret != secret_) {
-    TUTTI_WARN("rank {}: refused connection from {}: wrong secret", rank(), p.addr);
+  auth::Mac got{};
+  TUTTI_CHECK(h.length >= got.size(), RemoteError, "hello of {} bytes is too short", h.length);
+  std::memcpy(got.data(), p.buf.data() + sizeof(h), got.size());
+  const unsigned char* fields = p.buf.data() + sizeof(h) + got.size();
+  const size_t field_bytes = h.length - got.size();
+  const bool mesh = h.type == static_cast<uint32_t>(wire::FrameType::kMeshHello);
+  if (!auth::equal(got, auth::mac(secret_, mesh ? kMeshPurpose : kTcpPurpose, p.challenge, fields, field_bytes))) {
+    TUTTI_WARN("rank {}: refused connection from {}: wrong secret (the hello's proof does not match)", rank(), p.addr);
     p.fd.reset();
     return;
   }
+  wire::Reader r(fields, field_bytes, "bootstrap hello");
+  int from = r.get<int32_t>();
   if (from < 0 || from >= nranks() || from == rank()) {
     TUTTI_WARN("rank {}: refused connection from {}: bad rank {}", rank(), p.addr, from);
     p.fd.reset();
@@ -389,8 +407,10 @@ void Bootstrap::handle_pending(Pending& p) {
 
 void Bootstrap::serve() {
   std::list<Pending> pending;
+  double listen_paused_until = 0;
   while (!stop_) {
-    std::vector<pollfd> fds{{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    std::vector<pollfd> fds{{listener_.get(), static_cast<short>(now_s() < listen_paused_until ? 0 : POLLIN), 0},
+                            {wake_.get(), POLLIN, 0}};
     std::vector<int> peers;
     {
       std::lock_guard lock(state_->mutex());
@@ -414,9 +434,29 @@ void Bootstrap::serve() {
     if (fds[0].revents & POLLIN) {
       while (true) {
         int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
+        if (fd < 0) {
+          // At the descriptor limit the listener stays readable: make room by dropping the oldest
+          // connection that has proven nothing, or stop polling it for a while rather than spin.
+          if (errno == EMFILE || errno == ENFILE) {
+            if (!pending.empty()) {
+              TUTTI_WARN("rank {}: descriptor limit reached; dropped the oldest unauthenticated connection (from {})",
+                         rank(), pending.front().addr);
+              pending.pop_front();
+            } else {
+              listen_paused_until = now_s() + 0.1;
+            }
+          }
+          break;
+        }
         set_nodelay(fd);
-        pending.push_back(Pending{Fd(fd), peer_address(fd).to_string(), {}, now_s()});
+        Pending p{Fd(fd), peer_address(fd).to_string(), {}, now_s(), auth::random_nonce()};
+        if (!auth::send_challenge(fd, p.challenge)) continue;
+        if (pending.size() >= wire::kMaxPendingConnections) {
+          TUTTI_WARN("rank {}: more than {} connections without a hello; dropped the oldest (from {})", rank(),
+                     wire::kMaxPendingConnections, pending.front().addr);
+          pending.pop_front();
+        }
+        pending.push_back(std::move(p));
       }
     }
     for (size_t i = 0; i < peers.size(); ++i) {
@@ -484,7 +524,7 @@ void Bootstrap::serve() {
       std::memcpy(&h, p.buf.data(), sizeof(h));
       bool known = h.type == static_cast<uint32_t>(wire::FrameType::kMeshHello) ||
                    h.type == static_cast<uint32_t>(wire::FrameType::kTcpHello);
-      if (h.magic != wire::kMagic || !known || h.length > 64) {
+      if (h.magic != wire::kMagic || !known || h.length > 64 || h.length < sizeof(auth::Mac) + sizeof(int32_t)) {
         TUTTI_WARN("rank {}: refused connection from {}: not a tutti hello", rank(), p.addr);
         p.fd.reset();
         continue;

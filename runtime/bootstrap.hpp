@@ -6,6 +6,7 @@
 // the peer on this rank, waking every waiter. An orderly shutdown sends "goodbye" first, so the EOF
 // that follows is not a failure.
 
+#include <array>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -94,6 +95,7 @@ class Bootstrap {
     std::string addr;
     std::vector<unsigned char> buf;
     double since;
+    std::array<unsigned char, 16> challenge;  // sent at accept (runtime/auth.hpp)
   };
   void serve();
   void handle_frame(int peer, uint32_t type, uint64_t tag, std::vector<unsigned char> payload);

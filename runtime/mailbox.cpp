@@ -91,6 +91,8 @@ void Mailbox::wait(const char* what) {
       [&] {
         if (seen()) return true;
         // A peer that destroyed its communicator will never publish: fail now, not at the timeout.
+        // A failure it told us of first (an abort says so, then goodbye) is the better message.
+        if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", what));
         if (state_.departed(next_)) {
           std::string message = fmt::format("rank {}: {} (one-shot mailbox call {}): rank {} left the communicator "
                                             "(destroyed it) without making this call",

@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <list>
@@ -12,6 +13,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "runtime/auth.hpp"
 #include "runtime/wire.hpp"
 
 namespace tutti {
@@ -23,6 +25,8 @@ constexpr double kHandshakeSeconds = 10;  // a connection that sends no complete
 struct Client {
   Fd fd;
   std::string addr;
+  auth::Nonce challenge{};    // sent at accept; the hello's MAC covers it
+  auth::Nonce rank_nonce{};   // the rank's, from its hello; the answer's MAC covers it
   Clock::time_point since = Clock::now();
   std::vector<unsigned char> buf;
   bool hello = false;
@@ -48,11 +52,26 @@ void send_frame(int fd, wire::FrameType type, const std::vector<unsigned char>& 
   if (!payload.empty()) send_exact(fd, payload.data(), payload.size(), d, what);
 }
 
-void send_error(Client& c, ErrorKind kind, const std::string& msg) {
+// An answer to an authenticated rank: a MAC over the rank's nonce and the body, then the body.
+std::vector<unsigned char> signed_answer(uint64_t secret, std::string_view purpose, const auth::Nonce& rank_nonce,
+                                         const std::vector<unsigned char>& body) {
+  auth::Mac m = auth::mac(secret, purpose, rank_nonce, body.data(), body.size());
+  std::vector<unsigned char> out(m.size() + body.size());
+  std::memcpy(out.data(), m.data(), m.size());
+  if (!body.empty()) std::memcpy(out.data() + m.size(), body.data(), body.size());
+  return out;
+}
+
+constexpr std::string_view kHelloPurpose = "tutti rendezvous hello";
+constexpr std::string_view kTablePurpose = "tutti rendezvous table";
+constexpr std::string_view kErrorPurpose = "tutti rendezvous error";
+
+void send_error(Client& c, uint64_t secret, ErrorKind kind, const std::string& msg) {
   wire::Writer w;
   w.put<uint32_t>(static_cast<uint32_t>(kind)).put_string(msg);
   try {
-    send_frame(c.fd.get(), wire::FrameType::kRootError, w.bytes(), c.addr);
+    send_frame(c.fd.get(), wire::FrameType::kRootError, signed_answer(secret, kErrorPurpose, c.rank_nonce, w.bytes()),
+               c.addr);
   } catch (const Error&) {
   }
   c.fd.reset();
@@ -95,6 +114,7 @@ RendezvousRoot::~RendezvousRoot() {
 void RendezvousRoot::run() {
   std::list<Client> clients;
   std::map<uint64_t, Group> groups;
+  Clock::time_point listen_paused_until{};
   auto drop = [&](Client& c, const std::string& why) {
     TUTTI_WARN("rendezvous root: refused connection from {}: {}", c.addr, why);
     c.fd.reset();
@@ -106,14 +126,35 @@ void RendezvousRoot::run() {
       fds.push_back({c.fd.get(), POLLIN, 0});
       order.push_back(&c);
     }
+    // At the descriptor limit the listener stays readable: stop polling it for a while rather
+    // than spin (each connection that cannot be accepted is someone else's problem until then).
+    if (Clock::now() < listen_paused_until) fds[0].events = 0;
     ::poll(fds.data(), fds.size(), 100);
     if (fds[0].revents & POLLIN) {
       while (true) {
         int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
+        if (fd < 0) {
+          if (errno == EMFILE || errno == ENFILE) {
+            // Make room by dropping the oldest connection that has proven nothing; if there is
+            // none, wait before trying again.
+            auto oldest = std::find_if(clients.begin(), clients.end(), [](const Client& c) { return c.fd && !c.hello; });
+            if (oldest != clients.end()) drop(*oldest, "descriptor limit reached; dropping the oldest unauthenticated connection");
+            else listen_paused_until = Clock::now() + std::chrono::milliseconds(100);
+          }
+          break;
+        }
         Client c;
         c.fd = Fd(fd);
         c.addr = peer_address(fd).to_string();
+        c.challenge = auth::random_nonce();
+        if (!auth::send_challenge(fd, c.challenge)) continue;  // Fd closes it
+        // A bounded number of connections may be proving themselves at once: the oldest goes.
+        size_t pending = std::count_if(clients.begin(), clients.end(), [](const Client& x) { return x.fd && !x.hello; });
+        if (pending >= wire::kMaxPendingConnections) {
+          auto oldest = std::find_if(clients.begin(), clients.end(), [](const Client& x) { return x.fd && !x.hello; });
+          drop(*oldest, fmt::format("more than {} connections without a hello; dropping the oldest",
+                                    wire::kMaxPendingConnections));
+        }
         clients.push_back(std::move(c));
       }
     }
@@ -145,18 +186,29 @@ void RendezvousRoot::run() {
         drop(c, "not a tutti rendezvous hello (bad magic or type)");
         continue;
       }
-      if (h.length > wire::kMaxControlBytes) {
-        drop(c, fmt::format("hello claims {} bytes, more than the {} limit", h.length, wire::kMaxControlBytes));
+      if (h.length > wire::kMaxHelloBytes || h.length < sizeof(auth::Mac) + sizeof(auth::Nonce)) {
+        drop(c, fmt::format("hello claims {} bytes, outside {}..{}", h.length, sizeof(auth::Mac) + sizeof(auth::Nonce),
+                            wire::kMaxHelloBytes));
+        continue;
+      }
+      if (c.buf.size() > sizeof(h) + h.length) {
+        drop(c, "sent more than its hello before the answer");
         continue;
       }
       if (c.buf.size() < sizeof(h) + h.length) continue;
       try {
-        wire::Reader r(c.buf.data() + sizeof(h), h.length, "rendezvous hello");
-        uint64_t secret = r.get<uint64_t>();
-        if (secret != secret_) {
-          drop(c, "wrong secret");
+        // mac | rank nonce | body, the MAC over nonce and body keyed with the secret.
+        const unsigned char* p = c.buf.data() + sizeof(h);
+        auth::Mac got;
+        std::memcpy(got.data(), p, got.size());
+        std::memcpy(c.rank_nonce.data(), p + got.size(), c.rank_nonce.size());
+        const unsigned char* signed_part = p + got.size();
+        const size_t signed_bytes = h.length - got.size();
+        if (!auth::equal(got, auth::mac(secret_, kHelloPurpose, c.challenge, signed_part, signed_bytes))) {
+          drop(c, "wrong secret (the hello's proof does not match)");
           continue;
         }
+        wire::Reader r(signed_part + c.rank_nonce.size(), signed_bytes - c.rank_nonce.size(), "rendezvous hello");
         c.generation = r.get<uint64_t>();
         c.rank = r.get<int32_t>();
         c.nranks = r.get<int32_t>();
@@ -168,7 +220,7 @@ void RendezvousRoot::run() {
       }
       c.hello = true;
       if (c.nranks <= 0 || c.rank < 0 || c.rank >= c.nranks) {
-        send_error(c, ErrorKind::kInvalidArgument, fmt::format("rank {} is out of range for {} ranks", c.rank, c.nranks));
+        send_error(c, secret_, ErrorKind::kInvalidArgument, fmt::format("rank {} is out of range for {} ranks", c.rank, c.nranks));
         continue;
       }
       auto [it, fresh] = groups.try_emplace(c.generation);
@@ -179,12 +231,12 @@ void RendezvousRoot::run() {
         g.first = Clock::now();
       }
       if (g.nranks != c.nranks) {
-        send_error(c, ErrorKind::kInvalidArgument,
+        send_error(c, secret_, ErrorKind::kInvalidArgument,
                    fmt::format("rank {} was started with {} ranks but others with {}", c.rank, c.nranks, g.nranks));
         continue;
       }
       if (g.members.count(c.rank)) {
-        send_error(c, ErrorKind::kInvalidArgument, fmt::format("rank {} joined twice", c.rank));
+        send_error(c, secret_, ErrorKind::kInvalidArgument, fmt::format("rank {} joined twice", c.rank));
         continue;
       }
       g.timeout = std::min(g.timeout, c.timeout);
@@ -196,7 +248,8 @@ void RendezvousRoot::run() {
         for (auto& [rank, m] : g.members) w.put_bytes(m->info.data(), m->info.size());
         for (auto& [rank, m] : g.members) {
           try {
-            send_frame(m->fd.get(), wire::FrameType::kTable, w.bytes(), m->addr);
+            send_frame(m->fd.get(), wire::FrameType::kTable, signed_answer(secret_, kTablePurpose, m->rank_nonce, w.bytes()),
+                       m->addr);
           } catch (const Error& e) {
             TUTTI_WARN("rendezvous root: could not answer rank {}: {}", rank, e.what());
           }
@@ -217,7 +270,7 @@ void RendezvousRoot::run() {
         std::string msg = fmt::format("rendezvous timed out after {} s: ranks {} of {} never arrived", g.timeout,
                                       list_missing(g), g.nranks);
         TUTTI_WARN("rendezvous root: {}", msg);
-        for (auto& [rank, m] : g.members) send_error(*m, ErrorKind::kTimeout, msg);
+        for (auto& [rank, m] : g.members) send_error(*m, secret_, ErrorKind::kTimeout, msg);
         it = groups.erase(it);
         if (!persistent_) stop_ = true;
       } else {
@@ -263,15 +316,25 @@ std::vector<std::vector<unsigned char>> rendezvous(const UniqueId& id, int rank,
   Deadline connect_deadline = Deadline::after(timeout_s);
   std::string what = fmt::format("rendezvous root {}", root.to_string());
   Fd fd = connect_with_retry(root, connect_deadline, abort, "the rendezvous root (is rank 0 / tutti-run running?)");
+  Deadline d = Deadline::after(timeout_s);
+  // Prove the secret over the root's challenge; send a nonce of our own for the root to prove it back.
+  const auth::Nonce challenge = auth::recv_challenge(fd.get(), d, what);
+  const auth::Nonce mine = auth::random_nonce();
   wire::Writer w;
-  w.put<uint64_t>(id.secret()).put<uint64_t>(generation).put<int32_t>(rank).put<int32_t>(nranks).put<double>(timeout_s);
+  w.put(mine).put<uint64_t>(generation).put<int32_t>(rank).put<int32_t>(nranks).put<double>(timeout_s);
   w.put_bytes(info.data(), info.size());
+  TUTTI_CHECK(w.bytes().size() + sizeof(auth::Mac) <= wire::kMaxHelloBytes, InvalidArgument,
+              "rank {}: this rank's rendezvous hello ({} bytes) exceeds the {}-byte limit", rank,
+              w.bytes().size() + sizeof(auth::Mac), wire::kMaxHelloBytes);
+  const auth::Mac proof = auth::mac(id.secret(), kHelloPurpose, challenge, w.bytes().data(), w.bytes().size());
+  std::vector<unsigned char> hello(proof.size() + w.bytes().size());
+  std::memcpy(hello.data(), proof.data(), proof.size());
+  std::memcpy(hello.data() + proof.size(), w.bytes().data(), w.bytes().size());
   wire::FrameHeader h;
   h.type = static_cast<uint32_t>(wire::FrameType::kHello);
-  h.length = w.bytes().size();
-  Deadline d = Deadline::after(timeout_s);
+  h.length = hello.size();
   send_exact(fd.get(), &h, sizeof(h), d, what);
-  send_exact(fd.get(), w.bytes().data(), w.bytes().size(), d, what);
+  send_exact(fd.get(), hello.data(), hello.size(), d, what);
   // The root answers at its own deadline; allow it a grace period to tell us who is missing.
   Deadline answer = Deadline::after(timeout_s > 0 ? timeout_s + 5 : 0);
   wire::FrameHeader rh;
@@ -287,12 +350,23 @@ std::vector<std::vector<unsigned char>> rendezvous(const UniqueId& id, int rank,
   } catch (const RemoteError& e) {
     throw RemoteError(fmt::format("rank {}: {} refused or dropped the connection ({}); wrong secret?", rank, what, e.what()));
   }
-  TUTTI_CHECK(rh.magic == wire::kMagic && rh.length <= wire::kMaxControlBytes, RemoteError,
-              "rank {}: malformed answer from {}", rank, what);
+  // A table holds every rank's hello; an error, a message.
+  const uint64_t most = sizeof(auth::Mac) + 64 + static_cast<uint64_t>(nranks) * (wire::kMaxHelloBytes + 8);
+  TUTTI_CHECK(rh.magic == wire::kMagic && rh.length >= sizeof(auth::Mac) && rh.length <= most, RemoteError,
+              "rank {}: malformed answer from {} ({} bytes)", rank, what, rh.length);
   std::vector<unsigned char> payload(rh.length);
   recv_exact(fd.get(), payload.data(), payload.size(), answer, what);
-  wire::Reader r(payload, "rendezvous answer");
-  if (rh.type == static_cast<uint32_t>(wire::FrameType::kRootError)) {
+  auth::Mac got;
+  std::memcpy(got.data(), payload.data(), got.size());
+  const bool is_error = rh.type == static_cast<uint32_t>(wire::FrameType::kRootError);
+  TUTTI_CHECK(auth::equal(got, auth::mac(id.secret(), is_error ? kErrorPurpose : kTablePurpose, mine,
+                                         payload.data() + got.size(), payload.size() - got.size())),
+              RemoteError,
+              "rank {}: {} answered without proving the communicator's secret: not the root of this job (an "
+              "impostor on its port, or another job's root)",
+              rank, what);
+  wire::Reader r(payload.data() + got.size(), payload.size() - got.size(), "rendezvous answer");
+  if (is_error) {
     auto kind = static_cast<ErrorKind>(r.get<uint32_t>());
     std::string msg = fmt::format("rank {}: {}", rank, r.get_string());
     rethrow_with_context(Error(kind, msg), "communicator creation failed");

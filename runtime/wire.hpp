@@ -15,6 +15,11 @@ namespace tutti::wire {
 
 inline constexpr uint32_t kMagic = 0x54545431;          // "TTT1"
 inline constexpr uint64_t kMaxControlBytes = 64u << 20;  // control messages are small; larger is corrupt
+// Before a connection has proven the secret, the most a listener reads from it: a rendezvous hello
+// (a rank's PeerInfo is well under 1 KiB) or a bootstrap hello (under 64 bytes).
+inline constexpr uint64_t kMaxHelloBytes = 4096;
+// Unauthenticated connections a listener keeps at once; the oldest goes when another arrives.
+inline constexpr size_t kMaxPendingConnections = 64;
 
 enum class FrameType : uint32_t {
   kHello = 1,         // rank -> rendezvous root: who I am
@@ -27,6 +32,7 @@ enum class FrameType : uint32_t {
   kTcpHello = 8,      // rank -> rank: a TCP transport socket (channel, index)
   kPing = 9,          // rank -> rank: liveness check (tag: a nonce); the service thread answers
   kPong = 10,         // rank -> rank: the answer (tag: the nonce)
+  kChallenge = 11,    // listener -> whoever connected: a nonce the hello must prove the secret over
 };
 
 struct FrameHeader {

@@ -2,6 +2,7 @@
 // missing ranks, inconsistent sizes, a rank killed after setup, and launchers' rank variables.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "runtime/auth.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/rendezvous.hpp"
 #include "runtime/wire.hpp"
@@ -22,26 +24,34 @@ Fd raw_connect(const SocketAddress& addr) {
   return connect_with_retry(addr, Deadline::after(10), nullptr, "test peer");
 }
 
-// True when the other side closes the connection (refusal) rather than answering.
+// True when the other side closes the connection (refusal) rather than answering. What it sends
+// first (a listener's challenge) is read and dropped; gives up (false) after 30 s of silence.
 bool closed_by_peer(int fd) {
-  char c;
+  char buf[256];
   while (true) {
-    ssize_t k = ::recv(fd, &c, 1, 0);
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 30000) == 0) return false;
+    ssize_t k = ::recv(fd, buf, sizeof(buf), 0);
     if (k == 0) return true;
     if (k < 0 && errno == EINTR) continue;
-    return k < 0;  // reset also counts as closed
+    if (k < 0) return true;  // reset also counts as closed
   }
 }
 
+// A rendezvous hello as a client with `secret` would send it: the MAC over the root's challenge.
 void send_hello(int fd, uint64_t secret, int rank, int nranks, uint32_t type = 1) {
+  auth::Nonce challenge = auth::recv_challenge(fd, Deadline::after(5), "root");
+  auth::Nonce mine = auth::random_nonce();
   wire::Writer w;
-  w.put<uint64_t>(secret).put<uint64_t>(0).put<int32_t>(rank).put<int32_t>(nranks).put<double>(30.0);
+  w.put(mine).put<uint64_t>(0).put<int32_t>(rank).put<int32_t>(nranks).put<double>(30.0);
   std::vector<unsigned char> info{1, 2, 3};
   w.put_bytes(info.data(), info.size());
+  auth::Mac proof = auth::mac(secret, "tutti rendezvous hello", challenge, w.bytes().data(), w.bytes().size());
   wire::FrameHeader h;
   h.type = type;
-  h.length = w.bytes().size();
+  h.length = proof.size() + w.bytes().size();
   send_exact(fd, &h, sizeof(h), Deadline::after(5), "root");
+  send_exact(fd, proof.data(), proof.size(), Deadline::after(5), "root");
   send_exact(fd, w.bytes().data(), w.bytes().size(), Deadline::after(5), "root");
 }
 
@@ -69,7 +79,97 @@ TEST(Rendezvous, WrongSecretIsRefusedAndOthersProceed) {
   } catch (const RemoteError& e) {
     EXPECT_NE(std::string(e.what()).find("refused"), std::string::npos) << e.what();
   }
+  // Nor does the secret travel: a hello is a MAC over a fresh challenge, so replaying one to
+  // another connection (another challenge) is refused too.
   expect_rendezvous_works(root.unique_id());
+}
+
+size_t resident_bytes() {
+  long pages = 0, resident = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+  std::fclose(f);
+  return static_cast<size_t>(resident) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+// Before, the root buffered whatever length a hello claimed (up to 64 MiB) before it looked at the
+// secret: one connection took it from 4 to 131 MiB. Now nothing past a 4 KiB hello is read from a
+// connection that has not proven the secret: a claim beyond it is refused at the header.
+TEST(RendezvousAttack, ClaimedHugeHellosAreRefusedAtTheHeaderWithoutBuffering) {
+  RendezvousRoot root(SocketAddress::parse("127.0.0.1:0"), 42, true);
+  const size_t before = resident_bytes();
+  std::vector<Fd> flood;
+  std::vector<char> junk(1 << 20, 'x');
+  for (int i = 0; i < 20; ++i) {
+    Fd fd = raw_connect(root.unique_id().root());
+    wire::FrameHeader h;
+    h.type = static_cast<uint32_t>(wire::FrameType::kHello);
+    h.length = 64u << 20;
+    send_exact(fd.get(), &h, sizeof(h), Deadline::after(5), "root");
+    ::send(fd.get(), junk.data(), junk.size(), MSG_DONTWAIT | MSG_NOSIGNAL);  // as much as the socket takes
+    flood.push_back(std::move(fd));
+  }
+  for (auto& fd : flood) EXPECT_TRUE(closed_by_peer(fd.get()));
+  expect_rendezvous_works(root.unique_id());
+  EXPECT_LT(resident_bytes(), before + (16u << 20)) << "the root grew by " << (resident_bytes() - before) << " bytes";
+}
+
+// A listener keeps at most wire::kMaxPendingConnections connections that have not proven the
+// secret: idle ones beyond that push out the oldest, and real ranks still get through.
+TEST(RendezvousAttack, IdleConnectionsAreCappedOldestFirst) {
+  RendezvousRoot root(SocketAddress::parse("127.0.0.1:0"), 42, true);
+  std::vector<Fd> idle;
+  for (size_t i = 0; i < wire::kMaxPendingConnections + 16; ++i) {
+    idle.push_back(raw_connect(root.unique_id().root()));
+    auth::recv_challenge(idle.back().get(), Deadline::after(5), "root");  // accepted: challenged
+  }
+  EXPECT_TRUE(closed_by_peer(idle.front().get()));  // the oldest was dropped
+  expect_rendezvous_works(root.unique_id());
+}
+
+// Someone who can reach the port but lacks the secret cannot join as a rank (before, with a
+// host:port id, the secret was a hash of the address: an impostor joined as rank 1 and got rank
+// 0's host, pid, segment name and address, and the real rank 1 was refused).
+TEST(RendezvousAttack, AnImpostorRankIsRefusedAndTheRealOneJoins) {
+  RendezvousRoot root(SocketAddress::parse("127.0.0.1:0"), UniqueId::random_secret(), true);
+  Fd impostor = raw_connect(root.unique_id().root());
+  send_hello(impostor.get(), /*a guess*/ 0x1234, 1, 2);
+  EXPECT_TRUE(closed_by_peer(impostor.get()));
+  expect_rendezvous_works(root.unique_id());
+}
+
+// And a rank does not take a table from an impostor root (someone who took the port first): the
+// real root proves the secret over the rank's own nonce.
+TEST(RendezvousAttack, AnImpostorRootIsNotBelieved) {
+  Fd listener = listen_on(SocketAddress::parse("127.0.0.1:0"));
+  SocketAddress addr = local_address(listener.get());
+  std::thread fake([&] {
+    int fd = ::accept(listener.get(), nullptr, nullptr);
+    if (fd < 0) return;
+    Fd c(fd);
+    auth::send_challenge(fd, auth::random_nonce());
+    wire::FrameHeader h;
+    recv_exact(fd, &h, sizeof(h), Deadline::after(5), "rank");
+    std::vector<unsigned char> hello(h.length);
+    recv_exact(fd, hello.data(), hello.size(), Deadline::after(5), "rank");
+    wire::Writer w;  // a table of one rank, under a MAC it cannot compute
+    w.put(auth::Mac{}).put<int32_t>(1);
+    std::vector<unsigned char> info{6, 6, 6};
+    w.put_bytes(info.data(), info.size());
+    wire::FrameHeader t;
+    t.type = static_cast<uint32_t>(wire::FrameType::kTable);
+    t.length = w.bytes().size();
+    send_exact(fd, &t, sizeof(t), Deadline::after(5), "rank");
+    send_exact(fd, w.bytes().data(), w.bytes().size(), Deadline::after(5), "rank");
+  });
+  try {
+    rendezvous(UniqueId::make(addr, 99), 0, 1, 0, {1}, 10, nullptr);
+    ADD_FAILURE() << "a table from an impostor root was taken";
+  } catch (const RemoteError& e) {
+    EXPECT_NE(std::string(e.what()).find("without proving the communicator's secret"), std::string::npos) << e.what();
+  }
+  fake.join();
 }
 
 TEST(Rendezvous, TruncatedAndMalformedMessagesAreRefused) {
@@ -166,12 +266,15 @@ TEST(Bootstrap, MeshRefusesStrangersAndKeepsWorking) {
   if (listen.storage.ss_family == AF_INET && reinterpret_cast<sockaddr_in*>(&listen.storage)->sin_addr.s_addr == 0)
     listen = SocketAddress::parse("127.0.0.1:" + std::to_string(listen.port()));
   Fd stranger = raw_connect(listen);
+  auth::Nonce challenge = auth::recv_challenge(stranger.get(), Deadline::after(5), "rank 0");
   wire::Writer w;
-  w.put<uint64_t>(12345).put<int32_t>(1);
+  w.put<int32_t>(1);
+  auth::Mac guess = auth::mac(12345, "tutti mesh hello", challenge, w.bytes().data(), w.bytes().size());
   wire::FrameHeader h;
   h.type = static_cast<uint32_t>(wire::FrameType::kMeshHello);
-  h.length = w.bytes().size();
+  h.length = guess.size() + w.bytes().size();
   send_exact(stranger.get(), &h, sizeof(h), Deadline::after(5), "rank 0");
+  send_exact(stranger.get(), guess.data(), guess.size(), Deadline::after(5), "rank 0");
   send_exact(stranger.get(), w.bytes().data(), w.bytes().size(), Deadline::after(5), "rank 0");
   EXPECT_TRUE(closed_by_peer(stranger.get()));
   int v = 5, got = 0;
