@@ -6,9 +6,13 @@
 //   tutti-test-rank split                 split into even/odd ranks and exchange in each half
 //   tutti-test-rank world HOSTS           merges the ranks' topologies through the bootstrap and
 //                                         checks HOSTS hosts, every rank placed on its own host's device
+//   tutti-test-rank fd-limit-root N       no communicator: limits itself to N descriptors, runs a
+//                                         rendezvous root for one group, prints its id, and exits
+//                                         (printing its CPU time) once the group has met
 //
 // Exit status: 0 success, 1 failure, 3 "expected remote error seen".
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,12 +21,26 @@
 
 #include "collectives/tuner.hpp"
 #include "core/error.hpp"
+#include "runtime/rendezvous.hpp"
 #include "tests/support/exchange.hpp"
 
 using namespace tutti;
 
 int main(int argc, char** argv) {
   std::string scenario = argc > 1 ? argv[1] : "exchange";
+  if (scenario == "fd-limit-root") {
+    const rlim_t n = argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 48;
+    rlimit limit{n, n};
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) return 1;
+    RendezvousRoot root(SocketAddress::parse("127.0.0.1:0"), UniqueId::random_secret(), false);
+    std::printf("%s\n", root.unique_id().hex().c_str());
+    std::fflush(stdout);
+    while (!root.finished()) usleep(10000);
+    rusage use{};
+    getrusage(RUSAGE_SELF, &use);
+    std::printf("cpu %.3f s\n", use.ru_utime.tv_sec + use.ru_stime.tv_sec + (use.ru_utime.tv_usec + use.ru_stime.tv_usec) * 1e-6);
+    return 0;
+  }
   try {
     auto comm = Communicator::create_from_env();
     if (scenario == "exchange") {

