@@ -173,6 +173,12 @@ json to_json(const Calibration& c) {
   x["memory_curve"] = curve_json(c.memory_curve);
   x["reduce_curve"] = curve_json(c.reduce_curve);
   x["reduce_exchange"] = curve_json(c.reduce_exchange);
+  if (c.single_copy_threshold) {
+    x["single_copy_threshold"] = c.single_copy_threshold;
+    json points = json::array();
+    for (auto& [s, r] : c.single_copy) points.push_back(json::array({s, r.first, r.second}));
+    x["single_copy"] = points;
+  }
   return x;
 }
 
@@ -192,12 +198,25 @@ Calibration from_json(const json& x) {
   c.memory_curve = curve_from_json(x, "memory_curve", true);
   c.reduce_curve = curve_from_json(x, "reduce_curve", true);
   c.reduce_exchange = curve_from_json(x, "reduce_exchange", false);
+  c.single_copy_threshold = x.value("single_copy_threshold", uint64_t{0});
+  if (x.contains("single_copy"))
+    for (auto& p : x.at("single_copy"))
+      c.single_copy.push_back({p.at(0).get<uint64_t>(), {p.at(1).get<double>(), p.at(2).get<double>()}});
   TUTTI_CHECK(c.alpha_us >= 0 && c.beta_gbps > 0 && c.memory_gbps > 0 && c.instruction_us >= 0 && c.local_instruction_us >= 0,
               InvalidArgument, "alpha_us, instruction_us and local_instruction_us must be >= 0, beta_gbps and memory_gbps > 0");
   return c;
 }
 
 }  // namespace
+
+uint64_t choose_single_copy_threshold(const std::vector<std::pair<uint64_t, std::pair<double, double>>>& points) {
+  auto sorted = points;
+  std::sort(sorted.begin(), sorted.end());
+  uint64_t threshold = UINT64_MAX;
+  // From the largest size down, as long as single copy keeps up.
+  for (auto it = sorted.rbegin(); it != sorted.rend() && it->second.second >= it->second.first; ++it) threshold = it->first;
+  return threshold;
+}
 
 std::pair<double, double> fit_alpha_beta(const std::vector<std::pair<uint64_t, double>>& points) {
   // Minimise sum(((alpha + S * g) - t) / t)^2 over alpha and g = 1 / beta: linear least squares in
@@ -242,6 +261,29 @@ Calibration calibrate(Communicator& comm) {
   for (auto& [touched, gbps] : c.memory_curve)
     if (touched == (16u << 20)) mem = gbps;
   const double both_ways = exchange_rate(comm, 4u << 20, 10);
+  // Single copy against the FIFO, under a ring's load, where process ranks can use it (every rank
+  // must agree to measure: the exchange is collective).
+  bool single_copy = true;
+  for (int p = 0; p < n; ++p)
+    if (p != comm.rank() && !comm.connection(p, 0).can_single_copy()) single_copy = false;
+  {
+    wire::Writer v;
+    v.put<uint8_t>(single_copy ? 1 : 0);
+    for (auto& bytes : comm.bootstrap().allgather(v.bytes())) single_copy &= bytes.at(0) == 1;
+  }
+  std::vector<std::pair<uint64_t, std::pair<double, double>>> copy_points;
+  if (single_copy) {
+    const uint64_t was = comm.options().shm_single_copy_threshold;
+    for (uint64_t s = 64u << 10; s <= (64u << 20); s *= 4) {
+      const int iters = std::max<int>(2, static_cast<int>((32u << 20) / s));
+      comm.set_single_copy_threshold(UINT64_MAX);
+      const double fifo = exchange_rate(comm, s, iters);
+      comm.set_single_copy_threshold(s);
+      const double direct = exchange_rate(comm, s, iters);
+      copy_points.push_back({s, {fifo, direct}});
+    }
+    comm.set_single_copy_threshold(was);
+  }
   // The curve under a collective's load: ping-pong times up to 512 B (latency-bound, one message
   // each way looks the same), exchange times from 4 KiB.
   std::vector<std::pair<uint64_t, double>> load;
@@ -310,6 +352,7 @@ Calibration calibrate(Communicator& comm) {
   for (auto& [sz, t] : load) w.put<double>(t);
   for (auto& [sz, t] : reducing) w.put<double>(t);
   for (auto& [s, t] : c.pingpong) w.put<double>(t);
+  for (auto& [s, r] : copy_points) w.put<double>(r.first).put<double>(r.second);
   auto all = comm.bootstrap().allgather(w.bytes());
   double slowest_mem = 1e300;
   for (int r = 0; r < n; ++r) {
@@ -323,8 +366,7 @@ Calibration calibrate(Communicator& comm) {
       for (auto& p : load) p.second = rd.get<double>();
       for (auto& p : reducing) p.second = rd.get<double>();
       for (auto& p : c.pingpong) p.second = rd.get<double>();
-    } else {
-      for (size_t k = 0; k < load.size() + reducing.size() + c.pingpong.size(); ++k) rd.get<double>();
+      for (auto& p : copy_points) p.second.first = rd.get<double>(), p.second.second = rd.get<double>();
     }
   }
   for (auto& p : c.pingpong)
@@ -338,6 +380,10 @@ Calibration calibrate(Communicator& comm) {
   c.beta_gbps = beta;
   c.memory_gbps = slowest_mem;
   c.instruction_us = std::max(0.0, ring_us / (2.0 * (n - 1)) - alpha);
+  if (!copy_points.empty()) {
+    c.single_copy = copy_points;
+    c.single_copy_threshold = choose_single_copy_threshold(copy_points);
+  }
   return c;
 }
 

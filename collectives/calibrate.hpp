@@ -38,6 +38,13 @@ struct Calibration {
   double memory_gbps = 0;     // a rank's local copy rate while every rank copies
   double instruction_us = 0;  // executor overhead per receiving plan instruction (wake-up included)
   double local_instruction_us = 0;  // per instruction that waits on no peer (copies, sends)
+  // Process ranks over shared memory: the message size from which reading the sender's buffer
+  // directly (process_vm_readv) beats the FIFO's two copies, under a ring's load; 0: not measured
+  // (thread ranks, TCP, or single copy forbidden); UINT64_MAX: never. Communicators of this many
+  // ranks use it unless TUTTI_SHM_CMA_THRESHOLD is set (collectives/dispatcher.cpp).
+  uint64_t single_copy_threshold = 0;
+  // The measurements behind it: size -> (GB/s through the FIFO, GB/s by single copy).
+  std::vector<std::pair<uint64_t, std::pair<double, double>>> single_copy;
   // The measurements behind the fit: size -> one-way time (us).
   std::vector<std::pair<uint64_t, double>> pingpong;
   // One-way time per size under a collective's load (ping-pong up to 512 B, then every rank
@@ -58,6 +65,11 @@ struct Calibration {
 // Collective: every rank measures; every rank returns the same calibration (rank 0's view of the
 // transport fit, the slowest rank's memory rate).
 Calibration calibrate(Communicator& comm);
+
+// The single-copy threshold from (size, (FIFO GB/s, single-copy GB/s)) points: the smallest size
+// from which single copy is at least as fast at that size and every larger one; UINT64_MAX if
+// there is none.
+uint64_t choose_single_copy_threshold(const std::vector<std::pair<uint64_t, std::pair<double, double>>>& points);
 
 // Fits alpha and beta to (size, time) points by relative least squares. InvalidArgument for fewer
 // than two distinct sizes.

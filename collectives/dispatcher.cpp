@@ -171,6 +171,27 @@ Dispatcher::Dispatcher(Communicator& comm, const DispatcherOptions& options, std
   }
   warn_about_settings();
   if (table_.source.empty()) table_.source = "measured";
+  apply_calibrated_transport();
+}
+
+// Transport settings the calibration measured for this machine and rank count replace the
+// built-in defaults, unless the user set them (tutti-tune --calibrate measures them).
+void Dispatcher::apply_calibrated_transport() {
+  const int n = comm_.size();
+  if (n < 2 || env::raw("TUTTI_SHM_CMA_THRESHOLD")) return;
+  const std::string transport = comm_.transport_to(comm_.rank() == 0 ? 1 : 0);
+  if (transport != std::string("shm")) return;
+  std::optional<tuning::Calibration> cal;
+  try {
+    cal = tuning::find_calibration(tuning::calibration_path(), transport, n);
+  } catch (const InvalidArgument& e) {
+    TUTTI_WARN("rank {}: {}; using the built-in transport settings", comm_.rank(), e.what());
+    return;
+  }
+  if (!cal || cal->single_copy_threshold == 0) return;
+  comm_.set_single_copy_threshold(cal->single_copy_threshold);
+  TUTTI_INFO(log::kTuning, "rank {}: single copy from {} bytes (calibrated for {} ranks over shm)", comm_.rank(),
+             cal->single_copy_threshold, n);
 }
 
 // Settings that would otherwise be ignored without a word: a forced algorithm that names nothing,

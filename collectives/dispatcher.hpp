@@ -117,6 +117,7 @@ class Dispatcher {
   Choice choose_for(const CollectiveCall& call);
   std::shared_ptr<const PreparedPlan> builtin(const std::string& name, std::map<std::string, int> params);
   void check_consistent(const CollectiveCall& call);
+  void apply_calibrated_transport();
   void warn_about_settings();
 
   Communicator& comm_;

@@ -41,8 +41,9 @@ constexpr Variable kVariables[] = {
      "Shared-memory messages of at least this size go by reference when the receiver can read the source in place "
      "(ranks that are threads of one process, or buffers from ncclMemAlloc): one copy, no system call."},
     {"TUTTI_SHM_CMA_THRESHOLD", "", "64M",
-     "Smallest message sent by single copy instead of through the FIFO. On our 2-core machines the FIFO, whose "
-     "two copies run on two cores at once, streams faster up to at least 16 MiB (docs/PERFORMANCE.md)."},
+     "Smallest message sent by single copy instead of through the FIFO. Unset, the value tutti-tune --calibrate "
+     "measured for this machine and rank count is used, else 64M: on our 2-core machines the FIFO, whose two "
+     "copies run on two cores at once, streams faster up to at least 16 MiB (docs/PERFORMANCE.md)."},
     {"TUTTI_TCP_NSOCKS", "", "2", "TCP sockets per peer and channel; large messages are striped across them."},
     {"TUTTI_TCP_STRIPE_THRESHOLD", "", "256K", "Smallest TCP message striped across all sockets of a peer."},
     {"TUTTI_SPIN", "", "200",

@@ -228,6 +228,13 @@ Communicator::~Communicator() {
 
 void Communicator::revoke() { state_->revoke(); }
 
+void Communicator::set_single_copy_threshold(uint64_t bytes) {
+  options_.shm_single_copy_threshold = bytes;
+  for (auto& channel : connections_)
+    for (auto& c : channel)
+      if (c) c->set_single_copy_threshold(bytes);
+}
+
 void Communicator::apply_faults(Connection& c, int peer) {
   if (injected_.empty()) return;
   if (injected_[peer] & kInjectedDrop) c.drop_sends();
@@ -306,6 +313,7 @@ void Communicator::connect_channels(int n) {
     for (size_t p = 0; p < conns.size(); ++p)
       if (conns[p]) {
         engine_->add(conns[p].get());
+        conns[p]->set_single_copy_threshold(options_.shm_single_copy_threshold);  // it may have changed since
         apply_faults(*conns[p], static_cast<int>(p));
       }
     connections_.push_back(std::move(conns));

@@ -85,6 +85,10 @@ class Communicator {
   CommState& state() { return *state_; }
   // TUTTI_FAULT's faults for this rank, or null (runtime/fault.hpp).
   FaultInjector* faults() { return faults_.get(); }
+  // From what message size shared-memory connections between processes read the sender's buffer
+  // directly (single copy) instead of through the FIFO: this and later connections. Local: each
+  // rank decides for what it sends. The calibration measures it per machine (collectives/calibrate.hpp).
+  void set_single_copy_threshold(uint64_t bytes);
   // Carries out a close, drop or corrupt fault on the links to `peer` (-1: every peer).
   void inject(FaultKind kind, int peer);
 

@@ -495,3 +495,52 @@ TEST(Calibration, AMeasuredCurveSetsSharedMemoryTransferTimes) {
   tuning::apply(c, t, m);
   EXPECT_NEAR(plan::simulate(ring, t, 1 << 20, m).time_us, 4 * per_message, 0.1 * per_message);
 }
+
+namespace tutti::tuning {
+namespace {
+
+// The single-copy threshold a calibration stores: the smallest size from which single copy keeps
+// up with the FIFO at that size and every larger one.
+TEST(SingleCopyThreshold, IsWhereSingleCopyStartsToWinForGood) {
+  using P = std::vector<std::pair<uint64_t, std::pair<double, double>>>;
+  EXPECT_EQ(choose_single_copy_threshold(P{{1 << 16, {2, 1}}, {1 << 20, {4, 5}}, {1 << 24, {4, 8}}}), 1u << 20);
+  // A win at a small size that is lost again at a larger one does not count.
+  EXPECT_EQ(choose_single_copy_threshold(P{{1 << 16, {2, 3}}, {1 << 20, {5, 4}}, {1 << 24, {4, 8}}}), 1u << 24);
+  EXPECT_EQ(choose_single_copy_threshold(P{{1 << 16, {2, 1}}, {1 << 24, {5, 4}}}), UINT64_MAX);
+  EXPECT_EQ(choose_single_copy_threshold(P{{1 << 24, {1, 2}}, {1 << 16, {1, 2}}}), 1u << 16);  // any order
+  EXPECT_EQ(choose_single_copy_threshold(P{}), UINT64_MAX);
+}
+
+// A calibration's threshold reaches the communicators of that many ranks over shared memory, unless
+// TUTTI_SHM_CMA_THRESHOLD says otherwise; it survives the file's round trip.
+TEST(SingleCopyThreshold, CalibratedValueIsAppliedUnlessTheUserSetOne) {
+  const std::string path = ::testing::TempDir() + "single_copy_calibration.json";
+  std::remove(path.c_str());
+  Calibration c;
+  c.transport = "shm";
+  c.nranks = 2;
+  c.alpha_us = 1;
+  c.beta_gbps = 1;
+  c.memory_gbps = 1;
+  c.single_copy_threshold = 3 << 20;
+  c.single_copy = {{1 << 20, {2.0, 1.0}}, {4 << 20, {2.0, 3.0}}};
+  save_calibration(path, c);
+  auto back = find_calibration(path, "shm", 2);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->single_copy_threshold, 3u << 20);
+  EXPECT_EQ(back->single_copy, c.single_copy);
+  for (bool user_set : {false, true}) {
+    test_support::ScopedEnv env({{"TUTTI_CALIBRATION_FILE", path.c_str()},
+                                 {"TUTTI_SHM_CMA_THRESHOLD", user_set ? "8M" : nullptr},
+                                 {"TUTTI_TRANSPORT", "shm"}});
+    auto comms = Communicator::create_local(2);
+    test_support::on_ranks(comms, [&](int, Communicator& comm) {
+      Dispatcher d(comm);
+      EXPECT_EQ(comm.options().shm_single_copy_threshold, user_set ? (8u << 20) : (3u << 20));
+    });
+  }
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace tutti::tuning

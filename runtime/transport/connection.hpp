@@ -116,6 +116,10 @@ class Connection {
   // reads this rank's memory by reference any more, so the caller may free its buffers. A read in
   // progress finishes first; later ones fail on the reader. Waits only for reads already begun.
   virtual void withdraw() {}
+  // Single copy (runtime/transport/shm.hpp): whether this connection can read the peer's memory
+  // directly (process ranks with process_vm_readv), and from what message size it does.
+  virtual bool can_single_copy() const { return false; }
+  virtual void set_single_copy_threshold(uint64_t /*bytes*/) {}
 
  protected:
   struct Op {

@@ -120,6 +120,8 @@ class ShmConnection : public Connection {
   bool progress() override;
   bool relieve() override;
   void withdraw() override;
+  bool can_single_copy() const override { return cma_ && !ep_.same_process; }
+  void set_single_copy_threshold(uint64_t bytes) override { ep_.cma_threshold = bytes; }
 
  protected:
   // A single copy already announced reads the sender's buffer: it cannot move.

@@ -247,6 +247,13 @@ int main(int argc, char** argv) {
           for (auto& [s, g] : cal.memory_curve)
             std::printf(" %lluK %.1f GB/s", static_cast<unsigned long long>(s >> 10), g);
           std::printf("\n");
+          if (!cal.single_copy.empty()) {
+            std::printf("single copy vs FIFO under a ring's load (GB/s per direction):");
+            for (auto& [s, r] : cal.single_copy)
+              std::printf(" %lluK %.2f/%.2f", static_cast<unsigned long long>(s >> 10), r.second, r.first);
+            if (cal.single_copy_threshold == UINT64_MAX) std::printf("; single copy never (it loses at every size)\n");
+            else std::printf("; single copy from %llu bytes\n", static_cast<unsigned long long>(cal.single_copy_threshold));
+          }
         }
         return;
       }
