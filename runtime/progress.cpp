@@ -52,6 +52,9 @@ std::unique_ptr<ProgressEngine> ProgressEngine::sibling(bool short_naps) const {
 
 void ProgressEngine::run(FunctionRef<bool(bool& done)> step, FunctionRef<std::string()> what,
                          FunctionRef<bool()> relieve) {
+  // A failed, aborted or revoked communicator fails every call, also one whose data would flow
+  // without a single wait (the checks below run only while waiting).
+  if (state_->interrupted()) state_->check_data(what());
   bool done = false;
   uint64_t rounds = 0;
   // Poll while work flows and for spin_ microseconds after it stops, then sleep. Time-based, so a

@@ -57,14 +57,17 @@ median_rows() {
     print $1, (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2) }'
 }
 work=$(mktemp -d)
+# tutti-perf's alltoall is nccl-tests' (grouped sends and receives) unless -A 1 asks for the
+# collective (ncclAlltoAll), which is what MPI_Alltoall is.
+perf_flags() { [[ $1 == alltoall ]] && echo "-A 1"; true; }
 for np in ${PROCS:-2 4 8}; do
   for coll in ${COLLS:-all_reduce all_gather reduce_scatter broadcast alltoall}; do
     for ((k = 0; k < rounds; ++k)); do
-      "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll -b $min -e $max -f $factor \
-        -n $iters -w $warmup -c 0 | awk '/^ +[0-9]/ {print $1, $6}' > "$work/t$k"
+      "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll $(perf_flags $coll) -b $min -e $max \
+        -f $factor -n $iters -w $warmup -c 0 | awk '/^ +[0-9]/ {print $1, $6}' > "$work/t$k"
       mpirun $mpirun_flags $np "$bench" $coll $min $max $factor $iters $warmup > "$work/m$k"
-      "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll -b $min -e $max -f $factor \
-        -n $iters -w $warmup -c 0 -R 1 | awk '/^ +[0-9]/ {print $1, $6}' > "$work/r$k"
+      "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll $(perf_flags $coll) -b $min -e $max \
+        -f $factor -n $iters -w $warmup -c 0 -R 1 | awk '/^ +[0-9]/ {print $1, $6}' > "$work/r$k"
       # What no all-gather can beat: writing the 16 MiB outputs at all (tools/bench/write_bound.cpp).
       if [[ $coll == all_gather ]]; then
         "$build/bin/tutti-write-bound" --threads $np --bytes 16M --iters $iters | awk '{print $6}' > "$work/b$k"
