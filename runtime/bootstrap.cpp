@@ -252,14 +252,17 @@ bool Bootstrap::peer_departed(int peer) const {
   return mesh_.at(peer)->departed;
 }
 
-std::vector<int> Bootstrap::silent_peers(double wait_s) {
+std::vector<int> Bootstrap::silent_peers(double wait_s, std::vector<int>* gone) {
   const uint64_t nonce = ping_seq_.fetch_add(1) + 1;
   std::vector<int> asked, silent;
   for (int peer = 0; peer < nranks(); ++peer) {
     if (peer == rank()) continue;
     {
       std::lock_guard lock(state_->mutex());
-      if (!mesh_[peer]->fd || mesh_[peer]->eof || mesh_[peer]->departed) continue;
+      if (!mesh_[peer]->fd || mesh_[peer]->eof || mesh_[peer]->departed) {
+        if (gone) gone->push_back(peer);
+        continue;
+      }
     }
     try {
       send_frame(peer, static_cast<uint32_t>(wire::FrameType::kPing), nonce, {}, Deadline::after(0.2));
@@ -283,14 +286,21 @@ std::vector<int> Bootstrap::silent_peers(double wait_s) {
 }
 
 std::string Bootstrap::liveness(double wait_s) {
-  std::vector<int> silent = silent_peers(wait_s);
+  std::vector<int> gone;
+  std::vector<int> silent = silent_peers(wait_s, &gone);
+  auto names = [&](const std::vector<int>& peers) {
+    std::string out;
+    for (int peer : peers) out += fmt::format("{}{}", out.empty() ? "" : ", ", describe(peer));
+    return out;
+  };
+  std::string out;
+  if (!gone.empty()) out = fmt::format("{} left or closed its connection; ", names(gone));
   if (silent.empty())
-    return fmt::format("every peer answered a liveness check within {} s (none is stopped or dead)", wait_s);
-  std::string names;
-  for (int peer : silent) names += fmt::format("{}{}", names.empty() ? "" : ", ", describe(peer));
-  return fmt::format("no answer to a liveness check within {} s from {}: stopped (SIGSTOP), hung outside tutti, "
-                     "or unreachable",
-                     wait_s, names);
+    return out + fmt::format("every {}peer answered a liveness check within {} s{}", gone.empty() ? "" : "other ",
+                             wait_s, gone.empty() ? " (none is stopped or dead)" : "");
+  return out + fmt::format("no answer to a liveness check within {} s from {}: stopped (SIGSTOP), hung outside tutti, "
+                           "or unreachable",
+                           wait_s, names(silent));
 }
 
 void Bootstrap::sever(int peer) {
@@ -437,11 +447,14 @@ void Bootstrap::serve() {
         if (fd < 0) {
           // At the descriptor limit the listener stays readable: make room by dropping the oldest
           // connection that has proven nothing, or stop polling it for a while rather than spin.
+          // (Entries are only closed here, never erased: `order` points at them; remove_if below
+          // erases the closed ones.)
           if (errno == EMFILE || errno == ENFILE) {
-            if (!pending.empty()) {
+            auto oldest = std::find_if(pending.begin(), pending.end(), [](const Pending& x) { return bool(x.fd); });
+            if (oldest != pending.end()) {
               TUTTI_WARN("rank {}: descriptor limit reached; dropped the oldest unauthenticated connection (from {})",
-                         rank(), pending.front().addr);
-              pending.pop_front();
+                         rank(), oldest->addr);
+              oldest->fd.reset();
             } else {
               listen_paused_until = now_s() + 0.1;
             }
@@ -451,10 +464,12 @@ void Bootstrap::serve() {
         set_nodelay(fd);
         Pending p{Fd(fd), peer_address(fd).to_string(), {}, now_s(), auth::random_nonce()};
         if (!auth::send_challenge(fd, p.challenge)) continue;
-        if (pending.size() >= wire::kMaxPendingConnections) {
+        if (std::count_if(pending.begin(), pending.end(), [](const Pending& x) { return bool(x.fd); }) >=
+            static_cast<std::ptrdiff_t>(wire::kMaxPendingConnections)) {
+          auto oldest = std::find_if(pending.begin(), pending.end(), [](const Pending& x) { return bool(x.fd); });
           TUTTI_WARN("rank {}: more than {} connections without a hello; dropped the oldest (from {})", rank(),
-                     wire::kMaxPendingConnections, pending.front().addr);
-          pending.pop_front();
+                     wire::kMaxPendingConnections, oldest->addr);
+          oldest->fd.reset();
         }
         pending.push_back(std::move(p));
       }
@@ -501,6 +516,7 @@ void Bootstrap::serve() {
     }
     for (size_t i = 0; i < order.size(); ++i) {
       Pending& p = *order[i];
+      if (!p.fd) continue;  // closed above in this round
       if (!(fds[peers.size() + 2 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       // Read no further than the hello: what follows belongs to the mesh or the transport.
       size_t want = sizeof(wire::FrameHeader) - std::min(p.buf.size(), sizeof(wire::FrameHeader));

@@ -75,7 +75,8 @@ class Bootstrap {
   bool peer_departed(int peer) const;
   // Pings every connected peer through its service thread and returns those that did not answer
   // within wait_s (a stopped process answers nothing; a busy one answers at once).
-  std::vector<int> silent_peers(double wait_s);
+  // Peers already known to be gone (EOF or goodbye) are not asked; `gone`, when given, gets them.
+  std::vector<int> silent_peers(double wait_s, std::vector<int>* gone = nullptr);
   // The same as a sentence for an error message.
   std::string liveness(double wait_s);
   // Cuts the mesh connection to `peer` without a goodbye, as a crash would (TUTTI_FAULT=close).

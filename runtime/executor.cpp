@@ -668,23 +668,34 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   std::atomic<bool> failed{false};
   BlockMachine machine({comm_, pp, args, scratch_.data(), stream_output, runs, nruns, nworkers, conns, staging_,
                         options_.tile_bytes, options_.staging_slots, bell, failed});
+  // A call that fails midway leaves messages posted that no later call matches: the communicator
+  // fails (its peers are told), and the call does not return while a peer may still read this
+  // rank's buffers by reference, since the caller may free them at once (Connection::withdraw).
+  auto leave_failed = [&](ErrorKind kind, const char* what) {
+    comm_.state().fail(kind, fmt::format("rank {}: {} failed: {}", rank, p.name, what));
+    for (const auto& worker_conns : conns)
+      for (Connection* c : worker_conns) c->withdraw();
+  };
+  try {
+    run_workers(machine, *layout, bell, failed);
+  } catch (const Error& e) {
+    leave_failed(e.kind(), e.what());
+    throw;
+  } catch (const std::exception& e) {
+    leave_failed(ErrorKind::kInternal, e.what());
+    throw;
+  }
+}
+
+void CpuExecutor::run_workers(executor_detail::BlockMachine& machine, Layout& layout, Doorbell* bell,
+                              std::atomic<bool>& failed) {
+  const int nworkers = layout.nworkers;
   // The worker loop: each worker drives its blocks on its progress engine, which sleeps while
   // nothing moves and reports a stall with the machine's description.
   auto work = [&](int worker, ProgressEngine& engine) {
     engine.run([&](bool& done) { return machine.step(worker, done); }, [&] { return machine.stall(worker); },
                [&] { return machine.relieve(worker); });
   };
-
-  // A failed call must not return while a peer may still read this rank's buffers by reference:
-  // the caller may free them at once (Connection::withdraw).
-  struct Withdraw {
-    const std::vector<std::vector<Connection*>>& conns;
-    ~Withdraw() {
-      if (std::uncaught_exceptions() == 0) return;
-      for (const auto& worker_conns : conns)
-        for (Connection* c : worker_conns) c->withdraw();
-    }
-  } withdraw{conns};
   if (nworkers == 1) {
     work(0, comm_.engine());
     return;
@@ -693,7 +704,7 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   std::exception_ptr first;
   pool_.run(nworkers, [&](int w) {
     try {
-      work(w, *layout->engines[w]);
+      work(w, *layout.engines[w]);
     } catch (...) {
       std::lock_guard lock(first_mutex);
       if (!first) first = std::current_exception();

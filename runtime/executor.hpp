@@ -17,6 +17,7 @@
 // counters are atomics (release on store, acquire on the dependency check), and a worker that
 // retires a step rings the rank's doorbell so a sleeping worker waiting for it wakes up.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -29,6 +30,10 @@
 #include "runtime/worker_pool.hpp"
 
 namespace tutti {
+
+namespace executor_detail {
+class BlockMachine;
+}
 
 // A certified plan (plan::certify) prepared for execution: computed once, reused by every call.
 // Everything an executor needs is stated by the Plan itself (dense block ids, fifo_depth,
@@ -133,6 +138,8 @@ class CpuExecutor final : public Executor {
   std::vector<unsigned char> temp_[2];
   WorkerPool pool_;
   struct Layout;
+  // Drives the call's blocks to the end on the layout's workers (the calling thread is worker 0).
+  void run_workers(executor_detail::BlockMachine& machine, Layout& layout, Doorbell* bell, std::atomic<bool>& failed);
   // Per prepared plan run here (by PreparedPlan::id): a program that alternates collectives, or a
   // tuner that alternates candidates, does not rebuild state machines and engines on each switch.
   std::map<uint64_t, std::unique_ptr<Layout>> layouts_;

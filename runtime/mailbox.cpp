@@ -93,7 +93,9 @@ void Mailbox::wait(const char* what) {
         // A peer that destroyed its communicator will never publish: fail now, not at the timeout.
         // A failure it told us of first (an abort says so, then goodbye) is the better message.
         if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", what));
-        if (state_.departed(next_)) {
+        // (Seen again after the departure: it published before its goodbye, so a publish that
+        // raced with the first look is seen now.)
+        if (state_.departed(next_) && !seen()) {
           std::string message = fmt::format("rank {}: {} (one-shot mailbox call {}): rank {} left the communicator "
                                             "(destroyed it) without making this call",
                                             rank_, what, seq_, next_);

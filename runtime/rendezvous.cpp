@@ -160,6 +160,7 @@ void RendezvousRoot::run() {
     }
     for (size_t i = 0; i < order.size(); ++i) {
       Client& c = *order[i];
+      if (!c.fd) continue;  // dropped above in this round
       if (!(fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       unsigned char tmp[4096];
       ssize_t k = ::recv(c.fd.get(), tmp, sizeof(tmp), MSG_DONTWAIT);

@@ -14,6 +14,7 @@
 
 #include <poll.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <cstdint>
@@ -109,8 +110,9 @@ class Connection {
   // Fault injection (runtime/fault.hpp). drop: from now on, sends complete without reaching the
   // peer. corrupt: one bit of the next message header flips after its checksum is computed.
   // sever(): the transport's own link is cut as a crash would cut it (TCP: both directions shut).
-  void drop_sends() { drop_ = true; }
-  void corrupt_next_header() { corrupt_ = true; }
+  // (Another worker of the rank may inject while this connection's owner drives it: atomics.)
+  void drop_sends() { drop_.store(true, std::memory_order_relaxed); }
+  void corrupt_next_header() { corrupt_.store(true, std::memory_order_relaxed); }
   virtual void sever() {}
   // Called when this rank leaves a failed call (error, timeout, abort): once it returns, no peer
   // reads this rank's memory by reference any more, so the caller may free its buffers. A read in
@@ -164,7 +166,7 @@ class Connection {
   Ticket sends_posted_ = 0, recvs_posted_ = 0;
   Ticket sends_completed_ = 0, recvs_completed_ = 0;
   CallStamp stamp_ = 0;
-  bool drop_ = false, corrupt_ = false;  // fault injection
+  std::atomic<bool> drop_{false}, corrupt_{false};  // fault injection
 };
 
 }  // namespace tutti

@@ -210,7 +210,7 @@ bool ShmConnection::progress_send() {
     }
     Op& op = sendq_[next_post_];
     unsigned char* s = slot(f, head_);
-    if (drop_) {  // TUTTI_FAULT=drop: complete it unsent
+    if (drop_.load(std::memory_order_relaxed)) {  // TUTTI_FAULT=drop: complete it unsent
       op.started = true;
       op.offset = op.bytes;
       op.aux = UINT64_MAX;
@@ -247,7 +247,10 @@ bool ShmConnection::progress_send() {
     }
     op.started = true;
     h.check = check_of(h);
-    if (corrupt_) h.message_bytes ^= 1ull << 3, corrupt_ = false;  // TUTTI_FAULT=corrupt
+    if (corrupt_.load(std::memory_order_relaxed)) {  // TUTTI_FAULT=corrupt
+      h.message_bytes ^= 1ull << 3;
+      corrupt_.store(false, std::memory_order_relaxed);
+    }
     std::memcpy(s, &h, offsetof(SlotHeader, seq));
     std::atomic_ref<uint64_t>(reinterpret_cast<SlotHeader*>(s)->seq).store(head_ + 1, std::memory_order_release);
     f->head.store(++head_, std::memory_order_release);

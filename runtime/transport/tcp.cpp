@@ -110,8 +110,11 @@ bool TcpConnection::progress() {
     send_messages_.push_back({op.ticket, 0, {kHeaderMagic, 0, op.bytes, op.stamp, 0}, op.bytes, op.stamp, {}});
     Message& m = send_messages_.back();
     m.header.check = check_of(m.header);
-    if (corrupt_) m.header.bytes ^= 1ull << 3, corrupt_ = false;  // TUTTI_FAULT=corrupt
-    if (drop_) continue;  // TUTTI_FAULT=drop: no segments, so it completes unsent
+    if (corrupt_.load(std::memory_order_relaxed)) {  // TUTTI_FAULT=corrupt
+      m.header.bytes ^= 1ull << 3;
+      corrupt_.store(false, std::memory_order_relaxed);
+    }
+    if (drop_.load(std::memory_order_relaxed)) continue;  // TUTTI_FAULT=drop: no segments, so it completes unsent
     plan(m, op.data, true);
   }
   for (; recv_planned_ < recvq_.size(); ++recv_planned_) {
