@@ -51,18 +51,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t end = s.find(sep, start);
-    if (end == std::string::npos) end = s.size();
-    if (end > start) out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
 // Adds the plan in `path` to `out`, verified; throws InvalidArgument naming the file if it cannot be
 // read or verified. A plan `out` holds already is not added twice (a warning names both).
 void add_plan(std::vector<std::shared_ptr<const PreparedPlan>>& out, const std::string& path) {
@@ -121,7 +109,7 @@ std::vector<std::shared_ptr<const PreparedPlan>>& plans_locked() {
     std::vector<std::shared_ptr<const PreparedPlan>> v;
     if (auto dir = env::raw("TUTTI_PLAN_DIR")) load_dir(v, *dir, true);
     if (auto files = env::raw("MSCCL_XML_FILES"))
-      for (auto& f : split(*files, ':')) load_into(v, f);
+      for (auto& f : env::split_list(*files, ':')) load_into(v, f);
     if (auto dir = env::raw("MSCCL_ALGO_DIR")) load_dir(v, *dir, false);
     return v;
   }();

@@ -207,4 +207,16 @@ double get_seconds(std::string_view name) {
   throw InvalidArgument(fmt::format("environment variable {}='{}' is not a number of seconds", name, text));
 }
 
+std::vector<std::string> split_list(std::string_view text, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(sep, start);
+    if (end == std::string_view::npos) end = text.size();
+    if (end > start) out.emplace_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
 }  // namespace tutti::env

@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tutti::env {
 
@@ -37,6 +38,8 @@ uint64_t get_size(std::string_view name);
 double get_seconds(std::string_view name);
 
 uint64_t parse_size(std::string_view text);  // throws InvalidArgument
+// The non-empty parts of a list-valued variable (paths separated by ':', faults by ',').
+std::vector<std::string> split_list(std::string_view text, char sep);
 
 // The first set variable among names that belong to other launchers (OMPI_COMM_WORLD_RANK,
 // SLURM_PROCID...). They are not tutti's and are documented with the TUTTI_* variable they stand in for.

@@ -8,23 +8,13 @@
 #include <mutex>
 #include <thread>
 
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "runtime/communicator.hpp"
 
 namespace tutti {
 namespace {
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (true) {
-    size_t end = s.find(sep, start);
-    out.push_back(s.substr(start, end == std::string::npos ? std::string::npos : end - start));
-    if (end == std::string::npos) return out;
-    start = end + 1;
-  }
-}
 
 int64_t integer(const std::string& fault, const std::string& key, const std::string& text, int64_t min) {
   size_t used = 0;
@@ -55,9 +45,8 @@ std::string to_string(FaultKind k) {
 
 std::vector<FaultSpec> parse_faults(const std::string& text) {
   std::vector<FaultSpec> out;
-  if (text.empty()) return out;
-  for (const std::string& one : split(text, ',')) {
-    std::vector<std::string> parts = split(one, ':');
+  for (const std::string& one : env::split_list(text, ',')) {
+    std::vector<std::string> parts = env::split_list(one, ':');
     FaultSpec f;
     const std::string& kind = parts[0];
     bool known = false;

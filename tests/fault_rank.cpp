@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/args.hpp"
 #include "tutti/tutti.hpp"
 
 namespace {
@@ -85,17 +86,19 @@ int status_of(const std::vector<Outcome>& outcomes) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i];
-    long v = std::strtol(argv[i + 1], nullptr, 10);
-    if (a == "--threads") o.threads = static_cast<int>(v);
-    else if (a == "--calls") o.calls = static_cast<int>(v);
-    else if (a == "--count") o.count = static_cast<size_t>(v);
-    else if (a == "--fault-call") o.fault_call = static_cast<int>(v);
-    else {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a != "--threads" && a != "--calls" && a != "--count" && a != "--fault-call") {
       std::fprintf(stderr, "tutti-fault-rank: unknown option %s\n", argv[i]);
       return 2;
     }
+    auto v = tutti::test_support::whole_flag("tutti-fault-rank", a.c_str(), i + 1 < argc ? argv[i + 1] : nullptr,
+                                             a == "--threads" ? 0 : 1);
+    if (!v) return 2;
+    if (a == "--threads") o.threads = static_cast<int>(*v);
+    else if (a == "--calls") o.calls = static_cast<int>(*v);
+    else if (a == "--count") o.count = static_cast<size_t>(*v);
+    else o.fault_call = static_cast<int>(*v);
   }
   try {
     if (o.threads == 0) {

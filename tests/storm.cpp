@@ -21,6 +21,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -29,6 +30,8 @@
 #include "collectives/include/nccl.h"
 #include "core/datatype.hpp"
 #include "core/reduce.hpp"
+#include "tests/support/args.hpp"
+#include "tools/perf/reference.hpp"
 
 using namespace tutti;
 
@@ -57,14 +60,9 @@ struct Call {
   uint64_t salt;
 };
 
-// nccl-tests' kind of data: small integers, exact in every type under every reduction order.
-double value(DataType t, int op, int rank, size_t i, uint64_t salt) {
-  uint64_t h = ((i + salt) * 2654435761u + static_cast<uint64_t>(rank) * 40503u + 7) >> 7;
-  if (op == 1) return (h & 1) ? 1.0 : -1.0;
-  if (t == DataType::kFp8E4M3 || t == DataType::kFp8E5M2) return static_cast<double>(h % 3) - 1.0;
-  if (t == DataType::kUint8 || t == DataType::kUint32 || t == DataType::kUint64) return static_cast<double>(h % 11);
-  return static_cast<double>(h % 11) - 5.0;
-}
+// nccl-tests' kind of data (tools/perf/reference.hpp), shifted by a per-call salt so that
+// consecutive calls move different values.
+double value(DataType t, int op, int rank, size_t i, uint64_t salt) { return reference::value(t, op, rank, i + salt); }
 
 Call draw(std::mt19937_64& rng, const Options& o, bool allow_p2p) {
   Call c;
@@ -183,24 +181,14 @@ class Rank {
     b.out_elems = out_elems;
     b.meaningful = !(c.coll == Coll::kReduce && me != root);
     b.expect.assign(std::max<size_t>(out_elems, 1) * es, 0);
-    const double scale = c.op == 5 ? 2 : 1;
     for (size_t i = 0; i < out_elems; ++i) {
       double v = 0;
       switch (c.coll) {
         case Coll::kAllReduce:
         case Coll::kReduce:
-        case Coll::kReduceScatter: {
-          size_t src = c.coll == Coll::kReduceScatter ? me * count + i : i;
-          v = value(c.type, c.op, 0, src, c.salt) * scale;
-          for (int q = 1; q < n; ++q) {
-            double x = value(c.type, c.op, q, src, c.salt) * scale;
-            if (c.op == 1) v *= x;
-            else if (c.op == 2) v = std::max(v, x);
-            else if (c.op == 3) v = std::min(v, x);
-            else v += x;
-          }
+        case Coll::kReduceScatter:
+          v = reference::reduced(c.type, c.op, n, (c.coll == Coll::kReduceScatter ? me * count + i : i) + c.salt);
           break;
-        }
         case Coll::kAllGather: v = value(c.type, c.op, static_cast<int>(i / count), i % count, c.salt); break;
         case Coll::kBroadcast: v = value(c.type, c.op, root, i, c.salt); break;
         case Coll::kAllToAll:
@@ -266,16 +254,20 @@ int env_int(const char* name, int fallback) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i];
-    if (a == "--calls") o.calls = std::atoi(argv[i + 1]);
-    else if (a == "--seed") o.seed = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (a == "--max-bytes") o.max_bytes = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (a == "--threads") o.threads = std::atoi(argv[i + 1]);
-    else {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string a = argv[i];
+    const char* text = i + 1 < argc ? argv[i + 1] : nullptr;
+    const long long lowest = a == "--threads" ? 1 : a == "--max-bytes" ? 8 : 0;
+    std::optional<long long> v;
+    if (a == "--calls" || a == "--seed" || a == "--max-bytes" || a == "--threads")
+      v = test_support::whole_flag("tutti-storm", a.c_str(), text, lowest);
+    else
       std::fprintf(stderr, "usage: tutti-storm [--calls K] [--seed S] [--max-bytes B] [--threads T]\n");
-      return 2;
-    }
+    if (!v) return 2;
+    if (a == "--calls") o.calls = static_cast<int>(*v);
+    else if (a == "--seed") o.seed = static_cast<uint64_t>(*v);
+    else if (a == "--max-bytes") o.max_bytes = static_cast<uint64_t>(*v);
+    else o.threads = static_cast<int>(*v);
   }
   const int proc = env_int("TUTTI_RANK", 0), procs = env_int("TUTTI_SIZE", 1);
   const int nranks = procs * o.threads;

@@ -34,6 +34,17 @@ void on_ranks(int n, const std::function<void(int, ncclComm_t)>& fn) {
   for (auto& t : threads) t.join();
 }
 
+// n communicators made at once on threads, for tests that drive (or destroy) them unevenly.
+std::vector<ncclComm_t> comms_made_on_threads(int n) {
+  ncclUniqueId id;
+  EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<ncclComm_t> comms(n);
+  std::vector<std::thread> init;
+  for (int r = 0; r < n; ++r) init.emplace_back([&, r] { EXPECT_EQ(ncclCommInitRank(&comms[r], n, id, r), ncclSuccess); });
+  for (auto& t : init) t.join();
+  return comms;
+}
+
 TEST(NcclApi, VersionAndErrorStrings) {
   int v = 0;
   EXPECT_EQ(ncclGetVersion(&v), ncclSuccess);
@@ -604,12 +615,7 @@ TEST(NcclApi, MismatchedPlanCallsFailOnTheFirstMessage) {
 TEST(NcclApi, OneShotCallFailsAtOnceWhenAPeerHasLeft) {
   tutti::test_support::ScopedEnv env({{"TUTTI_TIMEOUT", "300"}});
   const int n = 3;
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-  std::vector<ncclComm_t> comms(n);
-  std::vector<std::thread> init;
-  for (int r = 0; r < n; ++r) init.emplace_back([&, r] { ASSERT_EQ(ncclCommInitRank(&comms[r], n, id, r), ncclSuccess); });
-  for (auto& t : init) t.join();
+  std::vector<ncclComm_t> comms = comms_made_on_threads(n);
   std::vector<ncclResult_t> results(n, ncclSuccess);
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
@@ -634,12 +640,7 @@ TEST(NcclApi, OneShotCallFailsAtOnceWhenAPeerHasLeft) {
 
 TEST(NcclApi, AbortDuringACollectiveUnblocksEveryRank) {
   const int n = 3;
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-  std::vector<ncclComm_t> comms(n);
-  std::vector<std::thread> init;
-  for (int r = 0; r < n; ++r) init.emplace_back([&, r] { ASSERT_EQ(ncclCommInitRank(&comms[r], n, id, r), ncclSuccess); });
-  for (auto& t : init) t.join();
+  std::vector<ncclComm_t> comms = comms_made_on_threads(n);
   // Ranks 1 and 2 enter an all-reduce that rank 0 never joins; rank 0 aborts.
   std::vector<ncclResult_t> results(n, ncclSuccess);
   std::vector<std::string> last_error(n);  // ncclGetLastError is per thread, as NCCL's

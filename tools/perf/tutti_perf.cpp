@@ -38,6 +38,7 @@
 #include "core/element.hpp"
 #include "core/env.hpp"
 #include "core/reduce.hpp"
+#include "tools/perf/reference.hpp"
 
 using namespace tutti;
 
@@ -299,16 +300,7 @@ size_t count_of(Coll c, uint64_t bytes, size_t esize, int n) {
   return elems;
 }
 
-// Value of element i of rank r, as a double: small integers, exact in every type. Products use only
-// +-1 so they stay small; fp8 uses -1..1 so sums of up to 16 ranks stay exact.
-double value(DataType t, int op, int rank, size_t i) {
-  uint64_t h = (i * 2654435761u + static_cast<uint64_t>(rank) * 40503u + 7) >> 7;
-  if (op == 1) return (h & 1) ? 1.0 : -1.0;
-  if (t == DataType::kFp8E4M3 || t == DataType::kFp8E5M2) return static_cast<double>(h % 3) - 1.0;
-  // Unsigned types get non-negative values, so min and max agree with their unsigned order.
-  if (t == DataType::kUint8 || t == DataType::kUint32 || t == DataType::kUint64) return static_cast<double>(h % 11);
-  return static_cast<double>(h % 11) - 5.0;
-}
+using reference::value;  // element i of rank r, as a double (tools/perf/reference.hpp)
 
 void store(DataType t, void* base, size_t i, double v) {
   store_value(t, static_cast<unsigned char*>(base) + i * size_of(t), v);
@@ -380,18 +372,9 @@ class Rank {
         switch (o.coll) {
           case Coll::kAllReduce:
           case Coll::kReduce:
-          case Coll::kReduceScatter: {
-            size_t src = o.coll == Coll::kReduceScatter ? rank * count + i : i;
-            v = value(t, op_index, 0, src) * (op_index == 5 ? 2 : 1);
-            for (int q = 1; q < n; ++q) {
-              double x = value(t, op_index, q, src) * (op_index == 5 ? 2 : 1);
-              if (op_index == 1) v *= x;
-              else if (op_index == 2) v = std::max(v, x);
-              else if (op_index == 3) v = std::min(v, x);
-              else v += x;
-            }
+          case Coll::kReduceScatter:
+            v = reference::reduced(t, op_index, n, o.coll == Coll::kReduceScatter ? rank * count + i : i);
             break;
-          }
           case Coll::kAllGather: v = value(t, op_index, static_cast<int>(i / count), i % count); break;
           case Coll::kBroadcast: v = value(t, op_index, root, i); break;
           case Coll::kAllToAll: v = value(t, op_index, static_cast<int>(i / count), rank * count + i % count); break;
