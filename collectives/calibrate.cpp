@@ -14,6 +14,9 @@
 #include <thread>
 
 #include "collectives/algorithms/registry.hpp"
+#include "collectives/dispatcher.hpp"
+#include "collectives/oneshot.hpp"
+#include "collectives/tuner.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/verify.hpp"
 #include "core/env.hpp"
@@ -142,6 +145,185 @@ std::vector<std::pair<uint64_t, double>> rates_at_once(Communicator& comm, bool 
   return out;
 }
 
+// The polling window: a ring all-reduce of 8 B (2(n-1) dependent hops: what sleeping between
+// messages costs) and of 256 KiB (a pipeline of tiles) under each window, interleaved. Fills
+// spin_points (relative to the fastest window, the geometric mean over the two) and wake_us.
+void measure_spin(Communicator& comm, Calibration& c) {
+  const int n = comm.size();
+  const std::vector<int> windows = {0, 20, 50, 100, 200, 500, 1000};
+  auto ring = PreparedPlan::make(plan::compile(algorithms::build("ring_allreduce", n, {{"inplace", 0}})).plan);
+  CpuExecutor ex(comm, CpuExecutorOptions::from_env());
+  const int64_t small = std::max<int64_t>(2, ring->plan.chunk_factor);
+  const int64_t large = std::max<int64_t>((256 << 10) / 4 / ring->plan.chunk_factor, 1) * ring->plan.chunk_factor;
+  std::vector<float> in(static_cast<size_t>(large), 1.0f), out(static_cast<size_t>(large));
+  ExecArgs a;
+  a.input = in.data();
+  a.output = out.data();
+  a.reduction.op = RedOp::kSum;
+  a.reduction.type = DataType::kFloat32;
+  const int was = comm.options().spin;
+  std::vector<std::vector<std::function<void()>>> runs(2);
+  for (int w : windows) {
+    runs[0].push_back([&, w] {
+      comm.set_spin(w);
+      ExecArgs x = a;
+      x.count = small;
+      ex.run(*ring, x);
+    });
+    runs[1].push_back([&, w] {
+      comm.set_spin(w);
+      ExecArgs x = a;
+      x.count = large;
+      ex.run(*ring, x);
+    });
+  }
+  std::vector<std::vector<FunctionRef<void()>>> ways(2);
+  for (size_t k = 0; k < 2; ++k)
+    for (auto& r : runs[k]) {
+      r();
+      ways[k].emplace_back(r);
+    }
+  auto times = interleaved_sweep(comm, ways, kRounds, {100, 10});
+  comm.set_spin(was);
+  double best[2] = {1e300, 1e300};
+  for (size_t k = 0; k < 2; ++k)
+    for (double t : times[k]) best[k] = std::min(best[k], t);
+  c.spin_points.clear();
+  for (size_t i = 0; i < windows.size(); ++i)
+    c.spin_points.push_back({windows[i], std::sqrt(times[0][i] / best[0] * (times[1][i] / best[1]))});
+  // Sleeping at every wait (window 0) against the best window, per hop of the 8 B ring.
+  c.wake_us = std::max(0.0, (times[0][0] - best[0]) / (2.0 * (n - 1)));
+  c.spin_us = choose_spin(c.spin_points, c.wake_us);
+}
+
+// FIFO layouts, then tiles (calibrate.hpp). The default layout and tile come first in their lists.
+void measure_fifo_and_tile(Communicator& comm, Calibration& c) {
+  struct Layout {
+    uint32_t slots;
+    uint64_t slot_bytes;
+  };
+  const CommOptions defaults;
+  const std::vector<Layout> layouts = {{defaults.shm_slots, defaults.shm_slot_size},
+                                       {16, 32u << 10},
+                                       {16, 64u << 10},
+                                       {32, 64u << 10},
+                                       {8, 256u << 10},
+                                       {4, 512u << 10}};
+  std::vector<std::unique_ptr<Communicator>> children;
+  for (const Layout& l : layouts) {
+    CommOptions o = comm.options();
+    o.shm_slots = l.slots;
+    o.shm_slot_size = l.slot_bytes;
+    children.push_back(comm.split(0, comm.rank(), o));
+  }
+  const std::vector<uint64_t> sizes = {64u << 10, 1u << 20, 16u << 20};
+  std::vector<unsigned char> out(sizes.back(), 1), in(sizes.back());
+  std::vector<std::vector<std::function<void()>>> runs(sizes.size());
+  for (size_t k = 0; k < sizes.size(); ++k)
+    for (auto& child : children) {
+      Communicator* ch = child.get();
+      const uint64_t bytes = sizes[k];
+      runs[k].push_back([ch, bytes, &out, &in] {
+        const int n = ch->size(), me = ch->rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+        Ticket s = ch->connection(next, 0).send(out.data(), bytes);
+        Ticket r = ch->connection(prev, 0).recv(in.data(), bytes, false);
+        ch->wait_send(next, s);
+        ch->wait_recv(prev, r);
+      });
+    }
+  std::vector<std::vector<FunctionRef<void()>>> ways(sizes.size());
+  for (size_t k = 0; k < sizes.size(); ++k)
+    for (auto& r : runs[k]) {
+      r();  // fault the FIFO in
+      ways[k].emplace_back(r);
+    }
+  auto times = interleaved_sweep(comm, ways, kRounds, {100, 10, 2});
+  std::vector<double> relative(layouts.size(), 1.0);
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const double best = *std::min_element(times[k].begin(), times[k].end());
+    for (size_t i = 0; i < layouts.size(); ++i) relative[i] *= times[k][i] / best;
+  }
+  c.fifo_points.clear();
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    relative[i] = std::pow(relative[i], 1.0 / static_cast<double>(sizes.size()));
+    c.fifo_points.push_back({layouts[i].slots, layouts[i].slot_bytes, relative[i]});
+  }
+  const size_t chosen = choose_setting(relative, 0);
+  c.fifo_slots = layouts[chosen].slots;
+  c.fifo_slot_bytes = layouts[chosen].slot_bytes;
+
+  // Tiles, on the chosen layout: a ring all-reduce of 16 MiB.
+  Communicator& on = *children[chosen];
+  const std::vector<int64_t> tiles = {CpuExecutorOptions{}.tile_bytes, 256 << 10, 512 << 10, 2 << 20, 4 << 20};
+  auto ring = PreparedPlan::make(plan::compile(algorithms::build("ring_allreduce", on.size(), {{"inplace", 0}})).plan);
+  const int64_t factor = ring->plan.chunk_factor;
+  const int64_t count = (16 << 20) / 4 / factor * factor;
+  std::vector<float> a(static_cast<size_t>(count), 1.0f), b(static_cast<size_t>(count));
+  CpuExecutor ex(on, CpuExecutorOptions::from_env());
+  ExecArgs args;
+  args.input = a.data();
+  args.output = b.data();
+  args.count = count;
+  args.reduction.op = RedOp::kSum;
+  args.reduction.type = DataType::kFloat32;
+  std::vector<std::function<void()>> tile_runs;
+  for (int64_t t : tiles)
+    tile_runs.push_back([&ex, &ring, &args, t] {
+      ex.set_tile_bytes(t);
+      ex.run(*ring, args);
+    });
+  std::vector<FunctionRef<void()>> tile_ways;
+  for (auto& r : tile_runs) {
+    r();
+    tile_ways.emplace_back(r);
+  }
+  auto tile_times = interleaved_medians(comm, tile_ways, kRounds, 2);
+  const double best = *std::min_element(tile_times.begin(), tile_times.end());
+  std::vector<double> tile_rel;
+  c.tile_points.clear();
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    tile_rel.push_back(tile_times[i] / best);
+    c.tile_points.push_back({tiles[i], tile_rel.back()});
+  }
+  c.tile_bytes = tiles[choose_setting(tile_rel, 0)];
+}
+
+// The one-shot mailbox against the dispatcher's default plan, per collective, at sizes that fit.
+void measure_oneshot(Communicator& comm, Calibration& c) {
+  Mailbox* mb = comm.mailbox();
+  if (!mb) return;
+  const int n = comm.size();
+  c.oneshot.clear();
+  for (Collective coll : {Collective::kAllReduce, Collective::kAllGather, Collective::kReduceScatter,
+                          Collective::kBroadcast, Collective::kReduce, Collective::kAllToAll}) {
+    std::vector<uint64_t> sizes;
+    std::vector<std::vector<Candidate>> cands;
+    std::vector<int> iters;
+    for (uint64_t s = 64; s <= (256u << 10); s *= 4) {
+      // nccl-tests' size is the whole input or output; a scaled collective's count is one rank's piece.
+      const bool scaled = coll == Collective::kAllGather || coll == Collective::kReduceScatter || coll == Collective::kAllToAll;
+      const uint64_t count = (scaled ? s / static_cast<uint64_t>(n) : s) / 4;
+      if (count == 0) continue;
+      if (!oneshot_fits(*mb, coll, static_cast<int64_t>(count), 4)) break;
+      sizes.push_back(s);
+      cands.push_back({Candidate{kOneShot, {}}, Candidate{default_algorithm(coll, s, n), {}}});
+      iters.push_back(s <= (4u << 10) ? 100 : 20);
+    }
+    if (sizes.empty()) continue;
+    auto ranked = measure_sweep(comm, coll, sizes, cands, iters, 2, kRounds);
+    Calibration::OneShotCut cut;
+    cut.collective = coll;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      double one = 0, plan = 0;
+      for (auto& r : ranked[i]) (r.candidate.algorithm == kOneShot ? one : plan) = r.time_us;
+      if (one >= 1e300 || plan >= 1e300) continue;  // a path that cannot take this size
+      cut.points.push_back({sizes[i], {one, plan}});
+    }
+    cut.threshold = choose_oneshot_threshold(cut.points);
+    c.oneshot.push_back(std::move(cut));
+  }
+}
+
 // A measured (bytes, value) curve in the calibration file; rates (GB/s) must be > 0.
 json curve_json(const std::vector<std::pair<uint64_t, double>>& curve) {
   json x = json::array();
@@ -173,6 +355,35 @@ json to_json(const Calibration& c) {
   x["memory_curve"] = curve_json(c.memory_curve);
   x["reduce_curve"] = curve_json(c.reduce_curve);
   x["reduce_exchange"] = curve_json(c.reduce_exchange);
+  if (c.spin_us > 0) {
+    x["spin_us"] = c.spin_us;
+    x["wake_us"] = c.wake_us;
+    json points = json::array();
+    for (auto& [us, rel] : c.spin_points) points.push_back(json::array({us, rel}));
+    x["spin"] = points;
+  }
+  if (c.fifo_slots > 0) {
+    x["fifo_slots"] = c.fifo_slots;
+    x["fifo_slot_bytes"] = c.fifo_slot_bytes;
+    json points = json::array();
+    for (auto& f : c.fifo_points) points.push_back(json::array({f.slots, f.slot_bytes, f.relative}));
+    x["fifo"] = points;
+  }
+  if (c.tile_bytes > 0) {
+    x["tile_bytes"] = c.tile_bytes;
+    json points = json::array();
+    for (auto& [t, rel] : c.tile_points) points.push_back(json::array({t, rel}));
+    x["tile"] = points;
+  }
+  if (!c.oneshot.empty()) {
+    json cuts = json::object();
+    for (auto& cut : c.oneshot) {
+      json points = json::array();
+      for (auto& [s, t] : cut.points) points.push_back(json::array({s, t.first, t.second}));
+      cuts[to_string(cut.collective)] = json{{"threshold", cut.threshold}, {"points", points}};
+    }
+    x["oneshot"] = cuts;
+  }
   if (c.single_copy_threshold) {
     x["single_copy_threshold"] = c.single_copy_threshold;
     json points = json::array();
@@ -202,6 +413,31 @@ Calibration from_json(const json& x) {
   if (x.contains("single_copy"))
     for (auto& p : x.at("single_copy"))
       c.single_copy.push_back({p.at(0).get<uint64_t>(), {p.at(1).get<double>(), p.at(2).get<double>()}});
+  c.spin_us = x.value("spin_us", 0);
+  c.wake_us = x.value("wake_us", 0.0);
+  TUTTI_CHECK(c.spin_us >= 0, InvalidArgument, "spin_us must be >= 0, not {}", c.spin_us);
+  for (auto& p : x.value("spin", json::array())) c.spin_points.push_back({p.at(0).get<int>(), p.at(1).get<double>()});
+  c.fifo_slots = x.value("fifo_slots", uint32_t{0});
+  c.fifo_slot_bytes = x.value("fifo_slot_bytes", uint64_t{0});
+  TUTTI_CHECK(c.fifo_slots == 0 || c.fifo_slot_bytes >= 64, InvalidArgument,
+              "fifo_slot_bytes must be at least 64 with fifo_slots, not {}", c.fifo_slot_bytes);
+  for (auto& p : x.value("fifo", json::array()))
+    c.fifo_points.push_back({p.at(0).get<uint32_t>(), p.at(1).get<uint64_t>(), p.at(2).get<double>()});
+  c.tile_bytes = x.value("tile_bytes", int64_t{0});
+  TUTTI_CHECK(c.tile_bytes == 0 || c.tile_bytes >= 64, InvalidArgument, "tile_bytes must be at least 64, not {}",
+              c.tile_bytes);
+  for (auto& p : x.value("tile", json::array())) c.tile_points.push_back({p.at(0).get<int64_t>(), p.at(1).get<double>()});
+  const json cuts = x.value("oneshot", json::object());  // items() must not outlive it
+  for (auto& [name, cut] : cuts.items()) {
+    Calibration::OneShotCut k;
+    auto coll = parse_collective(name);
+    TUTTI_CHECK(coll.has_value(), InvalidArgument, "oneshot: '{}' is not a collective", name);
+    k.collective = *coll;
+    k.threshold = cut.at("threshold").get<uint64_t>();
+    for (auto& p : cut.value("points", json::array()))
+      k.points.push_back({p.at(0).get<uint64_t>(), {p.at(1).get<double>(), p.at(2).get<double>()}});
+    c.oneshot.push_back(std::move(k));
+  }
   TUTTI_CHECK(c.alpha_us >= 0 && c.beta_gbps > 0 && c.memory_gbps > 0 && c.instruction_us >= 0 && c.local_instruction_us >= 0,
               InvalidArgument, "alpha_us, instruction_us and local_instruction_us must be >= 0, beta_gbps and memory_gbps > 0");
   return c;
@@ -216,6 +452,38 @@ uint64_t choose_single_copy_threshold(const std::vector<std::pair<uint64_t, std:
   // From the largest size down, as long as single copy keeps up.
   for (auto it = sorted.rbegin(); it != sorted.rend() && it->second.second >= it->second.first; ++it) threshold = it->first;
   return threshold;
+}
+
+uint64_t choose_oneshot_threshold(const std::vector<std::pair<uint64_t, std::pair<double, double>>>& points) {
+  auto sorted = points;
+  std::sort(sorted.begin(), sorted.end());
+  uint64_t threshold = 0;
+  // Within 3 % is a tie, which the mailbox keeps: it also checks every call's arguments.
+  for (auto& [size, t] : sorted) {
+    if (t.first > t.second * 1.03) return threshold;
+    threshold = size;
+  }
+  return sorted.empty() ? 0 : UINT64_MAX;
+}
+
+size_t choose_setting(const std::vector<double>& relative, size_t default_index) {
+  TUTTI_CHECK(default_index < relative.size(), InvalidArgument, "choose_setting: default {} of {} settings",
+              default_index, relative.size());
+  size_t best = 0;
+  for (size_t i = 1; i < relative.size(); ++i)
+    if (relative[i] < relative[best]) best = i;
+  return relative[default_index] <= relative[best] * 1.05 ? default_index : best;
+}
+
+int choose_spin(const std::vector<std::pair<int, double>>& points, double wake_us) {
+  auto sorted = points;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted.empty()) return 0;
+  double best = 1e300;
+  for (auto& p : sorted) best = std::min(best, p.second);
+  for (auto& [us, rel] : sorted)
+    if (us >= wake_us && rel <= best * 1.05) return us;
+  return sorted.back().first;
 }
 
 std::pair<double, double> fit_alpha_beta(const std::vector<std::pair<uint64_t, double>>& points) {
@@ -384,6 +652,10 @@ Calibration calibrate(Communicator& comm) {
     c.single_copy = copy_points;
     c.single_copy_threshold = choose_single_copy_threshold(copy_points);
   }
+  // Both are the same on every rank: interleaved_sweep returns the slowest rank's times everywhere.
+  measure_spin(comm, c);
+  measure_oneshot(comm, c);
+  if (c.transport == "shm") measure_fifo_and_tile(comm, c);
   return c;
 }
 

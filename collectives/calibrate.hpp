@@ -12,7 +12,20 @@
 //   is the share a rank gets);
 // - the executor: a ring all-reduce of 8 bytes, whose 2(n-1) dependent receives cost alpha plus
 //   the per-instruction overhead each; and a plan of local copies of one element, the overhead of
-//   an instruction that waits on no peer.
+//   an instruction that waits on no peer;
+// - the wait: a ring all-reduce of 8 B and of 256 KiB with waits that poll 0, 20, 50, 100, 200,
+//   500 and 1000 us before they sleep (TUTTI_SPIN); the choice is the shortest poll that loses
+//   neither workload more than 5 % and lasts at least one wake-up (what a sleep costs a hop: poll
+//   shorter than that and a wait that could have been caught costs more than the polling would
+//   have, the ski-rental rule);
+// - the shared-memory FIFO (slots x slot size) and the executor's tile: communicators split off
+//   with each FIFO layout exchange 64 KiB, 1 MiB and 16 MiB as a ring step does, interleaved; on
+//   the fastest layout, a ring all-reduce of 16 MiB runs with tiles of 256 KiB .. 4 MiB. A setting
+//   other than the default must win by more than 5 % (TUTTI_SHM_SLOTS, TUTTI_SHM_SLOT_SIZE,
+//   TUTTI_TILE_SIZE);
+// - the one-shot mailbox against the plan the dispatcher would run otherwise, per collective, at
+//   64 B .. 256 KiB while the call fits the mailbox; the threshold is the largest size up to which
+//   the mailbox wins at every size (TUTTI_ONESHOT_THRESHOLD).
 // Times are the median of a few rounds (a run of calls sees the typical round, not the luckiest).
 // The result is stored per (transport, ranks) in a JSON file (TUTTI_CALIBRATION_FILE, default
 // ~/.cache/tutti/calibration.json), reused by the tuner and tutti-sim, and may be edited to
@@ -45,6 +58,38 @@ struct Calibration {
   uint64_t single_copy_threshold = 0;
   // The measurements behind it: size -> (GB/s through the FIFO, GB/s by single copy).
   std::vector<std::pair<uint64_t, std::pair<double, double>>> single_copy;
+  // The polling window of waits (us) for this machine and rank count, 0: not measured. Used unless
+  // TUTTI_SPIN is set. spin_points: window -> time relative to the fastest (the geometric mean over
+  // the workloads); wake_us: what sleeping cost a hop of the 8 B ring.
+  int spin_us = 0;
+  double wake_us = 0;
+  std::vector<std::pair<int, double>> spin_points;
+  // Ranks over shared memory: the FIFO layout and the executor's tile size for this machine and rank
+  // count; 0: not measured. Used unless TUTTI_SHM_SLOTS, TUTTI_SHM_SLOT_SIZE or TUTTI_TILE_SIZE is
+  // set (for plan channels; the point-to-point channel keeps the layout it was made with). The
+  // measurements: each layout's and each tile's time relative to the fastest (a geometric mean over
+  // the sizes for layouts).
+  uint32_t fifo_slots = 0;
+  uint64_t fifo_slot_bytes = 0;
+  int64_t tile_bytes = 0;
+  struct FifoPoint {
+    uint32_t slots = 0;
+    uint64_t slot_bytes = 0;
+    double relative = 0;
+    bool operator==(const FifoPoint&) const = default;
+  };
+  std::vector<FifoPoint> fifo_points;
+  std::vector<std::pair<int64_t, double>> tile_points;
+  // Per collective, the largest call (nccl-tests' size) the one-shot mailbox takes (0: none;
+  // UINT64_MAX: every call that fits), with the measurements behind it: size -> (one-shot us, plan
+  // us). Used unless TUTTI_ONESHOT_THRESHOLD is set; every rank must see the same file, as for a
+  // decision table.
+  struct OneShotCut {
+    Collective collective = Collective::kAllReduce;
+    uint64_t threshold = 0;
+    std::vector<std::pair<uint64_t, std::pair<double, double>>> points;
+  };
+  std::vector<OneShotCut> oneshot;
   // The measurements behind the fit: size -> one-way time (us).
   std::vector<std::pair<uint64_t, double>> pingpong;
   // One-way time per size under a collective's load (ping-pong up to 512 B, then every rank
@@ -70,6 +115,19 @@ Calibration calibrate(Communicator& comm);
 // from which single copy is at least as fast at that size and every larger one; UINT64_MAX if
 // there is none.
 uint64_t choose_single_copy_threshold(const std::vector<std::pair<uint64_t, std::pair<double, double>>>& points);
+
+// The one-shot threshold from (size, (one-shot us, plan us)) points: the largest size up to which
+// the one-shot path is at least as fast (within 3 %) at every measured size; 0 if it loses at the
+// smallest;
+// UINT64_MAX if it wins everywhere (the mailbox's capacity still bounds it).
+uint64_t choose_oneshot_threshold(const std::vector<std::pair<uint64_t, std::pair<double, double>>>& points);
+// Which of several settings to keep, from their times relative to the fastest: the default
+// (index `default_index`) unless another is more than 5 % faster, else the fastest.
+size_t choose_setting(const std::vector<double>& relative, size_t default_index);
+// The polling window from (window us, relative time) points and the cost of a sleep (us): the
+// shortest window at least `wake_us` long whose time is within 5 % of the best; the longest
+// window if none is.
+int choose_spin(const std::vector<std::pair<int, double>>& points, double wake_us);
 
 // Fits alpha and beta to (size, time) points by relative least squares. InvalidArgument for fewer
 // than two distinct sizes.

@@ -132,7 +132,8 @@ DispatcherOptions DispatcherOptions::from_env() {
   o.algo = env::raw("TUTTI_ALGO");
   o.tuning_file = env::raw("TUTTI_TUNING_FILE");
   o.tune = env::get_bool("TUTTI_TUNE");
-  o.oneshot_threshold = env::get_size("TUTTI_ONESHOT_THRESHOLD");
+  if (auto v = env::raw("TUTTI_ONESHOT_THRESHOLD"); v && !v->empty())
+    o.oneshot_threshold = env::get_size("TUTTI_ONESHOT_THRESHOLD");
   o.check = env::get_bool("TUTTI_CHECK");
   o.executor = CpuExecutorOptions::from_env();
   return o;
@@ -159,14 +160,15 @@ Dispatcher::Dispatcher(Communicator& comm, const DispatcherOptions& options, std
   }
   warn_about_settings();
   if (table_.source.empty()) table_.source = "measured";
-  apply_calibrated_transport();
+  apply_calibration();
 }
 
-// Transport settings the calibration measured for this machine and rank count replace the
-// built-in defaults, unless the user set them (tutti-tune --calibrate measures them).
-void Dispatcher::apply_calibrated_transport() {
+// Settings the calibration measured for this machine and rank count (single copy, the polling
+// window, the one-shot thresholds) replace the built-in defaults, unless the user set them
+// (tutti-tune --calibrate measures them).
+void Dispatcher::apply_calibration() {
   const int n = comm_.size();
-  if (n < 2 || env::raw("TUTTI_SHM_CMA_THRESHOLD")) return;
+  if (n < 2) return;
   const std::string transport = comm_.transport_to(comm_.rank() == 0 ? 1 : 0);
   if (transport != std::string("shm")) return;
   std::optional<tuning::Calibration> cal;
@@ -176,10 +178,33 @@ void Dispatcher::apply_calibrated_transport() {
     TUTTI_WARN("rank {}: {}; using the built-in transport settings", comm_.rank(), e.what());
     return;
   }
-  if (!cal || cal->single_copy_threshold == 0) return;
-  comm_.set_single_copy_threshold(cal->single_copy_threshold);
-  TUTTI_INFO(log::kTuning, "rank {}: single copy from {} bytes (calibrated for {} ranks over shm)", comm_.rank(),
-             cal->single_copy_threshold, n);
+  if (!cal) return;
+  if (cal->single_copy_threshold != 0 && !env::raw("TUTTI_SHM_CMA_THRESHOLD")) {
+    comm_.set_single_copy_threshold(cal->single_copy_threshold);
+    TUTTI_INFO(log::kTuning, "rank {}: single copy from {} bytes (calibrated for {} ranks over shm)", comm_.rank(),
+               cal->single_copy_threshold, n);
+  }
+  if (cal->spin_us > 0 && !env::raw("TUTTI_SPIN")) {
+    comm_.set_spin(cal->spin_us);
+    TUTTI_INFO(log::kTuning, "rank {}: waits poll {} us before they sleep (calibrated for {} ranks over shm)",
+               comm_.rank(), cal->spin_us, n);
+  }
+  if (cal->fifo_slots > 0 && !env::raw("TUTTI_SHM_SLOTS") && !env::raw("TUTTI_SHM_SLOT_SIZE")) {
+    comm_.set_fifo_layout(cal->fifo_slots, cal->fifo_slot_bytes);
+    TUTTI_INFO(log::kTuning, "rank {}: plan channels' FIFOs of {} x {} bytes (calibrated for {} ranks over shm)",
+               comm_.rank(), cal->fifo_slots, cal->fifo_slot_bytes, n);
+  }
+  if (cal->tile_bytes > 0 && !env::raw("TUTTI_TILE_SIZE")) {
+    res_->executor.set_tile_bytes(cal->tile_bytes);
+    TUTTI_INFO(log::kTuning, "rank {}: tiles of {} bytes (calibrated for {} ranks over shm)", comm_.rank(),
+               cal->tile_bytes, n);
+  }
+  if (!oneshot_threshold_)
+    for (const auto& cut : cal->oneshot) {
+      calibrated_oneshot_[cut.collective] = cut.threshold;
+      TUTTI_INFO(log::kTuning, "rank {}: one-shot {} up to {} bytes (calibrated for {} ranks over shm)", comm_.rank(),
+                 to_string(cut.collective), cut.threshold, n);
+    }
 }
 
 // Settings that would otherwise be ignored without a word: a forced algorithm that names nothing,
@@ -255,6 +280,29 @@ std::shared_ptr<const PreparedPlan> Dispatcher::builtin(const std::string& name,
   auto prepared = PreparedPlan::make(std::move(c.plan));
   cache[key] = prepared;
   return prepared;
+}
+
+std::string default_algorithm(Collective c, uint64_t bytes, int n) {
+  switch (c) {
+    case Collective::kAllReduce:
+      // One shot while latency dominates (one message each way per peer), then halving-doubling,
+      // then the ring, whose every byte crosses each link once.
+      return bytes <= (32u << 10) && n <= 16 ? "allpairs_allreduce"
+             : bytes > (512u << 10) || n <= 2 ? "ring_allreduce"
+                                              : "rhd_allreduce";
+    case Collective::kAllGather: return bytes <= (32u << 10) && n > 2 ? "bruck_allgather" : "ring_allgather";
+    case Collective::kReduceScatter: return "ring_reducescatter";
+    case Collective::kBroadcast: return bytes <= (64u << 10) ? "tree_broadcast" : "chain_broadcast";
+    case Collective::kReduce: return "tree_reduce";
+    case Collective::kAllToAll: return "pairwise_alltoall";
+    default: throw InvalidArgument(fmt::format("no built-in algorithm for {}", to_string(c)));
+  }
+}
+
+uint64_t Dispatcher::oneshot_threshold(Collective c) const {
+  if (oneshot_threshold_) return *oneshot_threshold_;
+  auto it = calibrated_oneshot_.find(c);
+  return it != calibrated_oneshot_.end() ? it->second : kDefaultOneshotThreshold;
 }
 
 Choice Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,
@@ -336,25 +384,8 @@ Choice Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, 
   };
   if (auto ch = tuned(c, bytes, from_table)) return remember(ch);
   // Small calls on one host: the one-shot mailbox, while it beats the plans (see PERFORMANCE.md).
-  if (fits && bytes <= oneshot_threshold_) return remember(Choice::one_shot());
-  // Built-in defaults for host memory: latency-bound sizes want few steps, bandwidth-bound ones
-  // want every byte to cross each link once.
-  std::string name;
-  switch (c) {
-    case Collective::kAllReduce:
-      // One shot while latency dominates (one message each way per peer), then halving-doubling,
-      // then the ring, whose every byte crosses each link once.
-      name = bytes <= (32u << 10) && n <= 16 ? "allpairs_allreduce"
-             : bytes > (512u << 10) || n <= 2 ? "ring_allreduce"
-                                              : "rhd_allreduce";
-      break;
-    case Collective::kAllGather: name = bytes <= (32u << 10) && n > 2 ? "bruck_allgather" : "ring_allgather"; break;
-    case Collective::kReduceScatter: name = "ring_reducescatter"; break;
-    case Collective::kBroadcast: name = bytes <= (64u << 10) ? "tree_broadcast" : "chain_broadcast"; break;
-    case Collective::kReduce: name = "tree_reduce"; break;
-    case Collective::kAllToAll: name = "pairwise_alltoall"; break;
-    default: throw InvalidArgument(fmt::format("no built-in algorithm for {}", to_string(c)));
-  }
+  if (fits && bytes <= oneshot_threshold(c)) return remember(Choice::one_shot());
+  const std::string name = default_algorithm(c, bytes, n);
   auto pp = try_builtin(name);
   TUTTI_CHECK(pp != nullptr, InternalError, "built-in {} does not apply to {} ranks", name, n);
   return remember(pp);

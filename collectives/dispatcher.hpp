@@ -52,11 +52,21 @@ struct Choice {
 // What a dispatcher is told to prefer, and the settings of the CPU executor it makes; from_env()
 // reads TUTTI_ALGO/NCCL_ALGO, TUTTI_TUNING_FILE, TUTTI_TUNE, TUTTI_ONESHOT_THRESHOLD, TUTTI_CHECK
 // and the CPU executor's variables (CpuExecutorOptions::from_env).
+inline constexpr uint64_t kDefaultOneshotThreshold = 8 << 10;
+
+// The built-in plan the dispatcher runs for host memory where no table, plan file or forced
+// algorithm decides and the call does not take the one-shot path: latency-bound sizes want few
+// steps, bandwidth-bound ones want every byte to cross each link once. (The calibration measures
+// the one-shot path against it.)
+std::string default_algorithm(Collective c, uint64_t bytes, int nranks);
+
 struct DispatcherOptions {
   std::optional<std::string> algo;         // a forced algorithm
   std::optional<std::string> tuning_file;  // decision table to load (and save, when tuning)
   bool tune = false;
-  uint64_t oneshot_threshold = 8 << 10;
+  // Largest call (nccl-tests' size) for the one-shot mailbox. Unset: per collective, what
+  // tutti-tune --calibrate measured for this machine and rank count, else kDefaultOneshotThreshold.
+  std::optional<uint64_t> oneshot_threshold;
   bool check = false;  // compare every call's arguments across ranks first
   CpuExecutorOptions executor;
   static DispatcherOptions from_env();
@@ -117,7 +127,7 @@ class Dispatcher {
   Choice choose_for(const CollectiveCall& call);
   std::shared_ptr<const PreparedPlan> builtin(const std::string& name, std::map<std::string, int> params);
   void check_consistent(const CollectiveCall& call);
-  void apply_calibrated_transport();
+  void apply_calibration();
   void warn_about_settings();
 
   Communicator& comm_;
@@ -127,7 +137,9 @@ class Dispatcher {
   std::optional<std::string> tuning_file_;  // TUTTI_TUNING_FILE
   bool tune_ = false;                       // TUTTI_TUNE
   tuning::Table table_;
-  uint64_t oneshot_threshold_;              // TUTTI_ONESHOT_THRESHOLD
+  std::optional<uint64_t> oneshot_threshold_;  // TUTTI_ONESHOT_THRESHOLD
+  std::map<Collective, uint64_t> calibrated_oneshot_;  // per collective, when the calibration has one
+  uint64_t oneshot_threshold(Collective c) const;
   Choice tuned(Collective c, uint64_t bytes, const std::function<Choice(const tuning::Candidate&)>& make);
   // Choices already made: (collective, in-place, root, bytes, count, element size, device) -> choice.
   std::map<std::tuple<int, bool, int, uint64_t, int64_t, int64_t, bool>, Choice> chosen_;

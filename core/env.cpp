@@ -48,13 +48,15 @@ constexpr Variable kVariables[] = {
     {"TUTTI_TCP_STRIPE_THRESHOLD", "", "256K", "Smallest TCP message striped across all sockets of a peer."},
     {"TUTTI_SPIN", "", "200",
      "Microseconds a wait keeps polling after the last progress before it sleeps on a futex (or in poll()). "
-     "With more ranks than cores on the host, polling yields the core after every round."},
+     "With more ranks than cores on the host, polling yields the core after every round. Unset, the window "
+     "tutti-tune --calibrate chose for this machine and rank count is used (shared memory), else 200."},
     {"TUTTI_MAILBOX_SIZE", "", "32K",
      "Data capacity of each rank's one-shot mailbox (runtime/mailbox.hpp), used for small collectives when every "
      "rank is on this host; 0 turns the mailbox off."},
     {"TUTTI_ONESHOT_THRESHOLD", "", "8K",
      "Largest collective (nccl-tests' size) the dispatcher runs through the one-shot mailbox instead of a plan "
-     "(a tuning table or TUTTI_ALGO overrides it; 0: never)."},
+     "(a tuning table or TUTTI_ALGO overrides it; 0: never). Unset, the per-collective thresholds "
+     "tutti-tune --calibrate measured for this machine and rank count are used, else 8K."},
     {"TUTTI_DEVICE", "", "auto",
      "Which buffers the NCCL API runs on the device executor: auto (device memory, recognised with "
      "cudaPointerGetAttributes, on the CUDA device; host memory on the CPU executor) or emulated (every buffer, on "

@@ -235,6 +235,19 @@ void Communicator::set_single_copy_threshold(uint64_t bytes) {
       if (c) c->set_single_copy_threshold(bytes);
 }
 
+void Communicator::set_fifo_layout(uint32_t slots, uint64_t slot_bytes) {
+  TUTTI_CHECK(slots >= 1 && slot_bytes >= 64, InvalidArgument,
+              "rank {}: a shared-memory FIFO needs at least 1 slot of at least 64 bytes, not {} x {}", rank(), slots,
+              slot_bytes);
+  options_.shm_slots = slots;
+  options_.shm_slot_size = slot_bytes;
+}
+
+void Communicator::set_spin(int us) {
+  options_.spin = us;
+  engine_->set_spin(us);
+}
+
 void Communicator::apply_faults(Connection& c, int peer) {
   if (injected_.empty()) return;
   if (injected_[peer] & kInjectedDrop) c.drop_sends();
@@ -351,7 +364,7 @@ void Communicator::recv(int peer, void* data, size_t bytes, int channel) {
   wait_recv(peer, connection(peer, channel).recv(data, bytes), channel);
 }
 
-std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+std::unique_ptr<Communicator> Communicator::split(int color, int key, const std::optional<CommOptions>& options) {
   wire::Writer w;
   w.put<int32_t>(color).put<int32_t>(key);
   auto all = bootstrap_->allgather(w.bytes());
@@ -377,7 +390,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
     TUTTI_CHECK(bytes.size() == UniqueId::kBytes, RemoteError, "rank {}: split: malformed id from rank {}", rank(), leader);
     std::copy(bytes.begin(), bytes.end(), id.bytes.begin());
   }
-  return create(id, static_cast<int>(members.size()), new_rank, options_);
+  return create(id, static_cast<int>(members.size()), new_rank, options ? *options : options_);
 }
 
 std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclude, bool after_failure) {

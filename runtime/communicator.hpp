@@ -14,6 +14,7 @@
 // Thread safety: one thread at a time drives a communicator; abort() may come from any thread.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,8 +42,9 @@ class Communicator {
   static std::vector<std::unique_ptr<Communicator>> create_local(int nranks,
                                                                  const CommOptions& options = CommOptions::from_env());
   static std::unique_ptr<Communicator> create_from_env(const CommOptions& options = CommOptions::from_env());
-  // Collective over this communicator. color < 0: takes part, gets no communicator (nullptr).
-  std::unique_ptr<Communicator> split(int color, int key);
+  // Collective over this communicator. color < 0: takes part, gets no communicator (nullptr). The
+  // new communicator has this one's options unless given others (alike on every rank of a color).
+  std::unique_ptr<Communicator> split(int color, int key, const std::optional<CommOptions>& options = std::nullopt);
   // Collective over the ranks not in `exclude` (only they call it): a new communicator of them, in
   // rank order (ncclCommShrink). `after_failure` (NCCL_SHRINK_ABORT): this communicator may have
   // lost ranks; its calls in progress are stopped first (revoke) and the survivors meet despite the
@@ -89,6 +91,13 @@ class Communicator {
   // directly (single copy) instead of through the FIFO: this and later connections. Local: each
   // rank decides for what it sends. The calibration measures it per machine (collectives/calibrate.hpp).
   void set_single_copy_threshold(uint64_t bytes);
+  // The shared-memory FIFO layout of channels connected from now on (TUTTI_SHM_SLOTS x
+  // TUTTI_SHM_SLOT_SIZE). Every rank must set the same before they connect a channel (a mismatch
+  // fails the connection, naming both layouts). The calibration measures it per machine.
+  void set_fifo_layout(uint32_t slots, uint64_t slot_bytes);
+  // How long waits poll after the last progress before they sleep (TUTTI_SPIN), from now on. Local.
+  // The calibration measures it per machine.
+  void set_spin(int us);
   // Carries out a close, drop or corrupt fault on the links to `peer` (-1: every peer).
   void inject(FaultKind kind, int peer);
 

@@ -515,6 +515,11 @@ CpuExecutor::CpuExecutor(Communicator& comm, const CpuExecutorOptions& options)
         std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, comm.local_ranks()));
 }
 
+void CpuExecutor::set_tile_bytes(int64_t bytes) {
+  TUTTI_CHECK(bytes >= 64, InvalidArgument, "rank {}: tile size {} must be at least 64 bytes", comm_.rank(), bytes);
+  options_.tile_bytes = bytes / 64 * 64;
+}
+
 CpuExecutor::~CpuExecutor() = default;
 
 void* CpuExecutor::temp(int slot, size_t bytes, void*) {

@@ -127,6 +127,9 @@ class CpuExecutor final : public Executor {
   void divide(DataType type, void* dst, const void* src, uint64_t divisor, size_t count, void* stream) override;
 
   int64_t tile_bytes() const { return options_.tile_bytes; }
+  // For later runs (rounded down to a multiple of 64, at least 64). Every rank must use the same
+  // tile size: a transfer's tiles are messages its receiver matches one by one.
+  void set_tile_bytes(int64_t bytes);
   // Worker threads a run uses at most.
   int workers() const { return options_.workers; }
 

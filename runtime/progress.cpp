@@ -11,7 +11,10 @@
 namespace tutti {
 
 ProgressEngine::ProgressEngine(std::shared_ptr<CommState> state, double timeout_s, int spin, bool yield_always)
-    : state_(std::move(state)), timeout_s_(timeout_s), spin_(spin), yield_always_(yield_always) {}
+    : state_(std::move(state)),
+      timeout_s_(timeout_s),
+      spin_(std::make_shared<std::atomic<int>>(spin)),
+      yield_always_(yield_always) {}
 
 void ProgressEngine::add(Connection* c) {
   connections_.push_back(c);
@@ -45,7 +48,8 @@ void ProgressEngine::wait(FunctionRef<bool()> done, FunctionRef<std::string()> w
 }
 
 std::unique_ptr<ProgressEngine> ProgressEngine::sibling(bool short_naps) const {
-  auto e = std::make_unique<ProgressEngine>(state_, timeout_s_, spin_, yield_always_);
+  auto e = std::make_unique<ProgressEngine>(state_, timeout_s_, 0, yield_always_);
+  e->spin_ = spin_;
   e->short_naps_ = short_naps;
   return e;
 }
@@ -60,8 +64,9 @@ void ProgressEngine::run(FunctionRef<bool(bool& done)> step, FunctionRef<std::st
   // Poll while work flows and for spin_ microseconds after it stops, then sleep. Time-based, so a
   // rank does not fall asleep between two messages of one exchange (each wake-up costs tens of us).
   using Clock = std::chrono::steady_clock;
-  auto spin_until = Clock::now() + std::chrono::microseconds(spin_);
-  while (spin_ > 0) {
+  const int spin = spin_->load(std::memory_order_relaxed);
+  auto spin_until = Clock::now() + std::chrono::microseconds(spin);
+  while (spin > 0) {
     bool moved = progress();
     moved |= step(done);
     if (done) return;
@@ -73,7 +78,7 @@ void ProgressEngine::run(FunctionRef<bool(bool& done)> step, FunctionRef<std::st
       // let it run.
       sched_yield();
       auto now = Clock::now();
-      if (moved) spin_until = now + std::chrono::microseconds(spin_);
+      if (moved) spin_until = now + std::chrono::microseconds(spin);
       else if (now >= spin_until) break;
     }
     cpu_relax();

@@ -6,6 +6,7 @@
 // Every wait checks the abort flag and the communicator's error state each round and fails with
 // Timeout after TUTTI_TIMEOUT seconds, naming what it waited for.
 
+#include <atomic>
 #include <functional>
 
 #include "core/function_ref.hpp"
@@ -35,11 +36,15 @@ class ProgressEngine {
   // of the connections. `short_naps`: another thread may unblock this one without ringing a
   // socket, so a poll() sleep is kept short.
   std::unique_ptr<ProgressEngine> sibling(bool short_naps) const;
+  // The polling window after the last progress, for this engine and its siblings (the calibration's
+  // choice replaces TUTTI_SPIN's default once the communicator is made).
+  void set_spin(int us) { spin_->store(us, std::memory_order_relaxed); }
+  int spin() const { return spin_->load(std::memory_order_relaxed); }
 
  private:
   std::shared_ptr<CommState> state_;
   double timeout_s_;
-  int spin_;
+  std::shared_ptr<std::atomic<int>> spin_;  // shared with siblings
   bool yield_always_;
   std::vector<Connection*> connections_;
   bool has_doorbell_ = false, has_fds_ = false;  // what the connections wait on (WaitSource)

@@ -460,6 +460,34 @@ TEST(Calibration, MeasuresTheLiveCommunicator) {
   EXPECT_EQ(got[0].memory_curve, got[1].memory_curve);  // one measurement of all ranks at once
   EXPECT_EQ(got[0].alpha_us, got[1].alpha_us);  // every rank reaches the same model
   EXPECT_EQ(got[0].beta_gbps, got[1].beta_gbps);
+  // The polling window and the one-shot thresholds: one choice on every rank, from every window
+  // and every collective, and consistent with the measurements stored beside them.
+  EXPECT_EQ(got[0].spin_us, got[1].spin_us);
+  EXPECT_EQ(got[0].spin_points.size(), 7u);
+  EXPECT_EQ(got[0].spin_us, tuning::choose_spin(got[0].spin_points, got[0].wake_us));
+  EXPECT_GT(got[0].spin_us, 0);  // window 0 sleeps at every hop, never within 5 % of polling
+  ASSERT_EQ(got[0].oneshot.size(), 6u);
+  ASSERT_EQ(got[1].oneshot.size(), 6u);
+  for (size_t k = 0; k < 6; ++k) {
+    const auto& cut = got[0].oneshot[k];
+    EXPECT_EQ(cut.threshold, got[1].oneshot[k].threshold) << to_string(cut.collective);
+    EXPECT_GE(cut.points.size(), 4u) << to_string(cut.collective);  // 64 B .. 16 KiB fit a 32 KiB mailbox
+    EXPECT_EQ(cut.threshold, tuning::choose_oneshot_threshold(cut.points)) << to_string(cut.collective);
+  }
+  // FIFO layouts (the default first) and tiles, chosen alike on every rank.
+  ASSERT_EQ(got[0].fifo_points.size(), 6u);
+  EXPECT_EQ(got[0].fifo_points, got[1].fifo_points);
+  EXPECT_EQ(got[0].fifo_points[0].slots, CommOptions{}.shm_slots);
+  std::vector<double> rel;
+  for (auto& f : got[0].fifo_points) rel.push_back(f.relative);
+  const size_t layout = tuning::choose_setting(rel, 0);
+  EXPECT_EQ(got[0].fifo_slots, got[0].fifo_points[layout].slots);
+  EXPECT_EQ(got[0].fifo_slot_bytes, got[0].fifo_points[layout].slot_bytes);
+  ASSERT_EQ(got[0].tile_points.size(), 5u);
+  EXPECT_EQ(got[0].tile_bytes, got[1].tile_bytes);
+  rel.clear();
+  for (auto& [t, r] : got[0].tile_points) rel.push_back(r);
+  EXPECT_EQ(got[0].tile_bytes, got[0].tile_points[tuning::choose_setting(rel, 0)].first);
 }
 
 TEST(Tuner, LiveTopologyPutsRanksOfOneHostOnIt) {
@@ -537,6 +565,120 @@ TEST(SingleCopyThreshold, CalibratedValueIsAppliedUnlessTheUserSetOne) {
     test_support::on_ranks(comms, [&](int, Communicator& comm) {
       Dispatcher d(comm);
       EXPECT_EQ(comm.options().shm_single_copy_threshold, user_set ? (8u << 20) : (3u << 20));
+    });
+  }
+  std::remove(path.c_str());
+}
+
+// The one-shot threshold: the largest size up to which the mailbox is at least as fast (a tie
+// within 3 % keeps it) at every measured size.
+TEST(OneShotThreshold, IsTheLargestSizeUpToWhichTheMailboxKeepsWinning) {
+  using P = std::vector<std::pair<uint64_t, std::pair<double, double>>>;
+  EXPECT_EQ(choose_oneshot_threshold(P{{64, {1, 2}}, {1024, {1, 2}}, {16384, {3, 2}}}), 1024u);
+  // A loss at a small size ends it, even if the mailbox wins again above.
+  EXPECT_EQ(choose_oneshot_threshold(P{{64, {1, 2}}, {1024, {3, 2}}, {16384, {1, 2}}}), 64u);
+  EXPECT_EQ(choose_oneshot_threshold(P{{1024, {1, 2}}, {64, {1, 2}}}), UINT64_MAX);  // any order; wins everywhere
+  EXPECT_EQ(choose_oneshot_threshold(P{{64, {2.05, 2}}, {1024, {3, 2}}}), 64u);      // 2.5 % slower is a tie
+  EXPECT_EQ(choose_oneshot_threshold(P{{64, {2.2, 2}}}), 0u);                       // never
+  EXPECT_EQ(choose_oneshot_threshold(P{}), 0u);
+}
+
+// The polling window: the shortest one within 5 % of the best that lasts at least a wake-up.
+TEST(SpinWindow, IsTheShortestCompetitiveWindowThatOutlastsAWakeUp) {
+  using P = std::vector<std::pair<int, double>>;
+  const P points{{0, 5.0}, {20, 1.04}, {50, 1.0}, {200, 1.01}, {1000, 1.3}};
+  EXPECT_EQ(choose_spin(points, 10), 20);
+  EXPECT_EQ(choose_spin(points, 30), 50);   // 20 us would sleep before a wake-up's worth of polling
+  EXPECT_EQ(choose_spin(points, 100), 200);
+  EXPECT_EQ(choose_spin(points, 5000), 1000);  // none lasts that long: the longest
+  EXPECT_EQ(choose_spin(P{{1000, 1.0}, {20, 1.2}}, 0), 1000);  // any order
+  EXPECT_EQ(choose_spin(P{}, 10), 0);
+}
+
+TEST(CalibratedSetting, IsTheDefaultUnlessAnotherWinsByMoreThanFivePercent) {
+  EXPECT_EQ(choose_setting({1.04, 1.0, 1.2}, 0), 0u);
+  EXPECT_EQ(choose_setting({1.06, 1.0, 1.2}, 0), 1u);
+  EXPECT_EQ(choose_setting({1.3, 1.1, 1.0}, 1), 2u);
+  EXPECT_EQ(choose_setting({1.0}, 0), 0u);
+  EXPECT_THROW(choose_setting({1.0}, 1), InvalidArgument);
+}
+
+// A calibration's polling window, one-shot thresholds, FIFO layout and tile size reach the
+// communicators and dispatchers of that many ranks over shared memory, unless TUTTI_SPIN,
+// TUTTI_ONESHOT_THRESHOLD, TUTTI_SHM_SLOTS / TUTTI_SHM_SLOT_SIZE and TUTTI_TILE_SIZE say otherwise;
+// they survive the file's round trip, and plans run correctly on channels of the calibrated layout.
+TEST(CalibratedSetting, AreAppliedUnlessTheUserSetThem) {
+  const std::string path = ::testing::TempDir() + "settings_calibration.json";
+  std::remove(path.c_str());
+  Calibration c;
+  c.transport = "shm";
+  c.nranks = 2;
+  c.alpha_us = 1;
+  c.beta_gbps = 1;
+  c.memory_gbps = 1;
+  c.spin_us = 37;
+  c.wake_us = 9.5;
+  c.spin_points = {{0, 4.0}, {37, 1.0}};
+  c.oneshot = {{Collective::kAllReduce, 0, {{64, {2.0, 1.0}}}}, {Collective::kBroadcast, UINT64_MAX, {{64, {1.0, 2.0}}}}};
+  c.fifo_slots = 3;
+  c.fifo_slot_bytes = 8 << 10;
+  c.fifo_points = {{16, 128 << 10, 1.2}, {3, 8 << 10, 1.0}};
+  c.tile_bytes = 64 << 10;
+  c.tile_points = {{1 << 20, 1.1}, {64 << 10, 1.0}};
+  save_calibration(path, c);
+  auto back = find_calibration(path, "shm", 2);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->spin_us, 37);
+  EXPECT_EQ(back->wake_us, 9.5);
+  EXPECT_EQ(back->spin_points, c.spin_points);
+  EXPECT_EQ(back->fifo_slots, 3u);
+  EXPECT_EQ(back->fifo_slot_bytes, 8u << 10);
+  EXPECT_EQ(back->fifo_points, c.fifo_points);
+  EXPECT_EQ(back->tile_bytes, 64 << 10);
+  EXPECT_EQ(back->tile_points, c.tile_points);
+  ASSERT_EQ(back->oneshot.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(back->oneshot[i].collective, c.oneshot[i].collective);
+    EXPECT_EQ(back->oneshot[i].threshold, c.oneshot[i].threshold);
+    EXPECT_EQ(back->oneshot[i].points, c.oneshot[i].points);
+  }
+  for (bool user_set : {false, true}) {
+    test_support::ScopedEnv env({{"TUTTI_CALIBRATION_FILE", path.c_str()},
+                                 {"TUTTI_SPIN", user_set ? "300" : nullptr},
+                                 {"TUTTI_ONESHOT_THRESHOLD", user_set ? "8K" : nullptr},
+                                 {"TUTTI_SHM_SLOTS", user_set ? "5" : nullptr},
+                                 {"TUTTI_TILE_SIZE", user_set ? "256K" : nullptr},
+                                 {"TUTTI_TRANSPORT", "shm"}});
+    auto comms = Communicator::create_local(2);
+    test_support::on_ranks(comms, [&](int rank, Communicator& comm) {
+      Dispatcher d(comm);
+      EXPECT_EQ(comm.options().spin, user_set ? 300 : 37);
+      EXPECT_EQ(comm.options().shm_slots, user_set ? 5u : 3u);
+      EXPECT_EQ(comm.options().shm_slot_size, user_set ? (128u << 10) : (8u << 10));
+      EXPECT_EQ(d.resources()->executor.tile_bytes(), user_set ? (256 << 10) : (64 << 10));
+      // 64 B: the calibration sends all-reduce to a plan and keeps broadcast on the mailbox. 1 MiB:
+      // a plan, through FIFOs of the calibrated layout, tile by tile.
+      for (int64_t count : {int64_t{16}, int64_t{1} << 18}) {
+        std::vector<float> in(static_cast<size_t>(count)), out(static_cast<size_t>(count));
+        for (int64_t i = 0; i < count; ++i) in[static_cast<size_t>(i)] = static_cast<float>((rank + 1) * (i % 7));
+        for (Collective coll : {Collective::kAllReduce, Collective::kBroadcast}) {
+          CollectiveCall call;
+          call.collective = coll;
+          call.input = in.data();
+          call.output = out.data();
+          call.count = count;
+          call.reduction.type = DataType::kFloat32;
+          d.run(call);
+          if (count == 16) {
+            const bool oneshot = user_set || coll == Collective::kBroadcast;
+            EXPECT_EQ(d.last_plan() == "oneshot", oneshot) << to_string(coll) << ": " << d.last_plan();
+          }
+          int wrong = 0;
+          for (int64_t i = 0; i < count; ++i)
+            wrong += out[static_cast<size_t>(i)] != static_cast<float>((coll == Collective::kAllReduce ? 3 : 1) * (i % 7));
+          EXPECT_EQ(wrong, 0) << to_string(coll) << " of " << count;
+        }
+      }
     });
   }
   std::remove(path.c_str());

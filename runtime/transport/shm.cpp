@@ -52,14 +52,18 @@ const TransportInfo kShmInfo{"shm", WaitSource::kDoorbell, MemoryRegistration::k
 // One FIFO per direction and peer, in the receiver's segment (one segment per rank and channel).
 class ShmTransport final : public Transport {
  public:
-  explicit ShmTransport(const CommOptions& o) : options_(o), layout_{o.shm_slots, o.shm_slot_size / 64 * 64} {}
+  explicit ShmTransport(const CommOptions& o) : options_(o) {}
   const TransportInfo& info() const override { return kShmInfo; }
   bool can_connect(const PeerInfo& self, const PeerInfo& peer) const override { return self.host_hash == peer.host_hash; }
 
   void publish(const ChannelSetup& s, const std::vector<int>& peers, wire::Writer& out) override {
+    // The communicator's settings when the channel connects (the calibration may have changed them
+    // since the first channel: Communicator::set_fifo_layout).
+    const FifoLayout layout{s.options.shm_slots, s.options.shm_slot_size / 64 * 64};
+    layouts_.push_back(layout);
     ShmSegment own;
     if (!peers.empty()) {
-      own = ShmSegment::create(fmt::format("ch{}", s.channel), layout_.bytes() * peers.size());
+      own = ShmSegment::create(fmt::format("ch{}", s.channel), layout.bytes() * peers.size());
       for (size_t i = 0; i < peers.size(); ++i) {
         const PeerInfo& peer = s.bootstrap.peer(peers[i]);
         bool same_process = peer.pid == getpid();
@@ -67,10 +71,10 @@ class ShmTransport final : public Transport {
         if (options_.shm_single_copy && !cma)
           TUTTI_INFO(log::kShm, "rank {}: single copy from rank {} is not permitted by the kernel; using the FIFO",
                      s.rank, peers[i]);
-        init_fifo(static_cast<unsigned char*>(own.data()) + i * layout_.bytes(), layout_, cma);
+        init_fifo(static_cast<unsigned char*>(own.data()) + i * layout.bytes(), layout, cma);
       }
     }
-    out.put_string(own.name()).put<uint32_t>(layout_.slots).put<uint64_t>(layout_.slot_size);
+    out.put_string(own.name()).put<uint32_t>(layout.slots).put<uint64_t>(layout.slot_size);
     out.put<uint64_t>(peers.size());
     own_.push_back(std::move(own));
   }
@@ -79,6 +83,7 @@ class ShmTransport final : public Transport {
                std::vector<std::unique_ptr<Connection>>& conns) override {
     std::vector<ShmSegment> mapped(s.nranks);
     const ShmSegment& own = own_.at(static_cast<size_t>(s.channel));
+    const FifoLayout& layout = layouts_.at(static_cast<size_t>(s.channel));
     for (int p = 0; p < s.nranks; ++p) {
       if (p == s.rank) continue;
       wire::Reader& r = published[p];
@@ -87,11 +92,11 @@ class ShmTransport final : public Transport {
       uint64_t slot_size = r.get<uint64_t>(), count = r.get<uint64_t>();
       auto served = std::find(peers.begin(), peers.end(), p);
       if (served == peers.end()) continue;
-      TUTTI_CHECK(slots == layout_.slots && slot_size == layout_.slot_size, InvalidArgument,
+      TUTTI_CHECK(slots == layout.slots && slot_size == layout.slot_size, InvalidArgument,
                   "rank {}: shared-memory FIFO settings differ from rank {} ({}x{} here, {}x{} there): set "
                   "TUTTI_SHM_SLOTS/TUTTI_SHM_SLOT_SIZE alike on every rank",
-                  s.rank, p, layout_.slots, layout_.slot_size, slots, slot_size);
-      mapped[p] = ShmSegment::open(name, layout_.bytes() * count);
+                  s.rank, p, layout.slots, layout.slot_size, slots, slot_size);
+      mapped[p] = ShmSegment::open(name, layout.bytes() * count);
       // Our FIFO in p's segment: p lists its shared-memory peers by rank, without itself (the
       // ranks of one host, as here).
       size_t index = 0;
@@ -99,8 +104,8 @@ class ShmTransport final : public Transport {
         if (q < s.rank && q != p) ++index;
       size_t mine = static_cast<size_t>(served - peers.begin());
       ShmEndpoint ep;
-      ep.out = reinterpret_cast<FifoControl*>(static_cast<unsigned char*>(mapped[p].data()) + index * layout_.bytes());
-      ep.in = reinterpret_cast<FifoControl*>(static_cast<unsigned char*>(own.data()) + mine * layout_.bytes());
+      ep.out = reinterpret_cast<FifoControl*>(static_cast<unsigned char*>(mapped[p].data()) + index * layout.bytes());
+      ep.in = reinterpret_cast<FifoControl*>(static_cast<unsigned char*>(own.data()) + mine * layout.bytes());
       ep.peer_bell = static_cast<Doorbell*>(s.peer_controls[p].data());
       ep.peer_pid = s.bootstrap.peer(p).pid;
       ep.same_process = ep.peer_pid == getpid();
@@ -115,7 +120,8 @@ class ShmTransport final : public Transport {
 
  private:
   CommOptions options_;
-  FifoLayout layout_;  // slots hold whole elements, so a reducing receive can combine a fragment in place
+  // By channel; slots hold whole elements, so a reducing receive can combine a fragment in place.
+  std::vector<FifoLayout> layouts_;
   std::vector<ShmSegment> own_;                  // by channel (publish() is called in channel order)
   std::vector<std::vector<ShmSegment>> mapped_;  // [channel][rank]
 };

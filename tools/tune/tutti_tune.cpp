@@ -254,6 +254,30 @@ int main(int argc, char** argv) {
             if (cal.single_copy_threshold == UINT64_MAX) std::printf("; single copy never (it loses at every size)\n");
             else std::printf("; single copy from %llu bytes\n", static_cast<unsigned long long>(cal.single_copy_threshold));
           }
+          if (cal.spin_us > 0) {
+            std::printf("waits: time relative to the best, per polling window:");
+            for (auto& [us, rel] : cal.spin_points) std::printf(" %d us %.2f", us, rel);
+            std::printf("; a sleep costs %.1f us a hop; poll %d us\n", cal.wake_us, cal.spin_us);
+          }
+          if (cal.fifo_slots > 0) {
+            std::printf("FIFO layouts, time relative to the best:");
+            for (auto& f : cal.fifo_points)
+              std::printf(" %ux%lluK %.2f", f.slots, static_cast<unsigned long long>(f.slot_bytes >> 10), f.relative);
+            std::printf("; %u slots of %llu bytes\n", cal.fifo_slots, static_cast<unsigned long long>(cal.fifo_slot_bytes));
+          }
+          if (cal.tile_bytes > 0) {
+            std::printf("tiles (ring all-reduce of 16 MiB), time relative to the best:");
+            for (auto& [t, rel] : cal.tile_points) std::printf(" %lldK %.2f", static_cast<long long>(t >> 10), rel);
+            std::printf("; tiles of %lld bytes\n", static_cast<long long>(cal.tile_bytes));
+          }
+          for (auto& cut : cal.oneshot) {
+            std::printf("one-shot vs %s (us):", to_string(cut.collective));
+            for (auto& [s, t] : cut.points)
+              std::printf(" %llu B %.2f/%.2f", static_cast<unsigned long long>(s), t.first, t.second);
+            if (cut.threshold == UINT64_MAX) std::printf("; one-shot wherever it fits\n");
+            else if (cut.threshold == 0) std::printf("; the plan at every size\n");
+            else std::printf("; one-shot up to %llu B\n", static_cast<unsigned long long>(cut.threshold));
+          }
         }
         return;
       }
