@@ -299,7 +299,7 @@ void measure_oneshot(Communicator& comm, Calibration& c) {
     std::vector<uint64_t> sizes;
     std::vector<std::vector<Candidate>> cands;
     std::vector<int> iters;
-    for (uint64_t s = 64; s <= (256u << 10); s *= 4) {
+    for (uint64_t s = 64; s <= (128u << 10); s *= s < (16u << 10) ? 4 : 2) {
       // nccl-tests' size is the whole input or output; a scaled collective's count is one rank's piece.
       const bool scaled = coll == Collective::kAllGather || coll == Collective::kReduceScatter || coll == Collective::kAllToAll;
       const uint64_t count = (scaled ? s / static_cast<uint64_t>(n) : s) / 4;

@@ -24,7 +24,7 @@
 //   other than the default must win by more than 5 % (TUTTI_SHM_SLOTS, TUTTI_SHM_SLOT_SIZE,
 //   TUTTI_TILE_SIZE);
 // - the one-shot mailbox against the plan the dispatcher would run otherwise, per collective, at
-//   64 B .. 256 KiB while the call fits the mailbox; the threshold is the largest size up to which
+//   64 B .. 128 KiB while the call fits the mailbox; the threshold is the largest size up to which
 //   the mailbox wins at every size (TUTTI_ONESHOT_THRESHOLD).
 // Times are the median of a few rounds (a run of calls sees the typical round, not the luckiest).
 // The result is stored per (transport, ranks) in a JSON file (TUTTI_CALIBRATION_FILE, default

@@ -50,7 +50,7 @@ constexpr Variable kVariables[] = {
      "Microseconds a wait keeps polling after the last progress before it sleeps on a futex (or in poll()). "
      "With more ranks than cores on the host, polling yields the core after every round. Unset, the window "
      "tutti-tune --calibrate chose for this machine and rank count is used (shared memory), else 200."},
-    {"TUTTI_MAILBOX_SIZE", "", "32K",
+    {"TUTTI_MAILBOX_SIZE", "", "256K",
      "Data capacity of each rank's one-shot mailbox (runtime/mailbox.hpp), used for small collectives when every "
      "rank is on this host; 0 turns the mailbox off."},
     {"TUTTI_ONESHOT_THRESHOLD", "", "8K",

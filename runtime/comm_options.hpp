@@ -23,7 +23,7 @@ struct CommOptions {
   int tcp_sockets = 2;
   uint64_t tcp_stripe_threshold = 256 << 10;
   int spin = 200;  // microseconds
-  uint64_t mailbox_bytes = 32 << 10;  // data capacity of each rank's one-shot outbox (0: none)
+  uint64_t mailbox_bytes = 256 << 10;  // data capacity of each rank's one-shot outbox (0: none)
   std::vector<FaultSpec> faults;      // TUTTI_FAULT (runtime/fault.hpp); none by default
 
   // Defaults from TUTTI_* variables (see docs/ENVIRONMENT.md).
