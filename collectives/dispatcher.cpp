@@ -305,11 +305,16 @@ uint64_t Dispatcher::oneshot_threshold(Collective c) const {
   return it != calibrated_oneshot_.end() ? it->second : kDefaultOneshotThreshold;
 }
 
-Choice Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,
-                          bool device) {
+const Choice& Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,
+                                 bool device) {
   auto key = std::make_tuple(static_cast<int>(c), inplace, root, bytes, count, esize, device);
+  // A loop of one call shape (the common case) skips the map.
+  if (last_chosen_ && last_key_ == key) return *last_chosen_;
   auto hit = chosen_.find(key);
-  if (hit != chosen_.end()) return hit->second;
+  if (hit != chosen_.end()) {
+    last_key_ = key;
+    return *(last_chosen_ = &hit->second);
+  }
   const int n = comm_.size();
   // The mailbox lives in host memory: device buffers always run plans.
   const bool fits = !device && comm_.mailbox() && oneshot_fits(*comm_.mailbox(), c, count, esize);
@@ -348,9 +353,9 @@ Choice Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, 
       }
     return nullptr;
   };
-  auto remember = [&](Choice ch) {
-    chosen_[key] = ch;
-    return ch;
+  auto remember = [&](Choice ch) -> const Choice& {
+    last_key_ = key;
+    return *(last_chosen_ = &(chosen_[key] = std::move(ch)));  // map nodes stay put
   };
   if (const auto& forced = algo_) {
     std::string want = lower(*forced);
@@ -437,7 +442,7 @@ std::pair<topo::Topology, plan::CostModel> host_model(Communicator& comm) {
 }
 }  // namespace
 
-Choice Dispatcher::choose_for(const CollectiveCall& call) {
+const Choice& Dispatcher::choose_for(const CollectiveCall& call) {
   const Collective c = call.collective;
   const int n = comm_.size();
   const int64_t esize = static_cast<int64_t>(size_of(call.reduction.type));
@@ -486,8 +491,10 @@ std::function<void()> Dispatcher::start(const CollectiveCall& call) {
   if (call.device || check_ || call.reduction.op == RedOp::kPreMulSum || !comm_.mailbox()) return whole;
   const int n = comm_.size(), rank = comm_.rank();
   const Collective c = call.collective;
-  if (!choose_for(call).oneshot) return whole;
+  const Choice& choice = choose_for(call);
+  if (!choice.oneshot) return whole;
   last_plan_ = tuning::kOneShot;
+  last_run_ = &choice;
   if (FaultInjector* f = comm_.faults()) f->begin_call(comm_);
   Mailbox& mb = *comm_.mailbox();
   auto finish = [call, &mb, n, rank] {
@@ -527,11 +534,14 @@ void Dispatcher::run(const CollectiveCall& call, Executor& ex) {
     inplace = false;
   }
   const uint64_t bytes = static_cast<uint64_t>(std::max(in_bytes, out_bytes));
-  Choice choice = choose(c, inplace, bytes, call.root, call.count, esize, dev);
-  if (last_plan_ != choice.name())
-    TUTTI_INFO(log::kTuning, "rank {}: {} of {} bytes{} runs plan '{}'", rank, to_string(c), bytes,
-               dev ? " on the device" : "", choice.name());
-  last_plan_ = choice.name();
+  const Choice& choice = choose(c, inplace, bytes, call.root, call.count, esize, dev);
+  if (&choice != last_run_) {  // names are compared only when the choice changes
+    if (last_plan_ != choice.name())
+      TUTTI_INFO(log::kTuning, "rank {}: {} of {} bytes{} runs plan '{}'", rank, to_string(c), bytes,
+                 dev ? " on the device" : "", choice.name());
+    last_plan_ = choice.name();
+    last_run_ = &choice;
+  }
   auto finish = [&] {
     if (call.reduction.op == RedOp::kAvg && (c != Collective::kReduce || rank == call.root))
       ex.divide(call.reduction.type, out, out, static_cast<uint64_t>(n), static_cast<size_t>(out_elems), stream);

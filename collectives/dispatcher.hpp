@@ -121,10 +121,11 @@ class Dispatcher {
   static void load_plan(const std::string& path);
 
  private:
-  Choice choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,
+  // The reference stays valid for the dispatcher's life (choices are never dropped).
+  const Choice& choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,
                 bool device = false);
   // choose() for a whole call, as run() would choose for it (start() and predict_us() ask too).
-  Choice choose_for(const CollectiveCall& call);
+  const Choice& choose_for(const CollectiveCall& call);
   std::shared_ptr<const PreparedPlan> builtin(const std::string& name, std::map<std::string, int> params);
   void check_consistent(const CollectiveCall& call);
   void apply_calibration();
@@ -142,7 +143,11 @@ class Dispatcher {
   uint64_t oneshot_threshold(Collective c) const;
   Choice tuned(Collective c, uint64_t bytes, const std::function<Choice(const tuning::Candidate&)>& make);
   // Choices already made: (collective, in-place, root, bytes, count, element size, device) -> choice.
-  std::map<std::tuple<int, bool, int, uint64_t, int64_t, int64_t, bool>, Choice> chosen_;
+  using ChoiceKey = std::tuple<int, bool, int, uint64_t, int64_t, int64_t, bool>;
+  std::map<ChoiceKey, Choice> chosen_;
+  ChoiceKey last_key_{};
+  const Choice* last_chosen_ = nullptr;  // chosen_[last_key_]
+  const Choice* last_run_ = nullptr;     // what run() ran last (last_plan_ is its name)
   std::string last_plan_;
 };
 

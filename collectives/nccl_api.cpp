@@ -440,7 +440,8 @@ ncclResult_t run_inits(std::vector<PendingInit>& inits) {
   return ncclSuccess;
 }
 
-ncclResult_t submit(PendingOp op) {
+// `use` holds op.comm for the call (every API entry takes one first; one per call is enough).
+ncclResult_t submit(const Use& use, PendingOp&& op) {
   TUTTI_CHECK(!op.comm->revoked.load(), InvalidUsage,
               "the communicator was revoked (ncclCommRevoke): only ncclCommDestroy, ncclCommSplit and ncclCommShrink "
               "are allowed on it");
@@ -451,7 +452,6 @@ ncclResult_t submit(PendingOp op) {
   if (op.kind == PendingOp::kCollective) {
     // A lone blocking collective: straight to the dispatcher, without the group machinery's
     // containers (a small all-reduce is a microsecond; allocations would be a good part of it).
-    Use use(op.comm, "ncclCollective");
     if (use->blocking && !use->worker) {
       run_collective(op.comm, op.call);
       return ncclSuccess;
@@ -470,11 +470,11 @@ ncclResult_t submit(PendingOp op) {
   return execute({std::move(op)});
 }
 
-ncclResult_t collective(const char* fn, ncclComm_t comm, CollectiveCall call, cudaStream_t stream) {
-  call.device = on_device(comm, {call.input, call.output}, fn);
-  call.stream = stream;
-  PendingOp op{PendingOp::kCollective, comm, call};
-  return submit(op);
+ncclResult_t collective(const Use& use, const char* fn, const CollectiveCall& call, cudaStream_t stream) {
+  PendingOp op{PendingOp::kCollective, use.get(), call};
+  op.call.device = on_device(use.get(), {call.input, call.output}, fn);
+  op.call.stream = stream;
+  return submit(use, std::move(op));
 }
 
 size_t read_config_int(const ncclConfig_t* cfg, size_t offset, int* out) {
@@ -898,7 +898,7 @@ NCCL_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size
     call.reduction = to_reduction(comm, op, to_type(datatype, "ncclAllReduce"), "ncclAllReduce");
     check_buffer(sendbuff, count, "sendbuff", "ncclAllReduce");
     check_buffer(recvbuff, count, "recvbuff", "ncclAllReduce");
-    return collective("ncclAllReduce", comm, call, stream);
+    return collective(use, "ncclAllReduce", call, stream);
   });
 }
 
@@ -912,7 +912,7 @@ NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size
     call.reduction.type = to_type(datatype, "ncclBroadcast");
     if (use->comm->rank() == root) check_buffer(sendbuff, count, "sendbuff", "ncclBroadcast");
     check_buffer(recvbuff, count, "recvbuff", "ncclBroadcast");
-    return collective("ncclBroadcast", comm, call, stream);
+    return collective(use, "ncclBroadcast", call, stream);
   });
 }
 
@@ -931,7 +931,7 @@ NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t 
     call.reduction = to_reduction(comm, op, to_type(datatype, "ncclReduce"), "ncclReduce");
     check_buffer(sendbuff, count, "sendbuff", "ncclReduce");
     if (use->comm->rank() == root) check_buffer(recvbuff, count, "recvbuff", "ncclReduce");
-    return collective("ncclReduce", comm, call, stream);
+    return collective(use, "ncclReduce", call, stream);
   });
 }
 
@@ -943,7 +943,7 @@ NCCL_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size
     call.reduction.type = to_type(datatype, "ncclAllGather");
     check_buffer(sendbuff, sendcount, "sendbuff", "ncclAllGather");
     check_buffer(recvbuff, sendcount, "recvbuff", "ncclAllGather");
-    return collective("ncclAllGather", comm, call, stream);
+    return collective(use, "ncclAllGather", call, stream);
   });
 }
 
@@ -955,7 +955,7 @@ NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, 
     call.reduction = to_reduction(comm, op, to_type(datatype, "ncclReduceScatter"), "ncclReduceScatter");
     check_buffer(sendbuff, recvcount, "sendbuff", "ncclReduceScatter");
     check_buffer(recvbuff, recvcount, "recvbuff", "ncclReduceScatter");
-    return collective("ncclReduceScatter", comm, call, stream);
+    return collective(use, "ncclReduceScatter", call, stream);
   });
 }
 
@@ -968,7 +968,7 @@ NCCL_API(ncclResult_t, ncclAllToAll, const void* sendbuff, void* recvbuff, size_
     check_buffer(sendbuff, count, "sendbuff", "ncclAllToAll");
     check_buffer(recvbuff, count, "recvbuff", "ncclAllToAll");
     TUTTI_CHECK(sendbuff != recvbuff || count == 0, InvalidArgument, "ncclAllToAll: in-place all-to-all is not supported");
-    return collective("ncclAllToAll", comm, call, stream);
+    return collective(use, "ncclAllToAll", call, stream);
   });
 }
 
@@ -983,7 +983,7 @@ NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataTyp
     PendingOp op{PendingOp::kSend, comm, {}, const_cast<void*>(sendbuff), count * size_of(type), peer};
     op.device = on_device(comm, {sendbuff}, "ncclSend");
     op.stream = stream;
-    return submit(op);
+    return submit(use, std::move(op));
   });
 }
 
@@ -998,7 +998,7 @@ NCCL_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t da
     PendingOp op{PendingOp::kRecv, comm, {}, recvbuff, count * size_of(type), peer};
     op.device = on_device(comm, {recvbuff}, "ncclRecv");
     op.stream = stream;
-    return submit(op);
+    return submit(use, std::move(op));
   });
 }
 
