@@ -209,48 +209,58 @@ void measure_fifo_and_tile(Communicator& comm, Calibration& c) {
                                        {32, 64u << 10},
                                        {8, 256u << 10},
                                        {4, 512u << 10}};
+  // Ranks that are threads of one process pass messages of 32 KiB and more by address: the FIFO
+  // carries only small ones there, and a layout chosen on them would be noise.
+  bool processes = false;
+  for (int p = 0; p < comm.size(); ++p) processes |= comm.peer_info(p).pid != comm.peer_info(comm.rank()).pid;
   std::vector<std::unique_ptr<Communicator>> children;
   for (const Layout& l : layouts) {
+    if (!processes && !children.empty()) break;  // the default layout only, for the tiles
     CommOptions o = comm.options();
     o.shm_slots = l.slots;
     o.shm_slot_size = l.slot_bytes;
+    // As the runtime will move them: by single copy from the calibrated size.
+    if (c.single_copy_threshold != 0) o.shm_single_copy_threshold = c.single_copy_threshold;
     children.push_back(comm.split(0, comm.rank(), o));
   }
-  const std::vector<uint64_t> sizes = {64u << 10, 1u << 20, 16u << 20};
-  std::vector<unsigned char> out(sizes.back(), 1), in(sizes.back());
-  std::vector<std::vector<std::function<void()>>> runs(sizes.size());
-  for (size_t k = 0; k < sizes.size(); ++k)
-    for (auto& child : children) {
-      Communicator* ch = child.get();
-      const uint64_t bytes = sizes[k];
-      runs[k].push_back([ch, bytes, &out, &in] {
-        const int n = ch->size(), me = ch->rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
-        Ticket s = ch->connection(next, 0).send(out.data(), bytes);
-        Ticket r = ch->connection(prev, 0).recv(in.data(), bytes, false);
-        ch->wait_send(next, s);
-        ch->wait_recv(prev, r);
-      });
+  size_t chosen = 0;
+  if (processes) {
+    const std::vector<uint64_t> sizes = {64u << 10, 1u << 20, 16u << 20};
+    std::vector<unsigned char> out(sizes.back(), 1), in(sizes.back());
+    std::vector<std::vector<std::function<void()>>> runs(sizes.size());
+    for (size_t k = 0; k < sizes.size(); ++k)
+      for (auto& child : children) {
+        Communicator* ch = child.get();
+        const uint64_t bytes = sizes[k];
+        runs[k].push_back([ch, bytes, &out, &in] {
+          const int n = ch->size(), me = ch->rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+          Ticket s = ch->connection(next, 0).send(out.data(), bytes);
+          Ticket r = ch->connection(prev, 0).recv(in.data(), bytes, false);
+          ch->wait_send(next, s);
+          ch->wait_recv(prev, r);
+        });
+      }
+    std::vector<std::vector<FunctionRef<void()>>> ways(sizes.size());
+    for (size_t k = 0; k < sizes.size(); ++k)
+      for (auto& r : runs[k]) {
+        r();  // fault the FIFO in
+        ways[k].emplace_back(r);
+      }
+    auto times = interleaved_sweep(comm, ways, kRounds, {100, 10, 2});
+    std::vector<double> relative(layouts.size(), 1.0);
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const double best = *std::min_element(times[k].begin(), times[k].end());
+      for (size_t i = 0; i < layouts.size(); ++i) relative[i] *= times[k][i] / best;
     }
-  std::vector<std::vector<FunctionRef<void()>>> ways(sizes.size());
-  for (size_t k = 0; k < sizes.size(); ++k)
-    for (auto& r : runs[k]) {
-      r();  // fault the FIFO in
-      ways[k].emplace_back(r);
+    c.fifo_points.clear();
+    for (size_t i = 0; i < layouts.size(); ++i) {
+      relative[i] = std::pow(relative[i], 1.0 / static_cast<double>(sizes.size()));
+      c.fifo_points.push_back({layouts[i].slots, layouts[i].slot_bytes, relative[i]});
     }
-  auto times = interleaved_sweep(comm, ways, kRounds, {100, 10, 2});
-  std::vector<double> relative(layouts.size(), 1.0);
-  for (size_t k = 0; k < sizes.size(); ++k) {
-    const double best = *std::min_element(times[k].begin(), times[k].end());
-    for (size_t i = 0; i < layouts.size(); ++i) relative[i] *= times[k][i] / best;
+    chosen = choose_setting(relative, 0);
+    c.fifo_slots = layouts[chosen].slots;
+    c.fifo_slot_bytes = layouts[chosen].slot_bytes;
   }
-  c.fifo_points.clear();
-  for (size_t i = 0; i < layouts.size(); ++i) {
-    relative[i] = std::pow(relative[i], 1.0 / static_cast<double>(sizes.size()));
-    c.fifo_points.push_back({layouts[i].slots, layouts[i].slot_bytes, relative[i]});
-  }
-  const size_t chosen = choose_setting(relative, 0);
-  c.fifo_slots = layouts[chosen].slots;
-  c.fifo_slot_bytes = layouts[chosen].slot_bytes;
 
   // Tiles, on the chosen layout: a ring all-reduce of 16 MiB.
   Communicator& on = *children[chosen];
@@ -355,7 +365,7 @@ json to_json(const Calibration& c) {
   x["memory_curve"] = curve_json(c.memory_curve);
   x["reduce_curve"] = curve_json(c.reduce_curve);
   x["reduce_exchange"] = curve_json(c.reduce_exchange);
-  if (c.spin_us > 0) {
+  if (!c.spin_points.empty()) {  // a window of 0 (sleep at once) is a valid choice
     x["spin_us"] = c.spin_us;
     x["wake_us"] = c.wake_us;
     json points = json::array();
@@ -458,12 +468,13 @@ uint64_t choose_oneshot_threshold(const std::vector<std::pair<uint64_t, std::pai
   auto sorted = points;
   std::sort(sorted.begin(), sorted.end());
   uint64_t threshold = 0;
-  // Within 3 % is a tie, which the mailbox keeps: it also checks every call's arguments.
+  // Within 3 % is a tie, which the mailbox keeps: it also checks every call's arguments. Sizes
+  // above the largest measured are not the mailbox's even where they would fit.
   for (auto& [size, t] : sorted) {
     if (t.first > t.second * 1.03) return threshold;
     threshold = size;
   }
-  return sorted.empty() ? 0 : UINT64_MAX;
+  return threshold;
 }
 
 size_t choose_setting(const std::vector<double>& relative, size_t default_index) {
@@ -653,9 +664,15 @@ Calibration calibrate(Communicator& comm) {
     c.single_copy_threshold = choose_single_copy_threshold(copy_points);
   }
   // Both are the same on every rank: interleaved_sweep returns the slowest rank's times everywhere.
-  measure_spin(comm, c);
-  measure_oneshot(comm, c);
-  if (c.transport == "shm") measure_fifo_and_tile(comm, c);
+  // Waits, the mailbox, FIFOs and tiles are shared-memory settings (dispatchers apply them there).
+  if (c.transport == "shm") {
+    measure_spin(comm, c);
+    const int was = comm.options().spin;
+    comm.set_spin(c.spin_us);  // the mailbox as it will run
+    measure_oneshot(comm, c);
+    comm.set_spin(was);
+    measure_fifo_and_tile(comm, c);
+  }
   return c;
 }
 

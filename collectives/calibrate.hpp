@@ -18,14 +18,18 @@
 //   neither workload more than 5 % and lasts at least one wake-up (what a sleep costs a hop: poll
 //   shorter than that and a wait that could have been caught costs more than the polling would
 //   have, the ski-rental rule);
-// - the shared-memory FIFO (slots x slot size) and the executor's tile: communicators split off
-//   with each FIFO layout exchange 64 KiB, 1 MiB and 16 MiB as a ring step does, interleaved; on
-//   the fastest layout, a ring all-reduce of 16 MiB runs with tiles of 256 KiB .. 4 MiB. A setting
+// - the shared-memory FIFO (slots x slot size) and the executor's tile: for process ranks,
+//   communicators split off with each FIFO layout (and the calibrated single copy) exchange 64 KiB,
+//   1 MiB and 16 MiB as a ring step does, interleaved (thread ranks pass 32 KiB and more by address,
+//   so they keep the default layout); on the chosen layout, a ring all-reduce of 16 MiB runs with
+//   tiles of 256 KiB .. 4 MiB. A setting
 //   other than the default must win by more than 5 % (TUTTI_SHM_SLOTS, TUTTI_SHM_SLOT_SIZE,
 //   TUTTI_TILE_SIZE);
 // - the one-shot mailbox against the plan the dispatcher would run otherwise, per collective, at
-//   64 B .. 128 KiB while the call fits the mailbox; the threshold is the largest size up to which
-//   the mailbox wins at every size (TUTTI_ONESHOT_THRESHOLD).
+//   64 B .. 128 KiB while the call fits the mailbox, under the chosen polling window; the threshold
+//   is the largest measured size up to which the mailbox wins at every size
+//   (TUTTI_ONESHOT_THRESHOLD).
+// The last four are shared-memory settings, measured only there.
 // Times are the median of a few rounds (a run of calls sees the typical round, not the luckiest).
 // The result is stored per (transport, ranks) in a JSON file (TUTTI_CALIBRATION_FILE, default
 // ~/.cache/tutti/calibration.json), reused by the tuner and tutti-sim, and may be edited to
@@ -58,8 +62,8 @@ struct Calibration {
   uint64_t single_copy_threshold = 0;
   // The measurements behind it: size -> (GB/s through the FIFO, GB/s by single copy).
   std::vector<std::pair<uint64_t, std::pair<double, double>>> single_copy;
-  // The polling window of waits (us) for this machine and rank count, 0: not measured. Used unless
-  // TUTTI_SPIN is set. spin_points: window -> time relative to the fastest (the geometric mean over
+  // The polling window of waits (us) for this machine and rank count, valid when spin_points is not
+  // empty (0 is a valid window: sleep at once). Used unless TUTTI_SPIN is set. spin_points: window -> time relative to the fastest (the geometric mean over
   // the workloads); wake_us: what sleeping cost a hop of the 8 B ring.
   int spin_us = 0;
   double wake_us = 0;
@@ -80,8 +84,7 @@ struct Calibration {
   };
   std::vector<FifoPoint> fifo_points;
   std::vector<std::pair<int64_t, double>> tile_points;
-  // Per collective, the largest call (nccl-tests' size) the one-shot mailbox takes (0: none;
-  // UINT64_MAX: every call that fits), with the measurements behind it: size -> (one-shot us, plan
+  // Per collective, the largest call (nccl-tests' size) the one-shot mailbox takes (0: none), with the measurements behind it: size -> (one-shot us, plan
   // us). Used unless TUTTI_ONESHOT_THRESHOLD is set; every rank must see the same file, as for a
   // decision table.
   struct OneShotCut {
@@ -118,8 +121,7 @@ uint64_t choose_single_copy_threshold(const std::vector<std::pair<uint64_t, std:
 
 // The one-shot threshold from (size, (one-shot us, plan us)) points: the largest size up to which
 // the one-shot path is at least as fast (within 3 %) at every measured size; 0 if it loses at the
-// smallest;
-// UINT64_MAX if it wins everywhere (the mailbox's capacity still bounds it).
+// smallest or there are no points.
 uint64_t choose_oneshot_threshold(const std::vector<std::pair<uint64_t, std::pair<double, double>>>& points);
 // Which of several settings to keep, from their times relative to the fastest: the default
 // (index `default_index`) unless another is more than 5 % faster, else the fastest.

@@ -465,7 +465,6 @@ TEST(Calibration, MeasuresTheLiveCommunicator) {
   EXPECT_EQ(got[0].spin_us, got[1].spin_us);
   EXPECT_EQ(got[0].spin_points.size(), 7u);
   EXPECT_EQ(got[0].spin_us, tuning::choose_spin(got[0].spin_points, got[0].wake_us));
-  EXPECT_GT(got[0].spin_us, 0);  // window 0 sleeps at every hop, never within 5 % of polling
   ASSERT_EQ(got[0].oneshot.size(), 6u);
   ASSERT_EQ(got[1].oneshot.size(), 6u);
   for (size_t k = 0; k < 6; ++k) {
@@ -474,15 +473,11 @@ TEST(Calibration, MeasuresTheLiveCommunicator) {
     EXPECT_GE(cut.points.size(), 7u) << to_string(cut.collective);  // 64 B .. 64 KiB fit a 256 KiB mailbox
     EXPECT_EQ(cut.threshold, tuning::choose_oneshot_threshold(cut.points)) << to_string(cut.collective);
   }
-  // FIFO layouts (the default first) and tiles, chosen alike on every rank.
-  ASSERT_EQ(got[0].fifo_points.size(), 6u);
-  EXPECT_EQ(got[0].fifo_points, got[1].fifo_points);
-  EXPECT_EQ(got[0].fifo_points[0].slots, CommOptions{}.shm_slots);
+  // Threads of one process keep the default FIFO layout (tests/CMakeLists.txt's calibrate_2_processes
+  // covers process ranks); tiles are chosen alike on every rank.
+  EXPECT_TRUE(got[0].fifo_points.empty());
+  EXPECT_EQ(got[0].fifo_slots, 0u);
   std::vector<double> rel;
-  for (auto& f : got[0].fifo_points) rel.push_back(f.relative);
-  const size_t layout = tuning::choose_setting(rel, 0);
-  EXPECT_EQ(got[0].fifo_slots, got[0].fifo_points[layout].slots);
-  EXPECT_EQ(got[0].fifo_slot_bytes, got[0].fifo_points[layout].slot_bytes);
   ASSERT_EQ(got[0].tile_points.size(), 5u);
   EXPECT_EQ(got[0].tile_bytes, got[1].tile_bytes);
   rel.clear();
@@ -577,7 +572,8 @@ TEST(OneShotThreshold, IsTheLargestSizeUpToWhichTheMailboxKeepsWinning) {
   EXPECT_EQ(choose_oneshot_threshold(P{{64, {1, 2}}, {1024, {1, 2}}, {16384, {3, 2}}}), 1024u);
   // A loss at a small size ends it, even if the mailbox wins again above.
   EXPECT_EQ(choose_oneshot_threshold(P{{64, {1, 2}}, {1024, {3, 2}}, {16384, {1, 2}}}), 64u);
-  EXPECT_EQ(choose_oneshot_threshold(P{{1024, {1, 2}}, {64, {1, 2}}}), UINT64_MAX);  // any order; wins everywhere
+  // Any order; winning everywhere stops at the largest size measured.
+  EXPECT_EQ(choose_oneshot_threshold(P{{1024, {1, 2}}, {64, {1, 2}}}), 1024u);
   EXPECT_EQ(choose_oneshot_threshold(P{{64, {2.05, 2}}, {1024, {3, 2}}}), 64u);      // 2.5 % slower is a tie
   EXPECT_EQ(choose_oneshot_threshold(P{{64, {2.2, 2}}}), 0u);                       // never
   EXPECT_EQ(choose_oneshot_threshold(P{}), 0u);
@@ -679,6 +675,20 @@ TEST(CalibratedSetting, AreAppliedUnlessTheUserSetThem) {
           EXPECT_EQ(wrong, 0) << to_string(coll) << " of " << count;
         }
       }
+    });
+  }
+  // Options given in code count as chosen too.
+  {
+    test_support::ScopedEnv env({{"TUTTI_CALIBRATION_FILE", path.c_str()}, {"TUTTI_TRANSPORT", "shm"}});
+    CommOptions o = CommOptions::from_env();
+    o.spin = 99;
+    o.shm_slots = 7;
+    auto comms = Communicator::create_local(2, o);
+    test_support::on_ranks(comms, [&](int, Communicator& comm) {
+      Dispatcher d(comm);
+      EXPECT_EQ(comm.options().spin, 99);
+      EXPECT_EQ(comm.options().shm_slots, 7u);
+      EXPECT_EQ(d.resources()->executor.tile_bytes(), 64 << 10);  // not given: calibrated
     });
   }
   std::remove(path.c_str());
