@@ -74,7 +74,7 @@ double pingpong(Communicator& comm, uint64_t bytes, int iters) {
 double exchange_rate(Communicator& comm, uint64_t bytes, int iters, bool reduce = false) {
   const int n = comm.size(), me = comm.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
   std::vector<unsigned char> out(bytes, 1), in(bytes), local(reduce ? bytes : 0, 0);
-  const uint64_t threshold = env::get_size("TUTTI_STREAM_THRESHOLD");
+  const uint64_t threshold = CpuExecutorOptions::from_env().stream_threshold.value_or(default_stream_threshold(comm.local_ranks()));
   const bool stream = threshold > 0 && bytes >= threshold;
   std::vector<double> rounds;
   Connection& tx = comm.connection(next, 0);

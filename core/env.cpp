@@ -91,9 +91,10 @@ constexpr Variable kVariables[] = {
     {"TUTTI_TILE_SIZE", "", "1M",
      "Largest piece a plan instruction moves at once; larger chunks are pipelined in tiles. Each by-reference "
      "(zero-copy) tile costs a round trip with the receiver, so tiles are larger than FIFO slots."},
-    {"TUTTI_STREAM_THRESHOLD", "", "8M",
+    {"TUTTI_STREAM_THRESHOLD", "", "",
      "Collectives whose output buffer is at least this large write their received and copied data into it with "
-     "non-temporal stores (core/copy.hpp), around the caches; 0: never."},
+     "non-temporal stores (core/copy.hpp), around the caches; 0: never. Unset: the host's last-level cache "
+     "divided by the ranks on this host (at least 1M; 8M where the cache size is unknown)."},
     {"TUTTI_ALGO", "NCCL_ALGO", "",
      "Force an algorithm: a built-in name (ring_allreduce) or its family (ring, rhd, allpairs, tree, hier, rd, bruck, "
      "chain, pairwise), or the name of a loaded plan."},

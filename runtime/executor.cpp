@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <span>
@@ -497,8 +498,26 @@ CpuExecutorOptions CpuExecutorOptions::from_env() {
   o.tile_bytes = static_cast<int64_t>(env::get_size("TUTTI_TILE_SIZE"));
   o.staging_slots = static_cast<int>(env::get_int("TUTTI_PIPELINE_DEPTH"));
   o.workers = static_cast<int>(env::get_int("TUTTI_WORKERS"));
-  o.stream_threshold = env::get_size("TUTTI_STREAM_THRESHOLD");
+  if (auto v = env::raw("TUTTI_STREAM_THRESHOLD"); v && !v->empty()) o.stream_threshold = env::get_size("TUTTI_STREAM_THRESHOLD");
   return o;
+}
+
+uint64_t default_stream_threshold(int local_ranks) {
+  static const uint64_t llc = [] {
+    uint64_t best = 0;
+    for (int i = 0; i < 8; ++i) {  // the largest cache of cpu0 (level 3 on x86 servers)
+      const std::string dir = fmt::format("/sys/devices/system/cpu/cpu0/cache/index{}/", i);
+      std::ifstream size_file(dir + "size");
+      std::string text;
+      if (!(size_file >> text)) break;
+      try {
+        best = std::max(best, env::parse_size(text));
+      } catch (const Error&) {
+      }
+    }
+    return best;
+  }();
+  return llc ? std::max<uint64_t>(llc / static_cast<uint64_t>(std::max(1, local_ranks)), 1 << 20) : 8u << 20;
 }
 
 CpuExecutor::CpuExecutor(Communicator& comm, const CpuExecutorOptions& options)
@@ -513,6 +532,7 @@ CpuExecutor::CpuExecutor(Communicator& comm, const CpuExecutorOptions& options)
   if (options_.workers == 0)
     options_.workers =
         std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, comm.local_ranks()));
+  if (!options_.stream_threshold) options_.stream_threshold = default_stream_threshold(comm.local_ranks());
 }
 
 void CpuExecutor::set_tile_bytes(int64_t bytes) {
@@ -614,7 +634,7 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   for (const plan::StateBuffer& sb : p.states)
     if (sb.unit == 0 && sb.chunks > 0) output_bytes += g.bytes(0, sb.chunks);
   const bool stream_output =
-      options_.stream_threshold > 0 && static_cast<uint64_t>(output_bytes) >= options_.stream_threshold;
+      *options_.stream_threshold > 0 && static_cast<uint64_t>(output_bytes) >= *options_.stream_threshold;
 
   std::unique_ptr<Layout>& slot = layouts_[pp.id];
   if (!slot) {
