@@ -145,13 +145,30 @@ std::vector<std::pair<uint64_t, double>> rates_at_once(Communicator& comm, bool 
   return out;
 }
 
+// The ring all-reduce (out of place) the calibration times the executor with.
+std::shared_ptr<const PreparedPlan> ring_allreduce(int nranks) {
+  return PreparedPlan::make(plan::compile(algorithms::build("ring_allreduce", nranks, {{"inplace", 0}})).plan);
+}
+
+// Each way's time relative to the fastest way, as the geometric mean over the rows (workloads or
+// sizes) of times[row][way] / that row's fastest.
+std::vector<double> relative_times(const std::vector<std::vector<double>>& times) {
+  std::vector<double> rel(times.empty() ? 0 : times[0].size(), 0.0);
+  for (const auto& row : times) {
+    const double best = *std::min_element(row.begin(), row.end());
+    for (size_t i = 0; i < rel.size(); ++i) rel[i] += std::log(row[i] / best);
+  }
+  for (double& r : rel) r = std::exp(r / static_cast<double>(times.size()));
+  return rel;
+}
+
 // The polling window: a ring all-reduce of 8 B (2(n-1) dependent hops: what sleeping between
 // messages costs) and of 256 KiB (a pipeline of tiles) under each window, interleaved. Fills
 // spin_points (relative to the fastest window, the geometric mean over the two) and wake_us.
 void measure_spin(Communicator& comm, Calibration& c) {
   const int n = comm.size();
   const std::vector<int> windows = {0, 20, 50, 100, 200, 500, 1000};
-  auto ring = PreparedPlan::make(plan::compile(algorithms::build("ring_allreduce", n, {{"inplace", 0}})).plan);
+  auto ring = ring_allreduce(n);
   CpuExecutor ex(comm, CpuExecutorOptions::from_env());
   const int64_t small = std::max<int64_t>(2, ring->plan.chunk_factor);
   const int64_t large = std::max<int64_t>((256 << 10) / 4 / ring->plan.chunk_factor, 1) * ring->plan.chunk_factor;
@@ -185,14 +202,12 @@ void measure_spin(Communicator& comm, Calibration& c) {
     }
   auto times = interleaved_sweep(comm, ways, kRounds, {100, 10});
   comm.set_spin(was);
-  double best[2] = {1e300, 1e300};
-  for (size_t k = 0; k < 2; ++k)
-    for (double t : times[k]) best[k] = std::min(best[k], t);
+  const std::vector<double> rel = relative_times(times);
   c.spin_points.clear();
-  for (size_t i = 0; i < windows.size(); ++i)
-    c.spin_points.push_back({windows[i], std::sqrt(times[0][i] / best[0] * (times[1][i] / best[1]))});
+  for (size_t i = 0; i < windows.size(); ++i) c.spin_points.push_back({windows[i], rel[i]});
   // Sleeping at every wait (window 0) against the best window, per hop of the 8 B ring.
-  c.wake_us = std::max(0.0, (times[0][0] - best[0]) / (2.0 * (n - 1)));
+  const double best = *std::min_element(times[0].begin(), times[0].end());
+  c.wake_us = std::max(0.0, (times[0][0] - best) / (2.0 * (n - 1)));
   c.spin_us = choose_spin(c.spin_points, c.wake_us);
 }
 
@@ -247,16 +262,9 @@ void measure_fifo_and_tile(Communicator& comm, Calibration& c) {
         ways[k].emplace_back(r);
       }
     auto times = interleaved_sweep(comm, ways, kRounds, {100, 10, 2});
-    std::vector<double> relative(layouts.size(), 1.0);
-    for (size_t k = 0; k < sizes.size(); ++k) {
-      const double best = *std::min_element(times[k].begin(), times[k].end());
-      for (size_t i = 0; i < layouts.size(); ++i) relative[i] *= times[k][i] / best;
-    }
+    const std::vector<double> relative = relative_times(times);
     c.fifo_points.clear();
-    for (size_t i = 0; i < layouts.size(); ++i) {
-      relative[i] = std::pow(relative[i], 1.0 / static_cast<double>(sizes.size()));
-      c.fifo_points.push_back({layouts[i].slots, layouts[i].slot_bytes, relative[i]});
-    }
+    for (size_t i = 0; i < layouts.size(); ++i) c.fifo_points.push_back({layouts[i].slots, layouts[i].slot_bytes, relative[i]});
     chosen = choose_setting(relative, 0);
     c.fifo_slots = layouts[chosen].slots;
     c.fifo_slot_bytes = layouts[chosen].slot_bytes;
@@ -265,7 +273,7 @@ void measure_fifo_and_tile(Communicator& comm, Calibration& c) {
   // Tiles, on the chosen layout: a ring all-reduce of 16 MiB.
   Communicator& on = *children[chosen];
   const std::vector<int64_t> tiles = {CpuExecutorOptions{}.tile_bytes, 256 << 10, 512 << 10, 2 << 20, 4 << 20};
-  auto ring = PreparedPlan::make(plan::compile(algorithms::build("ring_allreduce", on.size(), {{"inplace", 0}})).plan);
+  auto ring = ring_allreduce(on.size());
   const int64_t factor = ring->plan.chunk_factor;
   const int64_t count = (16 << 20) / 4 / factor * factor;
   std::vector<float> a(static_cast<size_t>(count), 1.0f), b(static_cast<size_t>(count));
@@ -287,14 +295,9 @@ void measure_fifo_and_tile(Communicator& comm, Calibration& c) {
     r();
     tile_ways.emplace_back(r);
   }
-  auto tile_times = interleaved_medians(comm, tile_ways, kRounds, 2);
-  const double best = *std::min_element(tile_times.begin(), tile_times.end());
-  std::vector<double> tile_rel;
+  const std::vector<double> tile_rel = relative_times({interleaved_medians(comm, tile_ways, kRounds, 2)});
   c.tile_points.clear();
-  for (size_t i = 0; i < tiles.size(); ++i) {
-    tile_rel.push_back(tile_times[i] / best);
-    c.tile_points.push_back({tiles[i], tile_rel.back()});
-  }
+  for (size_t i = 0; i < tiles.size(); ++i) c.tile_points.push_back({tiles[i], tile_rel[i]});
   c.tile_bytes = tiles[choose_setting(tile_rel, 0)];
 }
 
@@ -573,7 +576,7 @@ Calibration calibrate(Communicator& comm) {
     reducing.emplace_back(s, static_cast<double>(s) / (exchange_rate(comm, s, iters, true) * 1e3));
   }
   // The executor: 2(n-1) dependent messages of a ring all-reduce of 8 bytes.
-  auto ring = PreparedPlan::make(plan::compile(algorithms::build("ring_allreduce", n, {{"inplace", 0}})).plan);
+  auto ring = ring_allreduce(n);
   float in[64] = {}, out[64] = {};
   CpuExecutor ex(comm, CpuExecutorOptions::from_env());
   ExecArgs args;

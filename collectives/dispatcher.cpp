@@ -132,8 +132,7 @@ DispatcherOptions DispatcherOptions::from_env() {
   o.algo = env::raw("TUTTI_ALGO");
   o.tuning_file = env::raw("TUTTI_TUNING_FILE");
   o.tune = env::get_bool("TUTTI_TUNE");
-  if (auto v = env::raw("TUTTI_ONESHOT_THRESHOLD"); v && !v->empty())
-    o.oneshot_threshold = env::get_size("TUTTI_ONESHOT_THRESHOLD");
+  if (env::is_set("TUTTI_ONESHOT_THRESHOLD")) o.oneshot_threshold = env::get_size("TUTTI_ONESHOT_THRESHOLD");
   o.check = env::get_bool("TUTTI_CHECK");
   o.executor = CpuExecutorOptions::from_env();
   return o;
@@ -164,7 +163,7 @@ Dispatcher::Dispatcher(Communicator& comm, const DispatcherOptions& options, std
 }
 
 // Settings the calibration measured for this machine and rank count (single copy, the polling
-// window, the one-shot thresholds) replace the built-in defaults, unless the user set them
+// window, the FIFO layout, the tile, the one-shot thresholds) replace the built-in defaults, unless the user set them
 // (tutti-tune --calibrate measures them).
 void Dispatcher::apply_calibration() {
   const int n = comm_.size();
@@ -184,10 +183,7 @@ void Dispatcher::apply_calibration() {
   if (!cal) return;
   // A setting is replaced only where nobody chose it: its variable unset and its value still the
   // built-in default (options given in code count as chosen; a split inherits its parent's).
-  auto chosen = [](const char* var) {
-    auto v = env::raw(var);
-    return v && !v->empty();
-  };
+  auto chosen = [](const char* var) { return env::is_set(var); };
   const CommOptions defaults;
   const CommOptions& now = comm_.options();
   if (cal->single_copy_threshold != 0 && !chosen("TUTTI_SHM_CMA_THRESHOLD") &&

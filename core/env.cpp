@@ -141,6 +141,11 @@ std::optional<std::string> raw(std::string_view name) {
   return std::nullopt;
 }
 
+bool is_set(std::string_view name) {
+  auto value = raw(name);
+  return value && !value->empty();
+}
+
 std::string get_string(std::string_view name) {
   auto value = raw(name);
   return value ? *value : std::string(lookup(name).fallback);

@@ -26,6 +26,8 @@ std::span<const Variable> variables();
 // The raw value: the variable itself, else its alias, else nullopt. Throws InternalError for an
 // undeclared name.
 std::optional<std::string> raw(std::string_view name);
+// Whether the user chose a value: raw() is set and not empty (an empty variable reads as unset).
+bool is_set(std::string_view name);
 
 // Typed lookups fall back to the declared default. A value that does not parse throws
 // InvalidArgument naming the variable and the value.

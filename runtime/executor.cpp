@@ -498,7 +498,7 @@ CpuExecutorOptions CpuExecutorOptions::from_env() {
   o.tile_bytes = static_cast<int64_t>(env::get_size("TUTTI_TILE_SIZE"));
   o.staging_slots = static_cast<int>(env::get_int("TUTTI_PIPELINE_DEPTH"));
   o.workers = static_cast<int>(env::get_int("TUTTI_WORKERS"));
-  if (auto v = env::raw("TUTTI_STREAM_THRESHOLD"); v && !v->empty()) o.stream_threshold = env::get_size("TUTTI_STREAM_THRESHOLD");
+  if (env::is_set("TUTTI_STREAM_THRESHOLD")) o.stream_threshold = env::get_size("TUTTI_STREAM_THRESHOLD");
   return o;
 }
 

@@ -522,6 +522,17 @@ TEST(Calibration, AMeasuredCurveSetsSharedMemoryTransferTimes) {
 namespace tutti::tuning {
 namespace {
 
+// The smallest valid entry for 2 ranks over shared memory; tests add the settings they check.
+Calibration shm_pair() {
+  Calibration c;
+  c.transport = "shm";
+  c.nranks = 2;
+  c.alpha_us = 1;
+  c.beta_gbps = 1;
+  c.memory_gbps = 1;
+  return c;
+}
+
 // The single-copy threshold a calibration stores: the smallest size from which single copy keeps
 // up with the FIFO at that size and every larger one.
 TEST(SingleCopyThreshold, IsWhereSingleCopyStartsToWinForGood) {
@@ -539,12 +550,7 @@ TEST(SingleCopyThreshold, IsWhereSingleCopyStartsToWinForGood) {
 TEST(SingleCopyThreshold, CalibratedValueIsAppliedUnlessTheUserSetOne) {
   const std::string path = ::testing::TempDir() + "single_copy_calibration.json";
   std::remove(path.c_str());
-  Calibration c;
-  c.transport = "shm";
-  c.nranks = 2;
-  c.alpha_us = 1;
-  c.beta_gbps = 1;
-  c.memory_gbps = 1;
+  Calibration c = shm_pair();
   c.single_copy_threshold = 3 << 20;
   c.single_copy = {{1 << 20, {2.0, 1.0}}, {4 << 20, {2.0, 3.0}}};
   save_calibration(path, c);
@@ -606,12 +612,7 @@ TEST(CalibratedSetting, IsTheDefaultUnlessAnotherWinsByMoreThanFivePercent) {
 TEST(CalibratedSetting, AreAppliedUnlessTheUserSetThem) {
   const std::string path = ::testing::TempDir() + "settings_calibration.json";
   std::remove(path.c_str());
-  Calibration c;
-  c.transport = "shm";
-  c.nranks = 2;
-  c.alpha_us = 1;
-  c.beta_gbps = 1;
-  c.memory_gbps = 1;
+  Calibration c = shm_pair();
   c.spin_us = 37;
   c.wake_us = 9.5;
   c.spin_points = {{0, 4.0}, {37, 1.0}};
