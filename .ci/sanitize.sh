@@ -20,9 +20,10 @@ mode=${1:-all}
 JOBS=${JOBS:-$(nproc)}
 export TUTTI_FUZZ_SECONDS=${TUTTI_FUZZ_SECONDS:-20}
 asan_tests=(test_datatype test_reduce test_env test_dsl test_kernels test_compiler test_msccl_xml test_topology
-            test_simulate test_executor test_oneshot test_fused test_schedule test_bootstrap test_cpp_api)
+            test_simulate test_executor test_oneshot test_fused test_device_fused test_schedule test_bootstrap
+            test_cpp_api)
 tsan_tests=(test_executor test_oneshot test_cpp_api test_communicator test_transport test_fused test_device_executor
-            test_faults)
+            test_device_fused test_faults)
 fuzz_targets=(fuzz_msccl_xml fuzz_plan_json fuzz_nccl_topology_xml fuzz_topology_json fuzz_bootstrap_peer_info)
 common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTUTTI_WITH_CUDA=OFF -DTUTTI_WITH_IBVERBS=OFF -DTUTTI_WERROR=OFF
         -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14)

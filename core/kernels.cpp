@@ -28,7 +28,9 @@ struct Registry {
   std::deque<KernelDef> defs;
   Registry() {
     defs.push_back(KernelDef{"identity", {}, identity_cpu, 1.0});
+    defs.back().device = DeviceKernel::kIdentity;
     defs.push_back(KernelDef{"scale", {"factor"}, scale_cpu, 1.0});
+    defs.back().device = DeviceKernel::kScale;
   }
 };
 

@@ -15,9 +15,10 @@
 namespace tutti::fused {
 
 // The kernel's id, registering it on first use. `mixed_units`: see KernelDef::mixed_units.
-inline KernelId register_once(KernelDef def, bool mixed_units = false) {
+inline KernelId register_once(KernelDef def, bool mixed_units = false, DeviceKernel device = DeviceKernel::kNone) {
   if (auto id = find_kernel(def.name)) return *id;
   def.mixed_units = mixed_units;
+  def.device = device;
   return register_kernel(std::move(def));
 }
 

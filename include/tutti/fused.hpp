@@ -253,5 +253,9 @@ dsl::Program moe_combine_program(int nranks, int64_t tokens, int64_t hidden, int
 // The DSL program of the fused step for `nranks` ranks and `pieces` chunks per shard (what ZeroStep
 // compiles; tutti-compile and the tests use it too).
 dsl::Program zero_step_program(int nranks, int pieces);
+// What a call of that program's plan passes as its per-call scalars (PlanCall::scalars), in slot
+// order: the gradient scale, then AdamW's lr, beta1, beta2, eps, weight decay, step and max norm.
+// Its state buffers, in order: params (size() * shard), m, v (the shard), stats (size() + 1 floats).
+std::vector<double> zero_step_scalars(const AdamW& opt);
 
 }  // namespace tutti::fused

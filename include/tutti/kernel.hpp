@@ -9,8 +9,10 @@
 // A kernel maps `inputs` chunk ranges to `outputs` ones of equal length on one rank, any of them in
 // place: every input is read before outputs are written, from the kernel's point of view (a kernel
 // whose outputs alias its inputs must compute element by element, as AdamW does). Kernels run on
-// host memory; the device interpreter runs the built-ins. Device implementations of user kernels
-// are a next step (docs/ARCHITECTURE.md).
+// host memory with `cpu`; on device memory the device interpreter runs the kernel's `device`
+// routine, one of a fixed set built into the interpreter (DeviceKernel). Device code of user
+// kernels is a next step (docs/ARCHITECTURE.md): a plan naming a kernel without one runs on host
+// buffers only, and the device executor says so by the kernel's name.
 
 #include <cstdint>
 #include <optional>
@@ -38,6 +40,17 @@ struct KernelArgs {
 };
 using KernelFn = void (*)(const KernelArgs&);
 
+// The device interpreter's routines (runtime/device/kernels.hpp), each the device form of a kernel
+// with the same operands, scalars and results as its CPU form. Values are the ABI's.
+enum class DeviceKernel : int32_t {
+  kNone = -1,
+  kIdentity = 0,         // "identity"
+  kScale = 1,            // "scale"
+  kUnscaleSumsq = 2,     // "zero.unscale_sumsq" (tutti/fused.hpp)
+  kUnscaleSumsqAcc = 3,  // "zero.unscale_sumsq_acc"
+  kAdamw = 4,            // "zero.adamw"
+};
+
 struct KernelDef {
   std::string name;                  // unique in the process: letters, digits, '_', '.', '-'
   std::vector<std::string> scalars;  // names of the scalars a step gives it
@@ -53,6 +66,8 @@ struct KernelDef {
   // KernelArgs::input_counts / output_counts and must check them; the others get operands of one
   // unit only (the verifier and the DSL refuse the rest), so `count` is every operand's length.
   bool mixed_units = false;
+  // Its device form, if the interpreter has one.
+  DeviceKernel device = DeviceKernel::kNone;
 };
 
 // A kernel's scalar as a plan holds it: a constant, or slot `slot` of the values each call passes

@@ -3,9 +3,14 @@
 // objects, the same on the CUDA device and on the emulated device (runtime/device/interpreter.hpp).
 // Host/device neutral: <cstdint> only.
 //
-// A flattened plan (runtime/device/device_plan.hpp) is four arrays per rank: blocks, steps, the
-// source operands of the steps and their dependencies. Refs are canonical: in-place aliasing is
-// resolved when flattening, so an interpreter only knows three buffers (input, output, scratch).
+// A flattened plan (runtime/device/device_plan.hpp) is five arrays per rank: blocks, steps, the
+// operands of the steps, their dependencies and the scalars of their kernels. Refs are canonical:
+// in-place aliasing is resolved when flattening, so an interpreter knows the input, the output,
+// scratch and the plan's state buffers (parameters, optimizer moments, statistics: LaunchArgs::states).
+//
+// One pass. A plan with state buffers runs in a single round over the whole call (interpreter.hpp,
+// "Rounds"): a statistic of a chunk, a barrier on a norm or a row-shaped operand cannot be cut into
+// slices, so each of its messages must fit one slot (the host checks, by the plan's name).
 //
 // Memory of one connection (sender s -> receiver r on channel c) lives in the receiver's device
 // memory and is written through peer pointers (runtime/device/fifo.hpp states the ordering
@@ -28,7 +33,26 @@
 
 namespace tutti::device {
 
-enum Buf : uint8_t { kBufInput = 0, kBufOutput = 1, kBufScratch = 2, kBufNone = 255 };
+// kBufState + s: state buffer s of the plan.
+enum Buf : uint8_t { kBufInput = 0, kBufOutput = 1, kBufScratch = 2, kBufState = 3, kBufNone = 255 };
+
+// What one launch carries by value (LaunchArgs is a kernel parameter, at most 4 KiB on CUDA): state
+// buffers and per-call scalar values. Plans with more are refused by name (device_executor.cpp).
+inline constexpr int kMaxStates = 16;
+inline constexpr int kMaxScalars = 32;
+
+// A state buffer of the call: unit 0 has the call's chunk geometry (a parameter array); unit u > 0
+// has u elements per chunk (a statistic: 1).
+struct DevState {
+  unsigned char* base = nullptr;
+  int64_t unit = 0;
+};
+
+// A kernel's scalar: a constant, or the call's value in slot `slot` (LaunchArgs::scalars).
+struct DevScalar {
+  double value = 0;
+  int32_t slot = -1;
+};
 
 struct DevRef {
   int64_t index = 0;  // chunk index in the canonical buffer
@@ -45,13 +69,16 @@ struct DevStep {
   uint8_t signal = 0;  // another block depends on this step: publish progress after it
   uint8_t stable_src = 0;  // a send whose source a peer may read in place (plan::Instruction::stable_source)
   uint16_t nsrcs = 0;
+  uint16_t nouts = 0;      // compute: outputs after dst, at srcs[first_src + nsrcs, ... + nouts)
   int32_t send_conn = -1;  // index into LaunchArgs::send (this rank's outgoing FIFOs of the plan)
   int32_t recv_conn = -1;  // index into LaunchArgs::recv
   int32_t first_src = 0;   // srcs[first_src, first_src + nsrcs)
   int32_t first_dep = 0;   // deps[first_dep, first_dep + ndeps)
   int32_t ndeps = 0;
-  int32_t kernel = 0;      // compute: tutti::Kernel
-  double kernel_arg = 1;   // compute: the scale factor
+  int32_t kernel = 0;      // compute: tutti::DeviceKernel value
+  double kernel_arg = 1;   // compute, scale: the factor (a constant)
+  int32_t first_scalar = 0;  // compute: its scalars, at scalars[first_scalar, + nscalars)
+  int32_t nscalars = 0;
   int64_t count = 0;       // chunks
   DevRef dst;
 };
@@ -96,6 +123,7 @@ struct LaunchArgs {
   const DevStep* steps = nullptr;
   const DevRef* srcs = nullptr;
   const DevDep* deps = nullptr;
+  const DevScalar* scalar_refs = nullptr;  // DevStep::first_scalar indexes it
   const FifoView* send = nullptr;
   const FifoView* recv = nullptr;
   uint64_t* progress = nullptr;  // per thread block (instance * nblocks + block)
@@ -103,6 +131,10 @@ struct LaunchArgs {
   Status* status = nullptr;          // this rank's failure record
   const volatile int32_t* abort = nullptr;  // set by the host when the communicator aborts
   unsigned char* bufs[3] = {nullptr, nullptr, nullptr};
+  DevState states[kMaxStates] = {};
+  int32_t nstates = 0;
+  double scalars[kMaxScalars] = {};  // the call's per-call scalar values
+  int32_t nscalars = 0;
   int32_t nblocks = 0;    // plan blocks of this rank
   int32_t instances = 1;  // copies of the plan, each with its own FIFOs, taking rounds in turn
   int32_t nsend = 0, nrecv = 0;  // FIFO views per instance (send[instance * nsend + conn])

@@ -322,6 +322,7 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
   size_t o_steps = put(d.steps.data(), d.steps.size() * sizeof(DevStep));
   size_t o_srcs = put(d.srcs.data(), d.srcs.size() * sizeof(DevRef));
   size_t o_deps = put(d.deps.data(), d.deps.size() * sizeof(DevDep));
+  size_t o_scalars = put(d.scalars.data(), d.scalars.size() * sizeof(DevScalar));
   size_t o_send = put(sends.data(), sends.size() * sizeof(FifoView));
   size_t o_recv = put(recvs.data(), recvs.size() * sizeof(FifoView));
   std::vector<uint64_t> zeros(d.blocks.size() * static_cast<size_t>(u->instances), 0);
@@ -335,6 +336,7 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
   a.steps = reinterpret_cast<const DevStep*>(base + o_steps);
   a.srcs = reinterpret_cast<const DevRef*>(base + o_srcs);
   a.deps = reinterpret_cast<const DevDep*>(base + o_deps);
+  a.scalar_refs = reinterpret_cast<const DevScalar*>(base + o_scalars);
   a.send = reinterpret_cast<const FifoView*>(base + o_send);
   a.recv = reinterpret_cast<const FifoView*>(base + o_recv);
   a.progress = reinterpret_cast<uint64_t*>(base + o_progress);
@@ -406,6 +408,30 @@ const char* DeviceExecutor::transport_to(int peer) const {
   return peer_transport_[peer]->name;
 }
 
+void DeviceExecutor::check_device_call(const DevicePlan& d, const PreparedPlan& pp, const ExecArgs& args,
+                                       int32_t protocol) const {
+  const plan::Plan& p = pp.plan;
+  TUTTI_CHECK(!d.float_kernels || args.reduction.type == DataType::kFloat32, InvalidArgument,
+              "plan '{}' runs kernels of float32 data; the call's type is {}", p.name, name(args.reduction.type));
+  if (!d.one_pass) return;
+  // One round over the whole call (abi.hpp, "One pass"): every message must fit a slot as it is.
+  const int64_t capacity = protocol == kProtoLL ? options_.ll_slot_bytes / 2 : options_.slot_bytes;
+  const int64_t esize = static_cast<int64_t>(size_of(args.reduction.type));
+  const int64_t chunk_bytes = (args.count + p.chunk_factor - 1) / p.chunk_factor * esize;
+  const int64_t largest = std::max(d.max_message_chunks * round_up(chunk_bytes, kChunkAlign),
+                                   d.max_unit_message_chunks * round_up(d.max_unit * esize, kChunkAlign));
+  TUTTI_CHECK(largest <= capacity, InvalidArgument,
+              "plan '{}' has state buffers, so it runs in one pass on the device, and its messages of up to {} bytes at "
+              "this count do not fit device slots of {} bytes: cut the call into more pieces, or raise "
+              "TUTTI_DEVICE_SLOT_SIZE",
+              p.name, largest, capacity);
+  TUTTI_CHECK(static_cast<int>(args.states.size()) == d.nstates, InvalidArgument,
+              "plan '{}' has {} state buffers; the call passes {}", p.name, d.nstates, args.states.size());
+  TUTTI_CHECK(args.scalars.size() <= static_cast<size_t>(kMaxScalars), InvalidArgument,
+              "plan '{}': the call passes {} scalars; a device launch carries at most {}", p.name, args.scalars.size(),
+              kMaxScalars);
+}
+
 void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   const plan::Plan& p = pp.plan;
   void* const stream = args.stream;
@@ -415,14 +441,19 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
               comm_.rank(), p.name);
   check();
   check_call(pp, comm_.size(), args);
+  // The options' protocol (TUTTI_PROTO) first, then the call's, then the plan's.
+  const tutti::Protocol wanted = args.protocol != tutti::Protocol::kAuto ? args.protocol : p.protocol;
+  const int32_t protocol = options_.protocol ? *options_.protocol : wanted == tutti::Protocol::kLL ? kProtoLL : kProtoSimple;
+  // What this device refuses of the call, before the plan's first upload (which is collective), so
+  // that a refused call fails on every rank alone instead of hanging.
+  if (auto it = plans_.find(pp.id); it != plans_.end()) check_device_call(it->second->plan, pp, args, protocol);
+  else check_device_call(flatten(pp, comm_.rank()), pp, args, protocol);
   Uploaded& u = upload(pp, stream);
   if (u.plan.blocks.empty()) return;
   const int threads = options_.threads;
 
   LaunchArgs a = u.base;
-  // The options' protocol (TUTTI_PROTO) first, then the call's, then the plan's.
-  const tutti::Protocol wanted = args.protocol != tutti::Protocol::kAuto ? args.protocol : p.protocol;
-  a.protocol = options_.protocol ? *options_.protocol : wanted == tutti::Protocol::kLL ? kProtoLL : kProtoSimple;
+  a.protocol = protocol;
   a.op = static_cast<int32_t>(args.reduction.op);
   a.type = static_cast<int32_t>(args.reduction.type);
   a.esize = static_cast<int64_t>(size_of(args.reduction.type));
@@ -441,9 +472,15 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
               "plan '{}' sends messages of {} chunks, which do not fit device slots of {} bytes (TUTTI_DEVICE_SLOT_SIZE)",
               p.name, u.plan.max_message_chunks, capacity);
   a.round_elems = chunk_elems * p.chunk_factor;
+  if (u.plan.one_pass) a.round_elems = args.count;  // one round over the whole call (abi.hpp, "One pass")
+  a.nstates = u.plan.nstates;
+  for (int k = 0; k < u.plan.nstates; ++k)
+    a.states[k] = DevState{static_cast<unsigned char*>(args.states[static_cast<size_t>(k)]), p.states[static_cast<size_t>(k)].unit};
+  a.nscalars = static_cast<int32_t>(std::min<size_t>(args.scalars.size(), kMaxScalars));
+  for (int k = 0; k < a.nscalars; ++k) a.scalars[k] = args.scalars[static_cast<size_t>(k)];
   // Several instances share the rounds: rounds small enough that each gets some (but chunks of at
   // least 4 KiB, below which a round costs more in flags than it moves).
-  if (u.instances > 1) {
+  if (u.instances > 1 && !u.plan.one_pass) {
     const int64_t C = p.chunk_factor;
     int64_t share = (args.count + u.instances - 1) / u.instances;
     share = std::max(share, C * std::max<int64_t>(1, 4096 / a.esize));

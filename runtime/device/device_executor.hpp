@@ -110,6 +110,8 @@ class DeviceExecutor final : public Executor {
   struct P2pPlan;
   void ensure_channels(int n);
   Uploaded& upload(const PreparedPlan& plan, void* stream);
+  // Throws InvalidArgument for a call this device cannot run (device_executor.cpp); not collective.
+  void check_device_call(const DevicePlan& d, const PreparedPlan& pp, const ExecArgs& args, int32_t protocol) const;
   FifoView view(const Channel& ch, int peer, bool send) const;
   bool registered(const void* p, size_t bytes) const;
 

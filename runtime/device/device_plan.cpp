@@ -1,25 +1,81 @@
 #include "runtime/device/device_plan.hpp"
 
 #include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
 
 #include "core/error.hpp"
 #include "tutti/kernel.hpp"
 
 namespace tutti::device {
 
+namespace {
+
+// What the device form of a kernel reads and writes, operand by operand: 'd' a data range of the
+// call's unit with input 0's chunk count, 's' one element of a statistic (a state buffer of unit 1).
+// The CPU forms check their operands' lengths when called; the device forms cannot throw, so a plan
+// that would hand one a wrong operand is refused here, by the kernel's and the operand's names.
+struct Operands {
+  const char* inputs;
+  const char* outputs;
+};
+Operands operands_of(DeviceKernel k) {
+  switch (k) {
+    case DeviceKernel::kUnscaleSumsq: return {"d", "ds"};
+    case DeviceKernel::kUnscaleSumsqAcc: return {"ds", "ds"};
+    case DeviceKernel::kAdamw: return {"dddds", "ddd"};
+    default: return {"d", "d"};  // identity, scale
+  }
+}
+
+void check_operands(const plan::Plan& p, int rank, const plan::Instruction& in, const KernelDef& def) {
+  const Operands want = operands_of(def.device);
+  const std::vector<plan::Ref> outs = in.writes();
+  const int64_t chunks = in.srcs.empty() ? 0 : in.srcs[0].count;
+  auto check = [&](const std::vector<plan::Ref>& refs, const char* kinds, const char* what) {
+    TUTTI_CHECK(refs.size() == std::strlen(kinds), InvalidArgument,
+                "plan '{}': rank {} runs kernel '{}' with {} {}s; its device form takes {}", p.name, rank, def.name,
+                refs.size(), what, std::strlen(kinds));
+    for (size_t i = 0; i < refs.size(); ++i) {
+      const int64_t unit = p.unit(refs[i].buffer);
+      const bool ok = kinds[i] == 'd' ? unit == 0 && refs[i].count == chunks : unit == 1 && refs[i].count == 1;
+      TUTTI_CHECK(ok, InvalidArgument,
+                  "plan '{}': rank {} runs kernel '{}' with {} {} in a buffer of unit {} ({} chunk(s)); its device form "
+                  "takes {} there",
+                  p.name, rank, def.name, what, i, unit, refs[i].count,
+                  kinds[i] == 'd' ? fmt::format("{} chunk(s) of the call's size", chunks)
+                                  : std::string("one element of a statistic (unit 1)"));
+    }
+  };
+  check(in.srcs, want.inputs, "input");
+  check(outs, want.outputs, "output");
+}
+
+}  // namespace
+
 DevicePlan flatten(const PreparedPlan& pp, int rank) {
   const plan::Plan& p = pp.plan;
-  TUTTI_CHECK(p.states.empty(), InvalidArgument,
-              "plan '{}' has state buffers ('{}', ...): the device interpreter runs input, output and scratch only "
-              "(run it on host buffers)",
-              p.name, p.states.empty() ? "" : p.states[0].name);
+  TUTTI_CHECK(static_cast<int>(p.states.size()) <= kMaxStates, InvalidArgument,
+              "plan '{}' has {} state buffers; a device launch carries at most {}", p.name, p.states.size(), kMaxStates);
   TUTTI_CHECK(rank >= 0 && rank < p.nranks, InvalidArgument, "plan '{}': rank {} out of range ({} ranks)", p.name, rank,
               p.nranks);
   DevicePlan out;
+  out.one_pass = !p.states.empty();
+  out.nstates = static_cast<int>(p.states.size());
   for (const plan::RankPlan& rp : p.ranks) {
     out.max_blocks = std::max(out.max_blocks, static_cast<int>(rp.blocks.size()));
     for (const plan::Block& b : rp.blocks)
-      for (const plan::Instruction& in : b.steps) out.max_message_chunks = std::max(out.max_message_chunks, in.count());
+      for (const plan::Instruction& in : b.steps) {
+        const plan::Ref* moved = plan::sends(in.op) && !in.srcs.empty() ? &in.srcs[0] : in.dst ? &*in.dst : nullptr;
+        const int64_t unit = moved ? p.unit(moved->buffer) : 0;
+        if (unit > 0 && (plan::sends(in.op) || plan::receives(in.op))) {
+          out.max_unit_message_chunks = std::max(out.max_unit_message_chunks, in.count());
+          out.max_unit = std::max(out.max_unit, unit);
+        } else {
+          out.max_message_chunks = std::max(out.max_message_chunks, in.count());
+        }
+      }
   }
   out.channels = std::max(1, p.channels());
   const plan::RankPlan& rp = p.ranks[rank];
@@ -31,6 +87,7 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
     return static_cast<int32_t>(table.size() - 1);
   };
   auto ref = [&](const plan::Ref& r) {
+    if (is_state(r.buffer)) return DevRef{r.index, static_cast<uint8_t>(kBufState + state_index(r.buffer))};
     Location l = pp.spec.canonical(rank, r.buffer, static_cast<int>(r.index));
     return DevRef{l.index, static_cast<uint8_t>(l.buffer)};
   };
@@ -56,16 +113,25 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
       }
       s.stable_src = in.stable_source ? 1 : 0;
       if (in.op == plan::Opcode::kCompute) {
-        // The interpreter knows the built-ins; user kernels run on the CPU executor for now.
-        TUTTI_CHECK(in.kernel == kernels::kIdentity || in.kernel == kernels::kScale, InvalidArgument,
-                    "plan '{}': rank {} runs kernel '{}', which has no device implementation (the device "
-                    "interpreter runs identity and scale)",
-                    p.name, rank, kernel_def(in.kernel).name);
-        TUTTI_CHECK(in.scalars.empty() || in.scalars[0].slot < 0, InvalidArgument,
-                    "plan '{}': rank {} scales by a per-call scalar, which the device interpreter does not take yet",
-                    p.name, rank);
-        s.kernel = in.kernel;
-        s.kernel_arg = in.scalars.empty() ? 1.0 : in.scalars[0].value;
+        const KernelDef& def = kernel_def(in.kernel);
+        TUTTI_CHECK(def.device != DeviceKernel::kNone, InvalidArgument,
+                    "plan '{}': rank {} runs kernel '{}', which has no device form (tutti/kernel.hpp, DeviceKernel): "
+                    "run the plan on host buffers",
+                    p.name, rank, def.name);
+        check_operands(p, rank, in, def);
+        s.kernel = static_cast<int32_t>(def.device);
+        if (s.kernel >= static_cast<int32_t>(DeviceKernel::kUnscaleSumsq)) out.float_kernels = true;
+        s.kernel_arg = in.scalars.empty() || in.scalars[0].slot >= 0 ? 1.0 : in.scalars[0].value;
+        s.first_scalar = static_cast<int32_t>(out.scalars.size());
+        s.nscalars = static_cast<int32_t>(in.scalars.size());
+        for (const ScalarArg& a : in.scalars) {
+          TUTTI_CHECK(a.slot < kMaxScalars, InvalidArgument,
+                      "plan '{}': kernel '{}' takes per-call scalar {}; a device launch carries {}", p.name, def.name,
+                      a.slot, kMaxScalars);
+          out.scalars.push_back(DevScalar{a.value, a.slot});
+        }
+        s.nouts = static_cast<uint16_t>(in.more_dsts.size());
+        for (const plan::Ref& r : in.more_dsts) out.srcs.push_back(ref(r));
       }
       out.steps.push_back(s);
     }

@@ -23,15 +23,23 @@ struct DevicePlan {
   std::vector<DevStep> steps;
   std::vector<DevRef> srcs;
   std::vector<DevDep> deps;
+  std::vector<DevScalar> scalars;  // kernels' scalars (DevStep::first_scalar)
   std::vector<ConnectionKey> sends, recvs;  // indexed by DevStep::send_conn / recv_conn
   int64_t max_message_chunks = 1;  // most chunks one step moves, over every rank (rounds are sized by it)
+  // One pass (abi.hpp): the plan has state buffers. Its largest message in buffers of their own unit:
+  // most chunks one step moves there, and the largest unit (elements per chunk).
+  bool one_pass = false;
+  int nstates = 0;
+  bool float_kernels = false;  // a kernel of the fused operations (float32 only) runs
+  int64_t max_unit_message_chunks = 0, max_unit = 0;
   int64_t scratch_chunks = 0;
   int max_blocks = 1;  // most blocks of any rank (instances are chosen alike on every rank from it)
   int channels = 1;
 };
 
 // Throws InvalidArgument for a plan whose structure an interpreter cannot run (a dependency on a
-// block that does not exist, more steps than a 32-bit index).
+// block that does not exist, more steps than a 32-bit index, more state buffers than a launch
+// carries, a kernel without a device form or given operands its device form does not take).
 DevicePlan flatten(const PreparedPlan& plan, int rank);
 
 }  // namespace tutti::device

@@ -11,6 +11,9 @@
 // collectives are position-wise within pieces, so the rounds together are the call; user buffers
 // and scratch regions of different rounds are disjoint, so rounds need no ordering beyond the
 // FIFOs' own. R is chosen on the host so that the largest message of the plan fits a slot.
+// Plans with state buffers (fused operations) run in one round, R = the whole call (abi.hpp, "One
+// pass"): their statistics and norms are not position-wise; their compute steps run the device
+// forms of their kernels (kernels.hpp) over whole chunks.
 //
 // Element semantics are core/element.hpp's, the ones the CPU executor uses; an n-ary reduce folds
 // left to right and the received operand comes first (as the CPU transports' recv_reduce).
@@ -20,6 +23,7 @@
 #include "core/element.hpp"
 #include "runtime/device/abi.hpp"
 #include "runtime/device/fifo.hpp"
+#include "runtime/device/kernels.hpp"
 #include "runtime/instruction_semantics.hpp"
 
 namespace tutti::device {
@@ -38,6 +42,23 @@ struct Team {
   __device__ int size() const { return static_cast<int>(blockDim.x); }
   __device__ void sync() const { __syncthreads(); }
   __device__ bool sync_or(bool p) const { return __syncthreads_or(p) != 0; }
+  // The sum of every thread's v, on every thread: warps first, then the warps' sums in warp order
+  // (a fixed order, so the same inputs give the same double). Every thread must call it.
+  __device__ double sum(double v) const {
+    __shared__ double part[32];
+    for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
+    const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+    __syncthreads();  // an earlier sum may still read part[]
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double t = 0;
+      for (int w = 0; w < (static_cast<int>(blockDim.x) + 31) / 32; ++w) t += part[w];
+      part[0] = t;
+    }
+    __syncthreads();
+    return part[0];
+  }
 };
 #else
 struct Team {
@@ -45,6 +66,7 @@ struct Team {
   int size() const { return 1; }
   void sync() const {}
   bool sync_or(bool p) const { return p; }
+  double sum(double v) const { return v; }
 };
 #endif
 
@@ -114,8 +136,28 @@ TUTTI_HD unsigned char* chunk_in(unsigned char* base, const LaunchArgs& a, const
   *bytes = (e - b) * a.esize;
   return base + (piece * a.count + r.begin + b) * a.esize;
 }
+// Buffers of the call's unit (input, output, scratch, state buffers of unit 0) have the call's
+// geometry; a state buffer of unit u has u elements per chunk (a plan with one runs in one pass, so
+// `r` is the whole call).
 TUTTI_HD unsigned char* chunk_at(const LaunchArgs& a, const Round& r, uint8_t buf, int64_t index, int64_t* bytes) {
+  if (buf >= kBufState) {
+    const DevState& st = a.states[buf - kBufState];
+    if (st.unit > 0) {
+      *bytes = st.unit * a.esize;
+      return st.base + index * st.unit * a.esize;
+    }
+    return chunk_in(st.base, a, r, index, bytes);
+  }
   return chunk_in(a.bufs[buf], a, r, index, bytes);
+}
+
+// The elements of chunks [index, index + count) of a buffer, which are contiguous in one pass.
+TUTTI_HD unsigned char* range_at(const LaunchArgs& a, const Round& r, const DevRef& ref, int64_t count, int64_t* elems) {
+  int64_t first = 0, last = 0;
+  unsigned char* begin = chunk_at(a, r, ref.buf, ref.index, &first);
+  unsigned char* end = chunk_at(a, r, ref.buf, ref.index + count - 1, &last) + last;
+  *elems = (end - begin) / a.esize;
+  return begin;
 }
 
 // Whether this send lets the peer read its source in place (abi.hpp, "Direct reads").
@@ -188,6 +230,13 @@ struct BlockRun {
   int32_t block;     // plan block
   int32_t instance;  // which copy of the plan: rounds instance, instance + instances, ...
 
+  // The scale kernel's factor: a constant, or the call's value of its per-call scalar.
+  TUTTI_HD double factor(const DevStep& s) const {
+    if (s.nscalars == 0) return s.kernel_arg;
+    const DevScalar sc = a.scalar_refs[s.first_scalar];
+    return sc.slot >= 0 ? a.scalars[sc.slot] : sc.value;
+  }
+
   // The Simple protocol's main loop: full 16-byte units of 16-byte aligned operands, four per
   // thread at a time with every load issued before the first use, so each warp keeps several
   // memory requests in flight. Returns how many units (from the first) it moved; the caller's
@@ -225,8 +274,9 @@ struct BlockRun {
         for (int j = 0; j < kUnroll; ++j) acc[j] = combine<E>(a.op, acc[j], x[j]);
       }
       if (s.op == 9 && s.kernel == 1) {
+        const double f = factor(s);
         TUTTI_UNROLL
-        for (int j = 0; j < kUnroll; ++j) acc[j] = scale_pack<E>(acc[j], s.kernel_arg);
+        for (int j = 0; j < kUnroll; ++j) acc[j] = scale_pack<E>(acc[j], f);
       }
       TUTTI_UNROLL
       for (int j = 0; j < kUnroll; ++j) {
@@ -238,8 +288,43 @@ struct BlockRun {
     return groups * kUnroll * T;
   }
 
+  // A kernel of the fused operations (kernels.hpp) over its operands' ranges; `s.kernel` >= 2.
+  // Operands: sources, then dst and the further outputs (check_operands fixed their shapes).
+  TUTTI_HD void kernel_step(const DevStep& s, const Round& r) {
+    double scalars[kMaxScalars];
+    for (int32_t k = 0; k < s.nscalars && k < kMaxScalars; ++k) {
+      const DevScalar sc = a.scalar_refs[s.first_scalar + k];
+      scalars[k] = sc.slot >= 0 ? a.scalars[sc.slot] : sc.value;
+    }
+    int64_t n = 0, ignored = 0;
+    auto in = [&](int k) {
+      return reinterpret_cast<const float*>(range_at(a, r, a.srcs[s.first_src + k], k == 0 ? s.count : 1, k == 0 ? &n : &ignored));
+    };
+    auto out = [&](int k) {
+      const DevRef ref = k == 0 ? s.dst : a.srcs[s.first_src + s.nsrcs + k - 1];
+      return reinterpret_cast<float*>(chunk_at(a, r, ref.buf, ref.index, &ignored));
+    };
+    const float* g = in(0);
+    switch (s.kernel) {
+      case 2:  // DeviceKernel::kUnscaleSumsq
+        unscale_sumsq(team, out(0), g, n, static_cast<float>(scalars[0]), out(1), nullptr);
+        break;
+      case 3:  // kUnscaleSumsqAcc
+        unscale_sumsq(team, out(0), g, n, static_cast<float>(scalars[0]), out(1), in(1));
+        break;
+      case 4:  // kAdamw
+        adamw(team, g, in(1), in(2), in(3), *in(4), out(0), out(1), out(2), n, scalars);
+        break;
+      default: break;
+    }
+  }
+
   // Runs one step in round `r`; false when a wait gave up.
   TUTTI_HD bool step(const DevStep& s, int32_t index, const Round& r, int64_t round_no) {
+    if (s.op == 9 && s.kernel >= 2) {
+      kernel_step(s, r);
+      return true;
+    }
     const exec::OpShape shape = exec::shape_of(s.op);
     const bool ll = a.protocol == kProtoLL;
     const FifoView* out = shape.send ? &a.send[instance * a.nsend + s.send_conn] : nullptr;
@@ -350,7 +435,7 @@ struct BlockRun {
               k == 0 ? src0 : chunk_at(a, r, a.srcs[s.first_src + k].buf, a.srcs[s.first_src + k].index + c, &nb);
           acc = combine<E>(a.op, acc, load_local(p, u, valid));
         }
-        if (s.op == 9 && s.kernel == 1) acc = scale_pack<E>(acc, s.kernel_arg);
+        if (s.op == 9 && s.kernel == 1) acc = scale_pack<E>(acc, factor(s));
         if (dst) store_local(dst, u, valid, acc);
         if (out) {
           if (ll) {

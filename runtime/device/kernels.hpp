@@ -1,0 +1,83 @@
+#pragma once
+// The device forms of kernels (tutti/kernel.hpp, DeviceKernel): what a compute step of a plan runs
+// in the device interpreter (runtime/device/interpreter.hpp), one team of threads over one range
+// of operands. Host/device neutral, like the interpreter: compiled by nvcc for the GPU and by the
+// host compiler for the emulated device.
+//
+// Each computes what its CPU form computes (fused_kernels/zero_step.cpp), operation by operation,
+// in the same element order within an element: the emulated device's results equal the CPU's bit
+// for bit (neither contracts a multiply and an add), and a GPU's differ only where its square root,
+// division or pow round differently. Sums of squares are accumulated in double per thread and
+// added across the team in a fixed order, so they are deterministic on one device (not equal to
+// the CPU's, whose vector lanes add in another order).
+//
+// Operands are checked when the plan is flattened (device_plan.cpp, check_operands): data ranges of
+// `n` floats, statistics of one float.
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/element.hpp"  // TUTTI_HD
+
+namespace tutti::device {
+
+TUTTI_HD bool finite_float(float x) { return x <= 3.402823466e38f && x >= -3.402823466e38f; }
+
+// out = in * scale; *stat_out = (stat_in ? *stat_in : 0) + the sum of the squares of out
+// ("zero.unscale_sumsq" and "zero.unscale_sumsq_acc"). stat_in may be stat_out.
+template <class Team>
+TUTTI_HD void unscale_sumsq(const Team& team, float* out, const float* in, int64_t n, float scale, float* stat_out,
+                            const float* stat_in) {
+  double acc = 0;
+  for (int64_t i = team.rank(); i < n; i += team.size()) {
+    const float x = in[i] * scale;
+    out[i] = x;
+    acc += static_cast<double>(x) * static_cast<double>(x);
+  }
+  const double sum = team.sum(acc);
+  if (team.rank() == 0) *stat_out = static_cast<float>(stat_in ? static_cast<double>(*stat_in) + sum : sum);
+  team.sync();
+}
+
+// "zero.adamw": AdamW with the gradient clipped by the global norm sqrt(total), torch.optim.AdamW's
+// update; a non-finite total skips the step (outputs keep their inputs). Scalars: lr, beta1, beta2,
+// eps, weight_decay, step, max_norm. Outputs may be their inputs.
+template <class Team>
+TUTTI_HD void adamw(const Team& team, const float* g, const float* m_in, const float* v_in, const float* p_in,
+                    float total, float* m, float* v, float* p, int64_t n, const double* scalars) {
+  if (!finite_float(total)) {
+    for (int64_t i = team.rank(); i < n; i += team.size()) {
+      const float a = m_in[i], b = v_in[i], c = p_in[i];
+      m[i] = a, v[i] = b, p[i] = c;
+    }
+    team.sync();
+    return;
+  }
+  const float lr = static_cast<float>(scalars[0]), beta1 = static_cast<float>(scalars[1]),
+              beta2 = static_cast<float>(scalars[2]), eps = static_cast<float>(scalars[3]),
+              wd = static_cast<float>(scalars[4]), max_norm = static_cast<float>(scalars[6]);
+  const double step = scalars[5];
+  const float norm = sqrtf(total);
+  float clip = 1.0f;
+  if (max_norm > 0) {
+    const float c = max_norm / (norm + 1e-6f);
+    clip = c < 1.0f ? c : 1.0f;
+  }
+  const double c1 = 1.0 - pow(static_cast<double>(beta1), step);
+  const double c2 = 1.0 - pow(static_cast<double>(beta2), step);
+  const float decay = 1.0f - lr * wd, step_size = static_cast<float>(static_cast<double>(lr) / c1),
+              c2_sqrt = static_cast<float>(sqrt(c2)), one_b1 = 1.0f - beta1, one_b2 = 1.0f - beta2;
+  for (int64_t i = team.rank(); i < n; i += team.size()) {
+    const float gi = g[i] * clip;
+    const float mi = m_in[i] * beta1 + gi * one_b1;
+    const float vi = v_in[i] * beta2 + (gi * gi) * one_b2;
+    const float denom = sqrtf(vi) / c2_sqrt + eps;
+    const float pi = p_in[i] * decay - step_size * (mi / denom);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+  }
+  team.sync();
+}
+
+}  // namespace tutti::device

@@ -1,0 +1,193 @@
+// Fused plans on the device interpreter, on the emulated device (the CUDA kernel's source compiled
+// for the host): the ZeRO step's plan, with its state buffers, per-call scalars and kernels, runs in
+// one pass and gives the CPU executor's floats bit for bit (the data's sums of squares are exact, so
+// both add them to the same double); a non-finite gradient skips the step on every rank; plans the
+// device cannot run are refused by name before anything collective happens.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "compiler/compile.hpp"
+#include "runtime/device/device_executor.hpp"
+#include "support/ranks.hpp"
+#include "tutti/fused.hpp"
+
+using namespace tutti;
+using namespace tutti::device;
+
+namespace {
+
+using Prepared = std::shared_ptr<const PreparedPlan>;
+
+Prepared zero_plan(int n, int pieces) {
+  fused::register_kernels();
+  return PreparedPlan::make(plan::compile(fused::zero_step_program(n, pieces)).plan);
+}
+
+// One rank's buffers of a ZeRO step: gradients and parameters of every rank, its moments, the
+// statistics.
+struct ZeroBuffers {
+  std::vector<float> grads, params, m, v, stats;
+};
+
+// Gradients are small integers (their sums and squares are exact in any order); the step's other
+// inputs are arbitrary floats, the same for both executors.
+std::vector<ZeroBuffers> zero_inputs(int n, int64_t shard, bool poison) {
+  std::vector<ZeroBuffers> b(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    ZeroBuffers& x = b[static_cast<size_t>(r)];
+    x.grads.resize(static_cast<size_t>(n * shard));
+    x.params.resize(x.grads.size());
+    for (size_t i = 0; i < x.grads.size(); ++i) {
+      x.grads[i] = static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(r) * 3) % 9) - 4);
+      x.params[i] = 0.01f * static_cast<float>(i % 29) - 0.1f;  // the same on every rank
+    }
+    x.m.resize(static_cast<size_t>(shard));
+    x.v.resize(x.m.size());
+    for (size_t i = 0; i < x.m.size(); ++i) {
+      x.m[i] = 0.001f * static_cast<float>((i + static_cast<size_t>(r)) % 7);
+      x.v[i] = 0.0001f * static_cast<float>((i * 3 + static_cast<size_t>(r)) % 5);
+    }
+    x.stats.assign(static_cast<size_t>(n + 1), -1.0f);
+  }
+  if (poison) b[1].grads[static_cast<size_t>(shard) / 2] = std::numeric_limits<float>::infinity();
+  return b;
+}
+
+fused::AdamW step_options() {
+  fused::AdamW opt;
+  opt.lr = 1e-2f;
+  opt.weight_decay = 0.1f;
+  opt.step = 3;
+  opt.max_norm = 1.0f;   // the data's norm is far above it: the clip matters
+  opt.grad_scale = 0.5f;  // exact
+  return opt;
+}
+
+ExecArgs zero_args(ZeroBuffers& x, int64_t shard, const fused::AdamW& opt) {
+  ExecArgs a;
+  a.input = x.grads.data();
+  a.output = nullptr;
+  a.count = shard;
+  a.reduction.type = DataType::kFloat32;
+  a.scalars = fused::zero_step_scalars(opt);
+  a.states = {x.params.data(), x.m.data(), x.v.data(), x.stats.data()};
+  return a;
+}
+
+DeviceOptions small_slots() {
+  DeviceOptions d;
+  d.slot_bytes = 4096;
+  d.ll_slot_bytes = 2048;
+  d.instances = 1;
+  d.timeout_s = 120;  // a deadlock fails the test instead of hanging it
+  return d;
+}
+
+// Runs the plan on both executors from the same inputs; returns (device, cpu) buffers.
+std::pair<std::vector<ZeroBuffers>, std::vector<ZeroBuffers>> run_both(int n, int pieces, int64_t piece, bool poison,
+                                                                        int32_t protocol) {
+  const int64_t shard = pieces * piece;
+  Prepared plan = zero_plan(n, pieces);
+  auto dev = zero_inputs(n, shard, poison), cpu = dev;
+  const fused::AdamW opt = step_options();
+  auto comms = Communicator::create_local(n);
+  std::vector<std::unique_ptr<DeviceExecutor>> executors;
+  DeviceOptions d = small_slots();
+  d.protocol = protocol;
+  for (int r = 0; r < n; ++r) executors.push_back(std::make_unique<DeviceExecutor>(*comms[r], make_emulated_backend(), d));
+  test_support::on_ranks(comms, [&](int r, Communicator& c) {
+    executors[static_cast<size_t>(r)]->run(*plan, zero_args(dev[static_cast<size_t>(r)], shard, opt));
+    CpuExecutor cpu_executor(c, CpuExecutorOptions{});
+    cpu_executor.run(*plan, zero_args(cpu[static_cast<size_t>(r)], shard, opt));
+    executors[static_cast<size_t>(r)]->close();
+  });
+  return {std::move(dev), std::move(cpu)};
+}
+
+void expect_same(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
+        << what << " element " << i << ": device " << got[i] << ", CPU " << want[i];
+}
+
+class ZeroStepOnTheDevice : public testing::TestWithParam<std::tuple<int, int32_t>> {};
+
+TEST_P(ZeroStepOnTheDevice, GivesTheCpuExecutorsFloats) {
+  const auto [n, protocol] = GetParam();
+  auto [dev, cpu] = run_both(n, 4, 96, false, protocol);
+  for (int r = 0; r < n; ++r) {
+    SCOPED_TRACE(fmt::format("rank {} of {}", r, n));
+    const ZeroBuffers &d = dev[static_cast<size_t>(r)], &c = cpu[static_cast<size_t>(r)];
+    expect_same(d.params, c.params, "params");
+    expect_same(d.m, c.m, "m");
+    expect_same(d.v, c.v, "v");
+    expect_same(d.stats, c.stats, "stats");
+    // The step did something: the parameters moved, the same on every rank.
+    EXPECT_NE(std::memcmp(d.params.data(), zero_inputs(n, 4 * 96, false)[0].params.data(), d.params.size() * 4), 0);
+    expect_same(d.params, dev[0].params, "params against rank 0's");
+    EXPECT_TRUE(std::isfinite(d.stats[0]) && d.stats[0] > 1.0f) << d.stats[0];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndProtocols, ZeroStepOnTheDevice,
+                         testing::Combine(testing::Values(2, 3), testing::Values(kProtoSimple, kProtoLL)),
+                         [](const auto& info) {
+                           return fmt::format("{}ranks_{}", std::get<0>(info.param),
+                                              std::get<1>(info.param) == kProtoLL ? "LL" : "Simple");
+                         });
+
+TEST(DeviceFused, ANonFiniteGradientSkipsTheStepOnEveryRank) {
+  const int n = 2;
+  auto [dev, cpu] = run_both(n, 4, 64, true, kProtoSimple);
+  const auto before = zero_inputs(n, 4 * 64, true);
+  for (int r = 0; r < n; ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    const ZeroBuffers& d = dev[static_cast<size_t>(r)];
+    EXPECT_FALSE(std::isfinite(d.stats[0]));
+    expect_same(d.params, before[static_cast<size_t>(r)].params, "params (unchanged)");
+    expect_same(d.m, before[static_cast<size_t>(r)].m, "m (unchanged)");
+    expect_same(d.v, before[static_cast<size_t>(r)].v, "v (unchanged)");
+    expect_same(d.params, cpu[static_cast<size_t>(r)].params, "params against the CPU's");
+  }
+}
+
+// Runs `plan` on rank 0 alone and returns the InvalidArgument's text ("" if it ran).
+std::string refusal(const Prepared& plan, int n, int64_t shard, DeviceOptions d, DataType type = DataType::kFloat32) {
+  auto comms = Communicator::create_local(n);
+  DeviceExecutor ex(*comms[0], make_emulated_backend(), d);
+  auto buffers = zero_inputs(n, shard, false);
+  ExecArgs a = zero_args(buffers[0], shard, step_options());
+  a.reduction.type = type;
+  std::vector<float> more(static_cast<size_t>(n * shard));
+  while (a.states.size() < plan->plan.states.size()) a.states.push_back(more.data());  // the bf16 step's fifth
+  try {
+    ex.run(*plan, a);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DeviceFused, MessagesThatDoNotFitASlotAreRefusedByThePlansName) {
+  // One pass: a 4 KiB slot holds a chunk of 1024 floats, not one of 2048.
+  const std::string why = refusal(zero_plan(2, 2), 2, 2 * 2048, small_slots());
+  EXPECT_NE(why.find("zero_step_n2_k2"), std::string::npos) << why;
+  EXPECT_NE(why.find("TUTTI_DEVICE_SLOT_SIZE"), std::string::npos) << why;
+}
+
+TEST(DeviceFused, KernelsWithoutADeviceFormAndOtherTypesAreRefused) {
+  // zero.adamw_cast (the mixed-precision step's) has no device form yet.
+  fused::register_kernels();
+  Prepared bf16 = PreparedPlan::make(plan::compile(fused::zero_step_bf16_program(2, 4, 64)).plan);
+  const std::string why = refusal(bf16, 2, 4 * 64, small_slots());
+  EXPECT_NE(why.find("zero.adamw_cast"), std::string::npos) << why;
+  EXPECT_NE(why.find("no device form"), std::string::npos) << why;
+  const std::string type = refusal(zero_plan(2, 4), 2, 4 * 64, small_slots(), DataType::kFloat64);
+  EXPECT_NE(type.find("float32"), std::string::npos) << type;
+}
+
+}  // namespace
