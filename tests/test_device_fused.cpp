@@ -155,6 +155,76 @@ TEST(DeviceFused, ANonFiniteGradientSkipsTheStepOnEveryRank) {
   }
 }
 
+// Runs `plans` in turn on both executors, each rank from its own copy of `buffers` (float arrays,
+// the same for both executors); `args(r, buffers, plan index)` makes a rank's call. Returns the
+// (device, CPU) buffers afterwards.
+using Arrays = std::vector<std::vector<float>>;
+template <class MakeArgs>
+std::pair<std::vector<Arrays>, std::vector<Arrays>> run_plans(const std::vector<Prepared>& plans, int n,
+                                                              const std::vector<Arrays>& buffers, MakeArgs args) {
+  auto dev = buffers, cpu = buffers;
+  auto comms = Communicator::create_local(n);
+  test_support::on_ranks(comms, [&](int r, Communicator& c) {
+    DeviceExecutor ex(c, make_emulated_backend(), small_slots());
+    CpuExecutor host(c, CpuExecutorOptions{});
+    for (size_t k = 0; k < plans.size(); ++k) {
+      ex.run(*plans[k], args(r, dev[static_cast<size_t>(r)], k));
+      host.run(*plans[k], args(r, cpu[static_cast<size_t>(r)], k));
+    }
+    ex.close();
+  });
+  return {std::move(dev), std::move(cpu)};
+}
+
+// ZeroStep::reduce() then update(), the trainer's halves (the norm spans several groups there, so
+// the clip is given to update): gradients, statistics, master weights, moments and parameters.
+TEST(DeviceFused, TheTrainersHalvesGiveTheCpuExecutorsFloats) {
+  fused::register_kernels();
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(fmt::format("{} ranks", n));
+    const int pieces = 4;
+    const int64_t shard = pieces * 80;
+    const std::vector<Prepared> plans = {
+        PreparedPlan::make(plan::compile(fused::zero_reduce_program(n, pieces)).plan),
+        PreparedPlan::make(plan::compile(fused::zero_update_program(n, pieces)).plan)};
+    enum { kGrads, kStats, kMaster, kM, kV, kParams, kDecay };
+    std::vector<Arrays> buffers;
+    for (int r = 0; r < n; ++r) {
+      const ZeroBuffers z = zero_inputs(n, shard, false)[static_cast<size_t>(r)];
+      std::vector<float> master(z.params.begin() + r * shard, z.params.begin() + (r + 1) * shard), decay(master.size());
+      for (size_t i = 0; i < decay.size(); ++i) decay[i] = (i / 50) % 2 ? 1.0f : 0.0f;  // tensors that decay or not
+      buffers.push_back({z.grads, std::vector<float>(static_cast<size_t>(n), -1.0f), master, z.m, z.v, z.params, decay});
+    }
+    const fused::AdamW opt = step_options();
+    auto [dev, cpu] = run_plans(plans, n, buffers, [&](int, Arrays& b, size_t k) {
+      ExecArgs a;
+      a.input = b[kGrads].data();
+      a.count = shard;
+      a.reduction.type = DataType::kFloat32;
+      if (k == 0) {
+        a.scalars = {0.25};
+        a.states = {b[kStats].data()};
+      } else {
+        a.scalars = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, static_cast<double>(opt.step), 0.125};
+        a.states = {b[kMaster].data(), b[kM].data(), b[kV].data(), b[kParams].data(), b[kDecay].data()};
+      }
+      return a;
+    });
+    for (int r = 0; r < n; ++r) {
+      SCOPED_TRACE(fmt::format("rank {}", r));
+      const Arrays &d = dev[static_cast<size_t>(r)], &c = cpu[static_cast<size_t>(r)];
+      const std::vector<float> mine_d(d[kGrads].begin() + r * shard, d[kGrads].begin() + (r + 1) * shard),
+          mine_c(c[kGrads].begin() + r * shard, c[kGrads].begin() + (r + 1) * shard);
+      expect_same(mine_d, mine_c, "this rank's reduced gradients");
+      EXPECT_EQ(d[kStats][static_cast<size_t>(r)], c[kStats][static_cast<size_t>(r)]);
+      EXPECT_GT(d[kStats][static_cast<size_t>(r)], 1.0f);
+      for (int b : {kMaster, kM, kV, kParams}) expect_same(d[static_cast<size_t>(b)], c[static_cast<size_t>(b)], fmt::format("buffer {}", b));
+      expect_same(d[kParams], dev[0][kParams], "params against rank 0's");
+      EXPECT_NE(d[kMaster], buffers[static_cast<size_t>(r)][kMaster]);  // the update did something
+    }
+  }
+}
+
 // Runs `plan` on rank 0 alone and returns the InvalidArgument's text ("" if it ran).
 std::string refusal(const Prepared& plan, int n, int64_t shard, DeviceOptions d, DataType type = DataType::kFloat32) {
   auto comms = Communicator::create_local(n);

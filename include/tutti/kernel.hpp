@@ -49,6 +49,7 @@ enum class DeviceKernel : int32_t {
   kUnscaleSumsq = 2,     // "zero.unscale_sumsq" (tutti/fused.hpp)
   kUnscaleSumsqAcc = 3,  // "zero.unscale_sumsq_acc"
   kAdamw = 4,            // "zero.adamw"
+  kAdamwMasked = 5,      // "zero.adamw_masked"
 };
 
 struct KernelDef {

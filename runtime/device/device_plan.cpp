@@ -25,6 +25,7 @@ Operands operands_of(DeviceKernel k) {
     case DeviceKernel::kUnscaleSumsq: return {"d", "ds"};
     case DeviceKernel::kUnscaleSumsqAcc: return {"ds", "ds"};
     case DeviceKernel::kAdamw: return {"dddds", "ddd"};
+    case DeviceKernel::kAdamwMasked: return {"ddddd", "ddd"};
     default: return {"d", "d"};  // identity, scale
   }
 }

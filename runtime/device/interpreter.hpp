@@ -315,6 +315,9 @@ struct BlockRun {
       case 4:  // kAdamw
         adamw(team, g, in(1), in(2), in(3), *in(4), out(0), out(1), out(2), n, scalars);
         break;
+      case 5:  // kAdamwMasked
+        adamw_masked(team, g, in(1), in(2), in(3), in(4), out(0), out(1), out(2), n, scalars);
+        break;
       default: break;
     }
   }

@@ -39,6 +39,46 @@ TUTTI_HD void unscale_sumsq(const Team& team, float* out, const float* in, int64
   team.sync();
 }
 
+// One AdamW update of n elements, fused_kernels/optimizer_kernels.cpp's AdamwUpdate element by
+// element: the gradient times `clip`; weight decay `decay`, or 1 - lr_wd * mask[i] with a mask.
+template <class Team>
+TUTTI_HD void adamw_update(const Team& team, const float* g, const float* m_in, const float* v_in, const float* p_in,
+                           float* m, float* v, float* p, int64_t n, float clip, float beta1, float beta2, float eps,
+                           float decay, float step_size, float c2_sqrt, const float* mask, float lr_wd) {
+  const float one_b1 = 1.0f - beta1, one_b2 = 1.0f - beta2;
+  for (int64_t i = team.rank(); i < n; i += team.size()) {
+    const float gi = g[i] * clip;
+    const float mi = m_in[i] * beta1 + gi * one_b1;
+    const float vi = v_in[i] * beta2 + (gi * gi) * one_b2;
+    const float denom = sqrtf(vi) / c2_sqrt + eps;
+    const float dec = mask ? 1.0f - lr_wd * mask[i] : decay;
+    const float pi = p_in[i] * dec - step_size * (mi / denom);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+  }
+  team.sync();
+}
+
+// Bias corrections of AdamW's step `step` (scalars: lr, beta1, beta2, eps, weight_decay, step, ...).
+struct AdamwConstants {
+  float lr, beta1, beta2, eps, wd, step_size, c2_sqrt;
+};
+TUTTI_HD AdamwConstants adamw_constants(const double* scalars) {
+  AdamwConstants k;
+  k.lr = static_cast<float>(scalars[0]);
+  k.beta1 = static_cast<float>(scalars[1]);
+  k.beta2 = static_cast<float>(scalars[2]);
+  k.eps = static_cast<float>(scalars[3]);
+  k.wd = static_cast<float>(scalars[4]);
+  const double step = scalars[5];
+  const double c1 = 1.0 - pow(static_cast<double>(k.beta1), step);
+  const double c2 = 1.0 - pow(static_cast<double>(k.beta2), step);
+  k.step_size = static_cast<float>(static_cast<double>(k.lr) / c1);
+  k.c2_sqrt = static_cast<float>(sqrt(c2));
+  return k;
+}
+
 // "zero.adamw": AdamW with the gradient clipped by the global norm sqrt(total), torch.optim.AdamW's
 // update; a non-finite total skips the step (outputs keep their inputs). Scalars: lr, beta1, beta2,
 // eps, weight_decay, step, max_norm. Outputs may be their inputs.
@@ -53,31 +93,26 @@ TUTTI_HD void adamw(const Team& team, const float* g, const float* m_in, const f
     team.sync();
     return;
   }
-  const float lr = static_cast<float>(scalars[0]), beta1 = static_cast<float>(scalars[1]),
-              beta2 = static_cast<float>(scalars[2]), eps = static_cast<float>(scalars[3]),
-              wd = static_cast<float>(scalars[4]), max_norm = static_cast<float>(scalars[6]);
-  const double step = scalars[5];
+  const AdamwConstants k = adamw_constants(scalars);
+  const float max_norm = static_cast<float>(scalars[6]);
   const float norm = sqrtf(total);
   float clip = 1.0f;
   if (max_norm > 0) {
     const float c = max_norm / (norm + 1e-6f);
     clip = c < 1.0f ? c : 1.0f;
   }
-  const double c1 = 1.0 - pow(static_cast<double>(beta1), step);
-  const double c2 = 1.0 - pow(static_cast<double>(beta2), step);
-  const float decay = 1.0f - lr * wd, step_size = static_cast<float>(static_cast<double>(lr) / c1),
-              c2_sqrt = static_cast<float>(sqrt(c2)), one_b1 = 1.0f - beta1, one_b2 = 1.0f - beta2;
-  for (int64_t i = team.rank(); i < n; i += team.size()) {
-    const float gi = g[i] * clip;
-    const float mi = m_in[i] * beta1 + gi * one_b1;
-    const float vi = v_in[i] * beta2 + (gi * gi) * one_b2;
-    const float denom = sqrtf(vi) / c2_sqrt + eps;
-    const float pi = p_in[i] * decay - step_size * (mi / denom);
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi;
-  }
-  team.sync();
+  adamw_update(team, g, m_in, v_in, p_in, m, v, p, n, clip, k.beta1, k.beta2, k.eps, 1.0f - k.lr * k.wd, k.step_size,
+               k.c2_sqrt, nullptr, 0.0f);
+}
+
+// "zero.adamw_masked": AdamW with the call's clip (scalar 6) and per-parameter weight decay (mask[i]
+// multiplies weight_decay): ZeroStep::update()'s kernel.
+template <class Team>
+TUTTI_HD void adamw_masked(const Team& team, const float* g, const float* m_in, const float* v_in, const float* p_in,
+                           const float* mask, float* m, float* v, float* p, int64_t n, const double* scalars) {
+  const AdamwConstants k = adamw_constants(scalars);
+  adamw_update(team, g, m_in, v_in, p_in, m, v, p, n, static_cast<float>(scalars[6]), k.beta1, k.beta2, k.eps,
+               1.0f - k.lr * k.wd, k.step_size, k.c2_sqrt, mask, k.lr * k.wd);
 }
 
 }  // namespace tutti::device
