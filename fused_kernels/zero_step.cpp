@@ -131,7 +131,7 @@ const KernelIds& ids() {
     // Costs: passes over the chunk's bytes, as a copy's (one read, one write) is 1.
     // Mixed units: operands include a statistic (a state buffer of unit 1).
     const std::vector<std::string> adamw_scalars = {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "max_norm"};
-    // Device forms (runtime/device/kernels.hpp): the fp32 step's three and the update half's.
+    // Device forms (runtime/device/kernels.hpp): every ZeRO kernel.
     out.unscale_sumsq = register_once({"zero.unscale_sumsq", {"grad_scale"}, unscale_sumsq, 1.0, 1, 2}, true,
                                       DeviceKernel::kUnscaleSumsq);
     out.unscale_sumsq_acc = register_once({"zero.unscale_sumsq_acc", {"grad_scale"}, unscale_sumsq_acc, 1.0, 2, 2}, true,
@@ -140,7 +140,8 @@ const KernelIds& ids() {
     out.adamw_masked = register_once(
         {"zero.adamw_masked", {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "clip"}, adamw_masked, 4.0, 5, 3},
         false, DeviceKernel::kAdamwMasked);
-    out.adamw_cast = register_once({"zero.adamw_cast", adamw_scalars, adamw_cast, 4.0, 5, 4}, true);
+    out.adamw_cast = register_once({"zero.adamw_cast", adamw_scalars, adamw_cast, 4.0, 5, 4}, true,
+                                   DeviceKernel::kAdamwCast);
     return out;
   }();
   return k;

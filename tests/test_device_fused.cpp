@@ -225,6 +225,44 @@ TEST(DeviceFused, TheTrainersHalvesGiveTheCpuExecutorsFloats) {
   }
 }
 
+// The mixed-precision step: AdamW on the fp32 master shard, each updated chunk cast to bfloat16
+// and the bf16 parameters all-gathered (a state buffer whose unit is half a chunk of floats).
+TEST(DeviceFused, TheBf16StepGivesTheCpuExecutorsBits) {
+  fused::register_kernels();
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(fmt::format("{} ranks", n));
+    const int pieces = 4;
+    const int64_t piece = 96, shard = pieces * piece;
+    const std::vector<Prepared> plans = {
+        PreparedPlan::make(plan::compile(fused::zero_step_bf16_program(n, pieces, piece)).plan)};
+    enum { kGrads, kMaster, kM, kV, kStats, kParams16 };
+    std::vector<Arrays> buffers;
+    for (int r = 0; r < n; ++r) {
+      const ZeroBuffers z = zero_inputs(n, shard, false)[static_cast<size_t>(r)];
+      std::vector<float> master(z.params.begin() + r * shard, z.params.begin() + (r + 1) * shard);
+      buffers.push_back({z.grads, master, z.m, z.v, z.stats, std::vector<float>(static_cast<size_t>(n * shard / 2), 7.0f)});
+    }
+    const fused::AdamW opt = step_options();
+    auto [dev, cpu] = run_plans(plans, n, buffers, [&](int, Arrays& b, size_t) {
+      ExecArgs a;
+      a.input = b[kGrads].data();
+      a.count = shard;
+      a.reduction.type = DataType::kFloat32;
+      a.scalars = fused::zero_step_scalars(opt);
+      a.states = {b[kMaster].data(), b[kM].data(), b[kV].data(), b[kStats].data(), b[kParams16].data()};
+      return a;
+    });
+    for (int r = 0; r < n; ++r) {
+      SCOPED_TRACE(fmt::format("rank {}", r));
+      const Arrays &d = dev[static_cast<size_t>(r)], &c = cpu[static_cast<size_t>(r)];
+      for (int b : {kMaster, kM, kV, kStats, kParams16})
+        expect_same(d[static_cast<size_t>(b)], c[static_cast<size_t>(b)], fmt::format("buffer {}", b));
+      expect_same(d[kParams16], dev[0][kParams16], "bf16 parameters against rank 0's");
+      EXPECT_NE(d[kParams16], buffers[static_cast<size_t>(r)][kParams16]);  // every value written
+    }
+  }
+}
+
 // Runs `plan` on rank 0 alone and returns the InvalidArgument's text ("" if it ran).
 std::string refusal(const Prepared& plan, int n, int64_t shard, DeviceOptions d, DataType type = DataType::kFloat32) {
   auto comms = Communicator::create_local(n);
@@ -233,7 +271,7 @@ std::string refusal(const Prepared& plan, int n, int64_t shard, DeviceOptions d,
   ExecArgs a = zero_args(buffers[0], shard, step_options());
   a.reduction.type = type;
   std::vector<float> more(static_cast<size_t>(n * shard));
-  while (a.states.size() < plan->plan.states.size()) a.states.push_back(more.data());  // the bf16 step's fifth
+  a.states.resize(plan->plan.states.size(), more.data());  // as many as the plan names
   try {
     ex.run(*plan, a);
   } catch (const InvalidArgument& e) {
@@ -250,12 +288,13 @@ TEST(DeviceFused, MessagesThatDoNotFitASlotAreRefusedByThePlansName) {
 }
 
 TEST(DeviceFused, KernelsWithoutADeviceFormAndOtherTypesAreRefused) {
-  // zero.adamw_cast (the mixed-precision step's) has no device form yet.
+  // The epilogue's kernel (bias + dropout + residual) has no device form yet.
   fused::register_kernels();
-  Prepared bf16 = PreparedPlan::make(plan::compile(fused::zero_step_bf16_program(2, 4, 64)).plan);
-  const std::string why = refusal(bf16, 2, 4 * 64, small_slots());
-  EXPECT_NE(why.find("zero.adamw_cast"), std::string::npos) << why;
+  Prepared epilogue =
+      PreparedPlan::make(plan::compile(fused::bias_dropout_residual_program(2, 2, 64, fused::EpilogueOptions{})).plan);
+  const std::string why = refusal(epilogue, 2, 4 * 64, small_slots());
   EXPECT_NE(why.find("no device form"), std::string::npos) << why;
+  EXPECT_NE(why.find("bias"), std::string::npos) << why;
   const std::string type = refusal(zero_plan(2, 4), 2, 4 * 64, small_slots(), DataType::kFloat64);
   EXPECT_NE(type.find("float32"), std::string::npos) << type;
 }

@@ -119,7 +119,9 @@ class ZeroStep {
 
 // The mixed-precision step's program (ZeroStep::run_bf16): pieces of `piece` parameters (even).
 dsl::Program zero_step_bf16_program(int nranks, int pieces, int64_t piece);
-// The halves' programs (ZeroStep::reduce and ZeroStep::update).
+// The halves' programs (ZeroStep::reduce: state buffer stats, size() floats, scalar the gradient
+// scale; ZeroStep::update: state buffers master, m, v, params, decay, scalars lr, beta1, beta2, eps,
+// weight decay, step, clip).
 dsl::Program zero_reduce_program(int nranks, int pieces);
 dsl::Program zero_update_program(int nranks, int pieces);
 
@@ -257,10 +259,5 @@ dsl::Program zero_step_program(int nranks, int pieces);
 // order: the gradient scale, then AdamW's lr, beta1, beta2, eps, weight decay, step and max norm.
 // Its state buffers, in order: params (size() * shard), m, v (the shard), stats (size() + 1 floats).
 std::vector<double> zero_step_scalars(const AdamW& opt);
-// The programs of ZeroStep::reduce() (state buffer: stats, size() floats; scalar: the gradient
-// scale) and ZeroStep::update() (state buffers master, m, v, params, decay; scalars lr, beta1,
-// beta2, eps, weight decay, step, clip).
-dsl::Program zero_reduce_program(int nranks, int pieces);
-dsl::Program zero_update_program(int nranks, int pieces);
 
 }  // namespace tutti::fused

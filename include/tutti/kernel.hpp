@@ -50,6 +50,7 @@ enum class DeviceKernel : int32_t {
   kUnscaleSumsqAcc = 3,  // "zero.unscale_sumsq_acc"
   kAdamw = 4,            // "zero.adamw"
   kAdamwMasked = 5,      // "zero.adamw_masked"
+  kAdamwCast = 6,        // "zero.adamw_cast"
 };
 
 struct KernelDef {

@@ -414,6 +414,10 @@ void DeviceExecutor::check_device_call(const DevicePlan& d, const PreparedPlan& 
   TUTTI_CHECK(!d.float_kernels || args.reduction.type == DataType::kFloat32, InvalidArgument,
               "plan '{}' runs kernels of float32 data; the call's type is {}", p.name, name(args.reduction.type));
   if (!d.one_pass) return;
+  TUTTI_CHECK(d.half_unit == 0 || args.count == 2 * d.half_unit * p.chunk_factor, InvalidArgument,
+              "plan '{}' writes 16-bit values into chunks of {} floats, which hold {} of them; the call's chunks have {} "
+              "elements",
+              p.name, d.half_unit, 2 * d.half_unit, args.count / p.chunk_factor);
   // One round over the whole call (abi.hpp, "One pass"): every message must fit a slot as it is.
   const int64_t capacity = protocol == kProtoLL ? options_.ll_slot_bytes / 2 : options_.slot_bytes;
   const int64_t esize = static_cast<int64_t>(size_of(args.reduction.type));

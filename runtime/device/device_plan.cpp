@@ -13,7 +13,9 @@ namespace tutti::device {
 namespace {
 
 // What the device form of a kernel reads and writes, operand by operand: 'd' a data range of the
-// call's unit with input 0's chunk count, 's' one element of a statistic (a state buffer of unit 1).
+// call's unit with input 0's chunk count, 's' one element of a statistic (a state buffer of unit 1),
+// 'h' as many 16-bit values as 'd' has floats (a state buffer whose unit is half a chunk, which
+// the call's count must match: DevicePlan::half_unit, checked per call).
 // The CPU forms check their operands' lengths when called; the device forms cannot throw, so a plan
 // that would hand one a wrong operand is refused here, by the kernel's and the operand's names.
 struct Operands {
@@ -26,11 +28,12 @@ Operands operands_of(DeviceKernel k) {
     case DeviceKernel::kUnscaleSumsqAcc: return {"ds", "ds"};
     case DeviceKernel::kAdamw: return {"dddds", "ddd"};
     case DeviceKernel::kAdamwMasked: return {"ddddd", "ddd"};
+    case DeviceKernel::kAdamwCast: return {"dddds", "dddh"};
     default: return {"d", "d"};  // identity, scale
   }
 }
 
-void check_operands(const plan::Plan& p, int rank, const plan::Instruction& in, const KernelDef& def) {
+void check_operands(const plan::Plan& p, int rank, const plan::Instruction& in, const KernelDef& def, int64_t& half_unit) {
   const Operands want = operands_of(def.device);
   const std::vector<plan::Ref> outs = in.writes();
   const int64_t chunks = in.srcs.empty() ? 0 : in.srcs[0].count;
@@ -40,13 +43,22 @@ void check_operands(const plan::Plan& p, int rank, const plan::Instruction& in, 
                 refs.size(), what, std::strlen(kinds));
     for (size_t i = 0; i < refs.size(); ++i) {
       const int64_t unit = p.unit(refs[i].buffer);
-      const bool ok = kinds[i] == 'd' ? unit == 0 && refs[i].count == chunks : unit == 1 && refs[i].count == 1;
+      const bool ok = kinds[i] == 'd'   ? unit == 0 && refs[i].count == chunks
+                      : kinds[i] == 'h' ? unit > 0 && refs[i].count == chunks
+                                        : unit == 1 && refs[i].count == 1;
+      if (kinds[i] == 'h' && ok) {
+        TUTTI_CHECK(half_unit == 0 || half_unit == unit, InvalidArgument,
+                    "plan '{}': rank {} runs kernel '{}' with 16-bit outputs of units {} and {}", p.name, rank, def.name,
+                    half_unit, unit);
+        half_unit = unit;
+      }
       TUTTI_CHECK(ok, InvalidArgument,
                   "plan '{}': rank {} runs kernel '{}' with {} {} in a buffer of unit {} ({} chunk(s)); its device form "
                   "takes {} there",
                   p.name, rank, def.name, what, i, unit, refs[i].count,
-                  kinds[i] == 'd' ? fmt::format("{} chunk(s) of the call's size", chunks)
-                                  : std::string("one element of a statistic (unit 1)"));
+                  kinds[i] == 'd'   ? fmt::format("{} chunk(s) of the call's size", chunks)
+                  : kinds[i] == 'h' ? fmt::format("{} chunk(s) of 16-bit values (a unit of half a chunk)", chunks)
+                                    : std::string("one element of a statistic (unit 1)"));
     }
   };
   check(in.srcs, want.inputs, "input");
@@ -119,7 +131,7 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
                     "plan '{}': rank {} runs kernel '{}', which has no device form (tutti/kernel.hpp, DeviceKernel): "
                     "run the plan on host buffers",
                     p.name, rank, def.name);
-        check_operands(p, rank, in, def);
+        check_operands(p, rank, in, def, out.half_unit);
         s.kernel = static_cast<int32_t>(def.device);
         if (s.kernel >= static_cast<int32_t>(DeviceKernel::kUnscaleSumsq)) out.float_kernels = true;
         s.kernel_arg = in.scalars.empty() || in.scalars[0].slot >= 0 ? 1.0 : in.scalars[0].value;

@@ -31,6 +31,7 @@ struct DevicePlan {
   bool one_pass = false;
   int nstates = 0;
   bool float_kernels = false;  // a kernel of the fused operations (float32 only) runs
+  int64_t half_unit = 0;  // a kernel writes 16-bit values into a buffer of this unit: the call's chunks must be twice it
   int64_t max_unit_message_chunks = 0, max_unit = 0;
   int64_t scratch_chunks = 0;
   int max_blocks = 1;  // most blocks of any rank (instances are chosen alike on every rank from it)

@@ -315,6 +315,10 @@ struct BlockRun {
       case 4:  // kAdamw
         adamw(team, g, in(1), in(2), in(3), *in(4), out(0), out(1), out(2), n, scalars);
         break;
+      case 6:  // kAdamwCast
+        adamw_cast(team, g, in(1), in(2), in(3), *in(4), out(0), out(1), out(2), reinterpret_cast<uint16_t*>(out(3)), n,
+                   scalars);
+        break;
       case 5:  // kAdamwMasked
         adamw_masked(team, g, in(1), in(2), in(3), in(4), out(0), out(1), out(2), n, scalars);
         break;

@@ -105,6 +105,16 @@ TUTTI_HD void adamw(const Team& team, const float* g, const float* m_in, const f
                k.c2_sqrt, nullptr, 0.0f);
 }
 
+// "zero.adamw_cast": adamw, then each updated parameter rounded to bfloat16 into p16 (nearest even,
+// NaN to the quiet NaN: core/element.hpp's conversion, which the CPU form's loop reproduces).
+template <class Team>
+TUTTI_HD void adamw_cast(const Team& team, const float* g, const float* m_in, const float* v_in, const float* p_in,
+                         float total, float* m, float* v, float* p, uint16_t* p16, int64_t n, const double* scalars) {
+  adamw(team, g, m_in, v_in, p_in, total, m, v, p, n, scalars);
+  for (int64_t i = team.rank(); i < n; i += team.size()) p16[i] = element::float_to_bf16(p[i]);
+  team.sync();
+}
+
 // "zero.adamw_masked": AdamW with the call's clip (scalar 6) and per-parameter weight decay (mask[i]
 // multiplies weight_decay): ZeroStep::update()'s kernel.
 template <class Team>
