@@ -297,6 +297,18 @@ TEST(DeviceFused, KernelsWithoutADeviceFormAndOtherTypesAreRefused) {
   EXPECT_NE(why.find("bias"), std::string::npos) << why;
   const std::string type = refusal(zero_plan(2, 4), 2, 4 * 64, small_slots(), DataType::kFloat64);
   EXPECT_NE(type.find("float32"), std::string::npos) << type;
+  // A call that passes fewer per-call scalars than the kernels read (the CPU executor refuses it too).
+  auto comms = Communicator::create_local(2);
+  DeviceExecutor ex(*comms[0], make_emulated_backend(), small_slots());
+  auto buffers = zero_inputs(2, 4 * 64, false);
+  ExecArgs a = zero_args(buffers[0], 4 * 64, step_options());
+  a.scalars.resize(3);
+  try {
+    ex.run(*zero_plan(2, 4), a);
+    ADD_FAILURE() << "ran with 3 of the plan's 8 scalars";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("per-call scalar 7"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -413,6 +413,9 @@ void DeviceExecutor::check_device_call(const DevicePlan& d, const PreparedPlan& 
   const plan::Plan& p = pp.plan;
   TUTTI_CHECK(!d.float_kernels || args.reduction.type == DataType::kFloat32, InvalidArgument,
               "plan '{}' runs kernels of float32 data; the call's type is {}", p.name, name(args.reduction.type));
+  TUTTI_CHECK(args.scalars.size() >= static_cast<size_t>(d.scalar_slots), InvalidArgument,
+              "rank {}: plan '{}' reads per-call scalar {}, but the call passes {} scalar(s)", comm_.rank(), p.name,
+              d.scalar_slots - 1, args.scalars.size());
   if (!d.one_pass) return;
   TUTTI_CHECK(d.half_unit == 0 || args.count == 2 * d.half_unit * p.chunk_factor, InvalidArgument,
               "plan '{}' writes 16-bit values into chunks of {} floats, which hold {} of them; the call's chunks have {} "

@@ -142,6 +142,7 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
                       "plan '{}': kernel '{}' takes per-call scalar {}; a device launch carries {}", p.name, def.name,
                       a.slot, kMaxScalars);
           out.scalars.push_back(DevScalar{a.value, a.slot});
+          out.scalar_slots = std::max(out.scalar_slots, a.slot + 1);
         }
         s.nouts = static_cast<uint16_t>(in.more_dsts.size());
         for (const plan::Ref& r : in.more_dsts) out.srcs.push_back(ref(r));

@@ -31,6 +31,7 @@ struct DevicePlan {
   bool one_pass = false;
   int nstates = 0;
   bool float_kernels = false;  // a kernel of the fused operations (float32 only) runs
+  int32_t scalar_slots = 0;  // the call must pass this many per-call scalars (the highest slot a kernel reads + 1)
   int64_t half_unit = 0;  // a kernel writes 16-bit values into a buffer of this unit: the call's chunks must be twice it
   int64_t max_unit_message_chunks = 0, max_unit = 0;
   int64_t scratch_chunks = 0;
