@@ -13,12 +13,16 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <span>
 #include <thread>
 #include <vector>
 
 #include "collectives/dispatcher.hpp"
 #include "runtime/shared_buffers.hpp"
 #include "collectives/include/nccl.h"
+#include "collectives/include/tutti_nccl.h"
+#include "compiler/plan.hpp"
+#include "compiler/verify.hpp"
 #include "core/env.hpp"
 #include "core/log.hpp"
 #include "runtime/rendezvous.hpp"
@@ -247,7 +251,7 @@ void check_buffer(const void* p, size_t count, const char* what, const char* fn)
 }
 
 // Whether a call's buffers are device memory (then every one must be), for the device executor.
-bool on_device(ncclComm* c, std::initializer_list<const void*> buffers, const char* fn) {
+bool on_device(ncclComm* c, std::span<const void* const> buffers, const char* fn) {
   if (c->emulated) return true;
   int device = 0, host = 0;
   for (const void* p : buffers)
@@ -255,6 +259,9 @@ bool on_device(ncclComm* c, std::initializer_list<const void*> buffers, const ch
   TUTTI_CHECK(device == 0 || host == 0, InvalidArgument,
               "{}: some buffers are device memory and some host memory; a call takes one kind", fn);
   return device > 0;
+}
+bool on_device(ncclComm* c, std::initializer_list<const void*> buffers, const char* fn) {
+  return on_device(c, std::span<const void* const>(buffers.begin(), buffers.size()), fn);
 }
 
 device::DeviceExecutor& device_executor(ncclComm* c) {
@@ -314,7 +321,7 @@ bool emulated_device() {
 // --- groups -------------------------------------------------------------------------------------
 
 struct PendingOp {
-  enum Kind { kCollective, kSend, kRecv } kind;
+  enum Kind { kCollective, kSend, kRecv, kPlan } kind;
   ncclComm* comm;
   CollectiveCall call;
   void* buffer = nullptr;
@@ -322,6 +329,9 @@ struct PendingOp {
   int peer = -1;
   bool device = false;
   void* stream = nullptr;
+  // kPlan (tuttiRunPlan): the plan and the call's arguments (stream included).
+  std::shared_ptr<const PreparedPlan> plan = nullptr;
+  ExecArgs args = {};
 };
 
 thread_local std::vector<PendingOp> t_ops;
@@ -345,11 +355,31 @@ void run_collective(ncclComm* c, const CollectiveCall& call) {
   else c->dispatcher->run(call, device_executor(c));
 }
 
+// tuttiRunPlan's call: the plan straight on the executor for its kind of memory (no dispatcher
+// choice; the plan was checked against the call when it was submitted).
+void run_plan_op(ncclComm* c, const PendingOp& op) {
+  if (!op.device) {
+    drain_staging(c);
+    c->dispatcher->resources()->executor.run(*op.plan, op.args);
+  } else if (device::HostStagingExecutor* staged = host_staging(c)) {
+    // The proxy copies the call's input and output through host memory, not state buffers.
+    TUTTI_CHECK(op.plan->plan.states.empty(), InvalidArgument,
+                "rank {}: plan '{}' has state buffers, which device calls carry only between ranks that "
+                "share GPU memory; this communicator's device buffers go through host memory (other hosts, or "
+                "TUTTI_DEVICE_STAGING)",
+                c->comm->rank(), op.plan->plan.name);
+    staged->run(*op.plan, op.args);
+  } else {
+    device_executor(c).run(*op.plan, op.args);
+  }
+}
+
 void run_ops(ncclComm* c, const std::vector<PendingOp>& ops) {
   log::set_thread_rank(c->comm->rank());
   for (size_t i = 0; i < ops.size();) {
-    if (ops[i].kind == PendingOp::kCollective) {
-      run_collective(c, ops[i].call);
+    if (ops[i].kind == PendingOp::kCollective || ops[i].kind == PendingOp::kPlan) {
+      if (ops[i].kind == PendingOp::kPlan) run_plan_op(c, ops[i]);
+      else run_collective(c, ops[i].call);
       ++i;
       continue;
     }
@@ -357,7 +387,7 @@ void run_ops(ncclComm* c, const std::vector<PendingOp>& ops) {
     std::vector<PendingOp> p2p;
     const bool dev = ops[i].device;
     void* stream = ops[i].stream;
-    while (i < ops.size() && ops[i].kind != PendingOp::kCollective && ops[i].device == dev &&
+    while (i < ops.size() && (ops[i].kind == PendingOp::kSend || ops[i].kind == PendingOp::kRecv) && ops[i].device == dev &&
            (!dev || ops[i].stream == stream))
       p2p.push_back(ops[i++]);
     std::vector<P2pTransfer> transfers;
@@ -1025,6 +1055,99 @@ NCCL_API(ncclResult_t, ncclGroupEnd) {
   });
 }
 
+// --- plans (tutti_nccl.h) -------------------------------------------------------------------------
+
+struct tuttiPlan {
+  std::shared_ptr<const PreparedPlan> prepared;
+};
+
+namespace {
+
+ncclResult_t make_plan(const char* fn, tuttiPlan_t* out, const std::function<plan::Plan()>& read,
+                       const std::string& what) {
+  return guard(fn, [&] {
+    TUTTI_CHECK(out, InvalidArgument, "plan is NULL");
+    *out = nullptr;
+    plan::Plan p;
+    try {
+      p = read();
+      plan::certify(p);
+    } catch (const Error& e) {
+      throw InvalidArgument(fmt::format("{}: {}", what, e.what()));
+    }
+    auto h = std::make_unique<tuttiPlan>();
+    h->prepared = PreparedPlan::make(std::move(p));
+    *out = h.release();
+    return ncclSuccess;
+  });
+}
+
+}  // namespace
+
+NCCL_API(ncclResult_t, tuttiPlanLoad, const char* path, tuttiPlan_t* plan) {
+  if (!path) return guard("tuttiPlanLoad", []() -> ncclResult_t { throw InvalidArgument("path is NULL"); });
+  return make_plan("tuttiPlanLoad", plan, [&] { return plan::load_file(path); }, fmt::format("plan file {}", path));
+}
+
+NCCL_API(ncclResult_t, tuttiPlanParse, const char* json, tuttiPlan_t* plan) {
+  if (!json) return guard("tuttiPlanParse", []() -> ncclResult_t { throw InvalidArgument("json is NULL"); });
+  return make_plan("tuttiPlanParse", plan, [&] { return plan::parse_json(json); }, "plan text");
+}
+
+NCCL_API(ncclResult_t, tuttiPlanName, tuttiPlan_t plan, const char** name) {
+  return guard("tuttiPlanName", [&] {
+    TUTTI_CHECK(plan && name, InvalidArgument, "{} is NULL", plan ? "name" : "plan");
+    *name = plan->prepared->plan.name.c_str();
+    return ncclSuccess;
+  });
+}
+
+NCCL_API(ncclResult_t, tuttiPlanFree, tuttiPlan_t plan) {
+  delete plan;  // enqueued calls hold the prepared plan themselves
+  return ncclSuccess;
+}
+
+NCCL_API(ncclResult_t, tuttiRunPlan, tuttiPlan_t plan, const void* sendbuff, void* recvbuff, size_t count,
+         ncclDataType_t datatype, ncclRedOp_t op, void* const* states, int nstates, const double* scalars,
+         int nscalars, ncclComm_t comm, cudaStream_t stream) {
+  return guard("tuttiRunPlan", [&] {
+    Use use(comm, "tuttiRunPlan");
+    const int rank = use->comm->rank();
+    TUTTI_CHECK(plan, InvalidArgument, "rank {}: plan is NULL", rank);
+    const std::string& name = plan->prepared->plan.name;
+    TUTTI_CHECK(nstates >= 0 && (states || nstates == 0), InvalidArgument,
+                "rank {}: plan '{}': {} state buffers at {}", rank, name, nstates, static_cast<const void*>(states));
+    TUTTI_CHECK(nscalars >= 0 && (scalars || nscalars == 0), InvalidArgument,
+                "rank {}: plan '{}': {} scalars at {}", rank, name, nscalars, static_cast<const void*>(scalars));
+    PendingOp pending{PendingOp::kPlan, use.get(), {}};
+    ExecArgs& args = pending.args;
+    args.input = sendbuff;
+    args.output = recvbuff;
+    args.count = static_cast<int64_t>(count);
+    args.reduction = to_reduction(use.get(), op, to_type(datatype, "tuttiRunPlan"), "tuttiRunPlan");
+    TUTTI_CHECK(args.reduction.op != RedOp::kPreMulSum, InvalidArgument,
+                "rank {}: plan '{}': a plan's reductions take built-in operators, not ncclRedOpCreatePreMulSum's",
+                rank, name);
+    args.states.assign(states, states + nstates);
+    args.scalars.assign(scalars, scalars + nscalars);
+    args.stream = stream;
+    const plan::RankPlan& mine = plan->prepared->plan.ranks.at(static_cast<size_t>(rank));
+    TUTTI_CHECK(count == 0 || ((sendbuff || mine.input_chunks == 0) && (recvbuff || mine.output_chunks == 0)),
+                InvalidArgument, "rank {}: plan '{}': the plan reads sendbuff and writes recvbuff; {} is NULL",
+                rank, name, sendbuff ? "recvbuff" : "sendbuff");
+    try {
+      check_call(*plan->prepared, use->comm->size(), args);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(fmt::format("rank {}: {}", rank, e.what()));
+    }
+    std::vector<const void*> buffers{sendbuff, recvbuff};
+    buffers.insert(buffers.end(), args.states.begin(), args.states.end());
+    pending.device = on_device(use.get(), buffers, "tuttiRunPlan");
+    pending.plan = plan->prepared;
+    return submit(use, std::move(pending));
+  });
+}
+
 // --- NCCL 2.28 names that programs built against that NCCL link to -------------------------------
 // (PyTorch's libtorch_cuda.so needs every one of them to load.)
 
@@ -1191,6 +1314,9 @@ NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t* simInfo) {
       if (use->worker) use->worker->drain();  // the dispatcher is not shared with a running call
       if (op.kind == PendingOp::kCollective) {
         per_comm[op.comm] += use->dispatcher->predict_us(op.call);
+      } else if (op.kind == PendingOp::kPlan) {
+        per_comm[op.comm] += use->dispatcher->predict_us(
+            op.plan->plan, static_cast<uint64_t>(op.args.count) * size_of(op.args.reduction.type));
       } else {
         // A send or receive: one message over the model's link (its latency and bandwidth).
         if (op.peer != use->comm->rank()) per_comm[op.comm] += use->dispatcher->predict_transfer_us(op.peer, op.bytes);

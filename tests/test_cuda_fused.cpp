@@ -14,6 +14,7 @@
 #include "runtime/cuda/cuda_reduce.hpp"
 #include "runtime/device/device_executor.hpp"
 #include "support/ranks.hpp"
+#include "support/zero_data.hpp"
 #include "tutti/fused.hpp"
 
 using namespace tutti;
@@ -21,27 +22,7 @@ using namespace tutti::device;
 
 namespace {
 
-struct Host {
-  std::vector<float> grads, params, m, v, stats;
-};
-
-Host inputs(int n, int r, int64_t shard) {
-  Host x;
-  x.grads.resize(static_cast<size_t>(n * shard));
-  x.params.resize(x.grads.size());
-  for (size_t i = 0; i < x.grads.size(); ++i) {
-    x.grads[i] = static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(r) * 3) % 9) - 4);
-    x.params[i] = 0.01f * static_cast<float>(i % 29) - 0.1f;
-  }
-  x.m.resize(static_cast<size_t>(shard));
-  x.v.resize(x.m.size());
-  for (size_t i = 0; i < x.m.size(); ++i) {
-    x.m[i] = 0.001f * static_cast<float>((i + static_cast<size_t>(r)) % 7);
-    x.v[i] = 0.0001f * static_cast<float>((i * 3 + static_cast<size_t>(r)) % 5);
-  }
-  x.stats.assign(static_cast<size_t>(n + 1), -1.0f);
-  return x;
-}
+using test_support::ZeroBuffers;
 
 ExecArgs args_of(float* grads, float* params, float* m, float* v, float* stats, int64_t shard, const fused::AdamW& opt) {
   ExecArgs a;
@@ -76,21 +57,16 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 TEST(CudaFused, ZeroStepPlanMatchesTheCpuExecutor) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
   fused::register_kernels();
-  fused::AdamW opt;
-  opt.lr = 1e-2f;
-  opt.weight_decay = 0.1f;
-  opt.step = 3;
-  opt.max_norm = 1.0f;
-  opt.grad_scale = 0.5f;
+  const fused::AdamW opt = test_support::zero_step_options();
   for (int n : {2, 4}) {
     SCOPED_TRACE(fmt::format("{} ranks", n));
     const int pieces = 8;
     const int64_t shard = pieces * 4096;  // 16 KiB pieces: one pass needs slots that hold them
     auto plan = PreparedPlan::make(plan::compile(fused::zero_step_program(n, pieces)).plan);
     auto comms = Communicator::create_local(n);
-    std::vector<Host> gpu(static_cast<size_t>(n)), cpu(static_cast<size_t>(n));
+    std::vector<ZeroBuffers> gpu(static_cast<size_t>(n)), cpu(static_cast<size_t>(n));
     test_support::on_ranks(comms, [&](int r, Communicator& c) {
-      Host h = inputs(n, r, shard);
+      ZeroBuffers h = test_support::zero_rank_inputs(n, r, shard);
       cpu[static_cast<size_t>(r)] = h;
       DeviceExecutor ex(c, make_cuda_backend(0), DeviceOptions::from_env());
       void *g = to_device(h.grads), *p = to_device(h.params), *m = to_device(h.m), *v = to_device(h.v),
@@ -99,20 +75,20 @@ TEST(CudaFused, ZeroStepPlanMatchesTheCpuExecutor) {
                             static_cast<float*>(v), static_cast<float*>(s), shard, opt));
       ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
       ex.check();
-      Host& out = gpu[static_cast<size_t>(r)];
+      ZeroBuffers& out = gpu[static_cast<size_t>(r)];
       out.params = to_host(p, h.params.size());
       out.m = to_host(m, h.m.size());
       out.v = to_host(v, h.v.size());
       out.stats = to_host(s, h.stats.size());
       ex.close();
       for (void* d : {g, p, m, v, s}) cudaFree(d);
-      Host& ref = cpu[static_cast<size_t>(r)];
+      ZeroBuffers& ref = cpu[static_cast<size_t>(r)];
       CpuExecutor host(c, CpuExecutorOptions{});
       host.run(*plan, args_of(ref.grads.data(), ref.params.data(), ref.m.data(), ref.v.data(), ref.stats.data(), shard, opt));
     });
     for (int r = 0; r < n; ++r) {
       SCOPED_TRACE(fmt::format("rank {}", r));
-      const Host &d = gpu[static_cast<size_t>(r)], &c = cpu[static_cast<size_t>(r)];
+      const ZeroBuffers &d = gpu[static_cast<size_t>(r)], &c = cpu[static_cast<size_t>(r)];
       EXPECT_EQ(std::memcmp(d.stats.data(), c.stats.data(), c.stats.size() * sizeof(float)), 0)
           << "sums of squares: GPU " << d.stats[0] << ", CPU " << c.stats[0];
       expect_close(d.params, c.params, "params");

@@ -12,6 +12,7 @@
 #include "compiler/compile.hpp"
 #include "runtime/device/device_executor.hpp"
 #include "support/ranks.hpp"
+#include "support/zero_data.hpp"
 #include "tutti/fused.hpp"
 
 using namespace tutti;
@@ -26,45 +27,8 @@ Prepared zero_plan(int n, int pieces) {
   return PreparedPlan::make(plan::compile(fused::zero_step_program(n, pieces)).plan);
 }
 
-// One rank's buffers of a ZeRO step: gradients and parameters of every rank, its moments, the
-// statistics.
-struct ZeroBuffers {
-  std::vector<float> grads, params, m, v, stats;
-};
-
-// Gradients are small integers (their sums and squares are exact in any order); the step's other
-// inputs are arbitrary floats, the same for both executors.
-std::vector<ZeroBuffers> zero_inputs(int n, int64_t shard, bool poison) {
-  std::vector<ZeroBuffers> b(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    ZeroBuffers& x = b[static_cast<size_t>(r)];
-    x.grads.resize(static_cast<size_t>(n * shard));
-    x.params.resize(x.grads.size());
-    for (size_t i = 0; i < x.grads.size(); ++i) {
-      x.grads[i] = static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(r) * 3) % 9) - 4);
-      x.params[i] = 0.01f * static_cast<float>(i % 29) - 0.1f;  // the same on every rank
-    }
-    x.m.resize(static_cast<size_t>(shard));
-    x.v.resize(x.m.size());
-    for (size_t i = 0; i < x.m.size(); ++i) {
-      x.m[i] = 0.001f * static_cast<float>((i + static_cast<size_t>(r)) % 7);
-      x.v[i] = 0.0001f * static_cast<float>((i * 3 + static_cast<size_t>(r)) % 5);
-    }
-    x.stats.assign(static_cast<size_t>(n + 1), -1.0f);
-  }
-  if (poison) b[1].grads[static_cast<size_t>(shard) / 2] = std::numeric_limits<float>::infinity();
-  return b;
-}
-
-fused::AdamW step_options() {
-  fused::AdamW opt;
-  opt.lr = 1e-2f;
-  opt.weight_decay = 0.1f;
-  opt.step = 3;
-  opt.max_norm = 1.0f;   // the data's norm is far above it: the clip matters
-  opt.grad_scale = 0.5f;  // exact
-  return opt;
-}
+using test_support::ZeroBuffers;
+using test_support::zero_inputs;
 
 ExecArgs zero_args(ZeroBuffers& x, int64_t shard, const fused::AdamW& opt) {
   ExecArgs a;
@@ -92,7 +56,7 @@ std::pair<std::vector<ZeroBuffers>, std::vector<ZeroBuffers>> run_both(int n, in
   const int64_t shard = pieces * piece;
   Prepared plan = zero_plan(n, pieces);
   auto dev = zero_inputs(n, shard, poison), cpu = dev;
-  const fused::AdamW opt = step_options();
+  const fused::AdamW opt = test_support::zero_step_options();
   auto comms = Communicator::create_local(n);
   std::vector<std::unique_ptr<DeviceExecutor>> executors;
   DeviceOptions d = small_slots();
@@ -195,7 +159,7 @@ TEST(DeviceFused, TheTrainersHalvesGiveTheCpuExecutorsFloats) {
       for (size_t i = 0; i < decay.size(); ++i) decay[i] = (i / 50) % 2 ? 1.0f : 0.0f;  // tensors that decay or not
       buffers.push_back({z.grads, std::vector<float>(static_cast<size_t>(n), -1.0f), master, z.m, z.v, z.params, decay});
     }
-    const fused::AdamW opt = step_options();
+    const fused::AdamW opt = test_support::zero_step_options();
     auto [dev, cpu] = run_plans(plans, n, buffers, [&](int, Arrays& b, size_t k) {
       ExecArgs a;
       a.input = b[kGrads].data();
@@ -242,7 +206,7 @@ TEST(DeviceFused, TheBf16StepGivesTheCpuExecutorsBits) {
       std::vector<float> master(z.params.begin() + r * shard, z.params.begin() + (r + 1) * shard);
       buffers.push_back({z.grads, master, z.m, z.v, z.stats, std::vector<float>(static_cast<size_t>(n * shard / 2), 7.0f)});
     }
-    const fused::AdamW opt = step_options();
+    const fused::AdamW opt = test_support::zero_step_options();
     auto [dev, cpu] = run_plans(plans, n, buffers, [&](int, Arrays& b, size_t) {
       ExecArgs a;
       a.input = b[kGrads].data();
@@ -268,7 +232,7 @@ std::string refusal(const Prepared& plan, int n, int64_t shard, DeviceOptions d,
   auto comms = Communicator::create_local(n);
   DeviceExecutor ex(*comms[0], make_emulated_backend(), d);
   auto buffers = zero_inputs(n, shard, false);
-  ExecArgs a = zero_args(buffers[0], shard, step_options());
+  ExecArgs a = zero_args(buffers[0], shard, test_support::zero_step_options());
   a.reduction.type = type;
   std::vector<float> more(static_cast<size_t>(n * shard));
   a.states.resize(plan->plan.states.size(), more.data());  // as many as the plan names
@@ -301,7 +265,7 @@ TEST(DeviceFused, KernelsWithoutADeviceFormAndOtherTypesAreRefused) {
   auto comms = Communicator::create_local(2);
   DeviceExecutor ex(*comms[0], make_emulated_backend(), small_slots());
   auto buffers = zero_inputs(2, 4 * 64, false);
-  ExecArgs a = zero_args(buffers[0], 4 * 64, step_options());
+  ExecArgs a = zero_args(buffers[0], 4 * 64, test_support::zero_step_options());
   a.scalars.resize(3);
   try {
     ex.run(*zero_plan(2, 4), a);
