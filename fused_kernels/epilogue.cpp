@@ -10,6 +10,7 @@
 #include "core/datatype.hpp"
 #include "core/error.hpp"
 #include "fused_kernels/common.hpp"
+#include "runtime/device/kernels.hpp"  // the dropout mask, shared with the device form
 #include "tutti/fused.hpp"
 #include "tutti/kernel.hpp"
 
@@ -18,16 +19,6 @@ namespace {
 
 // The seed travels as two exact 32-bit halves (a double holds 53 bits, a seed 64).
 enum Slot : int { kDropout, kSeedHigh, kSeedLow, kLnEps, kSlots };
-
-// Whether element `index` survives dropout with probability p: a hash of (seed, index), so every
-// rank and every chunking draws the same mask (splitmix64's finaliser).
-inline bool kept(uint64_t seed, uint64_t index, uint32_t threshold) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<uint32_t>(z >> 40) >= threshold;  // 24 uniform bits
-}
 
 // out = residual + dropout(y + bias) on whole rows; returns the row length (the bias's).
 int64_t bias_dropout_add(const KernelArgs& a, float* out) {
@@ -54,7 +45,7 @@ int64_t bias_dropout_add(const KernelArgs& a, float* out) {
   for (int64_t r = 0; r < a.count; r += hidden)
     for (int64_t c = 0; c < hidden; ++c) {
       const int64_t i = r + c;
-      const float x = kept(seed, static_cast<uint64_t>(a.offset + i), threshold) ? (y[i] + bias[c]) * scale : 0.0f;
+      const float x = device::dropout_kept(seed, static_cast<uint64_t>(a.offset + i), threshold) ? (y[i] + bias[c]) * scale : 0.0f;
       out[i] = residual[i] + x;
     }
   return hidden;
@@ -102,9 +93,11 @@ const KernelIds& ids() {
   static const KernelIds k = [] {
     // Mixed units: the bias, gamma and beta are rows (state buffers of unit hidden).
     return KernelIds{
-        register_once({"fused.bias_dropout_residual", {"dropout", "seed_high", "seed_low"}, bdr, 1.5, 3, 1}, true),
+        register_once({"fused.bias_dropout_residual", {"dropout", "seed_high", "seed_low"}, bdr, 1.5, 3, 1}, true,
+                      DeviceKernel::kBiasDropoutResidual),
         register_once(
-            {"fused.bias_dropout_residual_ln", {"dropout", "seed_high", "seed_low", "eps"}, bdr_ln, 3.0, 5, 2}, true),
+            {"fused.bias_dropout_residual_ln", {"dropout", "seed_high", "seed_low", "eps"}, bdr_ln, 3.0, 5, 2}, true,
+            DeviceKernel::kBiasDropoutResidualLn),
     };
   }();
   return k;

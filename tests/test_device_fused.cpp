@@ -5,6 +5,7 @@
 // device cannot run are refused by name before anything collective happens.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -227,6 +228,112 @@ TEST(DeviceFused, TheBf16StepGivesTheCpuExecutorsBits) {
   }
 }
 
+// The row-parallel linear layer's epilogue (bias + dropout + residual, + LayerNorm), in its
+// all-reduce and sequence-parallel forms: the same floats as the CPU executor, bit for bit
+// (partial sums are small integers, so every order of adding them is exact), and in the all-reduce
+// form the same rows on every rank. The dropout mask depends on each element's position in the
+// rows x hidden tensor, so a wrong offset of a chunk shows.
+struct EpilogueCase {
+  const char* name;
+  fused::EpilogueOptions options;
+};
+void PrintTo(const EpilogueCase& c, std::ostream* os) { *os << c.name; }
+
+class EpilogueOnTheDevice : public testing::TestWithParam<std::tuple<int, EpilogueCase>> {};
+
+TEST_P(EpilogueOnTheDevice, GivesTheCpuExecutorsFloats) {
+  fused::register_kernels();
+  const auto [n, c] = GetParam();
+  const fused::EpilogueOptions& o = c.options;
+  const int pieces = 2;
+  const int64_t hidden = 40, rows = static_cast<int64_t>(n) * pieces * 3;
+  const int64_t total = rows * hidden, mine = o.sequence_parallel ? total / n : total;
+  const std::vector<Prepared> plans = {
+      PreparedPlan::make(plan::compile(fused::bias_dropout_residual_program(n, pieces, hidden, o)).plan)};
+  enum { kPartial, kOut, kBias, kResidual, kLn, kGamma, kBeta };
+  std::vector<Arrays> buffers;
+  for (int r = 0; r < n; ++r) {
+    Arrays b(7);
+    b[kPartial].resize(static_cast<size_t>(total));
+    for (size_t i = 0; i < b[kPartial].size(); ++i)
+      b[kPartial][i] = static_cast<float>(static_cast<int>((i * 5 + static_cast<size_t>(r) * 3) % 7) - 3);
+    b[kOut].assign(static_cast<size_t>(mine), -9.0f);
+    b[kBias].resize(static_cast<size_t>(hidden));
+    b[kGamma].resize(b[kBias].size());
+    b[kBeta].resize(b[kBias].size());
+    for (size_t i = 0; i < b[kBias].size(); ++i) {
+      b[kBias][i] = 0.03f * static_cast<float>(i % 11) - 0.1f;
+      b[kGamma][i] = 1.0f + 0.01f * static_cast<float>(i % 5);
+      b[kBeta][i] = 0.02f * static_cast<float>(i % 3);
+    }
+    b[kResidual].resize(static_cast<size_t>(mine));
+    for (size_t i = 0; i < b[kResidual].size(); ++i)
+      b[kResidual][i] = 0.5f * static_cast<float>((i + (o.sequence_parallel ? static_cast<size_t>(r * mine) : 0)) % 13);
+    b[kLn].assign(o.layer_norm ? static_cast<size_t>(mine) : 0, -9.0f);
+    buffers.push_back(std::move(b));
+  }
+  auto [dev, cpu] = run_plans(plans, n, buffers, [&](int, Arrays& b, size_t) {
+    ExecArgs a;
+    a.input = b[kPartial].data();
+    a.output = b[kOut].data();
+    a.count = total;
+    a.reduction.type = DataType::kFloat32;
+    a.scalars = {o.dropout, static_cast<double>(o.seed >> 32), static_cast<double>(o.seed & 0xFFFFFFFFu), o.ln_eps};
+    a.states = {b[kBias].data(), b[kResidual].data(), b[kLn].data()};
+    if (o.layer_norm) a.states.push_back(b[kGamma].data()), a.states.push_back(b[kBeta].data());
+    return a;
+  });
+  for (int r = 0; r < n; ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    const Arrays &d = dev[static_cast<size_t>(r)], &h = cpu[static_cast<size_t>(r)];
+    expect_same(d[kOut], h[kOut], "out");
+    expect_same(d[kLn], h[kLn], "ln");
+    EXPECT_EQ(std::count(d[kOut].begin(), d[kOut].end(), -9.0f), 0) << "rows left unwritten";
+    if (!o.sequence_parallel) expect_same(d[kOut], dev[0][kOut], "out against rank 0's");
+  }
+}
+
+fused::EpilogueOptions epilogue(float dropout, bool ln, bool sp) {
+  fused::EpilogueOptions o;
+  o.dropout = dropout;
+  o.seed = 0x1234567890abcdefull;
+  o.layer_norm = ln;
+  o.sequence_parallel = sp;
+  return o;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Forms, EpilogueOnTheDevice,
+    testing::Combine(testing::Values(2, 3),
+                     testing::Values(EpilogueCase{"plain", epilogue(0, false, false)},
+                                     EpilogueCase{"dropout", epilogue(0.25f, false, false)},
+                                     EpilogueCase{"dropout_ln", epilogue(0.25f, true, false)},
+                                     EpilogueCase{"sp_dropout", epilogue(0.25f, false, true)},
+                                     EpilogueCase{"sp_dropout_ln", epilogue(0.25f, true, true)})),
+    [](const auto& info) { return fmt::format("{}ranks_{}", std::get<0>(info.param), std::get<1>(info.param).name); });
+
+TEST(DeviceFused, EpilogueCallsOfPartRowsAreRefused) {
+  fused::register_kernels();
+  // Chunks of 4 * 40 + 8 elements would cut rows of 40.
+  Prepared plan =
+      PreparedPlan::make(plan::compile(fused::bias_dropout_residual_program(2, 2, 40, fused::EpilogueOptions{})).plan);
+  auto comms = Communicator::create_local(2);
+  DeviceExecutor ex(*comms[0], make_emulated_backend(), small_slots());
+  std::vector<float> in(4 * 168), out(in.size()), bias(40), residual(in.size());
+  ExecArgs a;
+  a.input = in.data();
+  a.output = out.data();
+  a.count = static_cast<int64_t>(in.size());
+  a.scalars = {0, 0, 0, 0};
+  a.states = {bias.data(), residual.data(), nullptr};
+  try {
+    ex.run(*plan, a);
+    ADD_FAILURE() << "ran chunks of part rows";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("rows of 40"), std::string::npos) << e.what();
+  }
+}
+
 // Runs `plan` on rank 0 alone and returns the InvalidArgument's text ("" if it ran).
 std::string refusal(const Prepared& plan, int n, int64_t shard, DeviceOptions d, DataType type = DataType::kFloat32) {
   auto comms = Communicator::create_local(n);
@@ -252,13 +359,12 @@ TEST(DeviceFused, MessagesThatDoNotFitASlotAreRefusedByThePlansName) {
 }
 
 TEST(DeviceFused, KernelsWithoutADeviceFormAndOtherTypesAreRefused) {
-  // The epilogue's kernel (bias + dropout + residual) has no device form yet.
+  // The GEMM blocks' kernel has no device form yet.
   fused::register_kernels();
-  Prepared epilogue =
-      PreparedPlan::make(plan::compile(fused::bias_dropout_residual_program(2, 2, 64, fused::EpilogueOptions{})).plan);
-  const std::string why = refusal(epilogue, 2, 4 * 64, small_slots());
+  Prepared gemm = PreparedPlan::make(plan::compile(fused::gemm_reduce_scatter_program(2, 2, 8, 4, 8)).plan);
+  const std::string why = refusal(gemm, 2, 4 * 64, small_slots());
   EXPECT_NE(why.find("no device form"), std::string::npos) << why;
-  EXPECT_NE(why.find("bias"), std::string::npos) << why;
+  EXPECT_NE(why.find("fused.gemm"), std::string::npos) << why;
   const std::string type = refusal(zero_plan(2, 4), 2, 4 * 64, small_slots(), DataType::kFloat64);
   EXPECT_NE(type.find("float32"), std::string::npos) << type;
   // A call that passes fewer per-call scalars than the kernels read (the CPU executor refuses it too).

@@ -51,6 +51,8 @@ enum class DeviceKernel : int32_t {
   kAdamw = 4,            // "zero.adamw"
   kAdamwMasked = 5,      // "zero.adamw_masked"
   kAdamwCast = 6,        // "zero.adamw_cast"
+  kBiasDropoutResidual = 7,    // "fused.bias_dropout_residual"
+  kBiasDropoutResidualLn = 8,  // "fused.bias_dropout_residual_ln"
 };
 
 struct KernelDef {

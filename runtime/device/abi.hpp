@@ -79,6 +79,11 @@ struct DevStep {
   double kernel_arg = 1;   // compute, scale: the factor (a constant)
   int32_t first_scalar = 0;  // compute: its scalars, at scalars[first_scalar, + nscalars)
   int32_t nscalars = 0;
+  // compute: where input 0 starts in its buffer, for kernels whose result depends on the position
+  // (a dropout mask, rows): chunk `offset_index` as the plan names it, in a buffer of the call's
+  // geometry, or of `offset_unit` elements per chunk when that is not 0.
+  int64_t offset_index = 0;
+  int64_t offset_unit = 0;
   int64_t count = 0;       // chunks
   DevRef dst;
 };

@@ -421,6 +421,11 @@ void DeviceExecutor::check_device_call(const DevicePlan& d, const PreparedPlan& 
               "plan '{}' writes 16-bit values into chunks of {} floats, which hold {} of them; the call's chunks have {} "
               "elements",
               p.name, d.half_unit, 2 * d.half_unit, args.count / p.chunk_factor);
+  for (int64_t row : d.row_units)
+    TUTTI_CHECK(args.count % p.chunk_factor == 0 && (args.count / p.chunk_factor) % row == 0, InvalidArgument,
+                "plan '{}' runs kernels on rows of {} elements; the call's count {} does not cut into {} chunks of "
+                "whole rows",
+                p.name, row, args.count, p.chunk_factor);
   // One round over the whole call (abi.hpp, "One pass"): every message must fit a slot as it is.
   const int64_t capacity = protocol == kProtoLL ? options_.ll_slot_bytes / 2 : options_.slot_bytes;
   const int64_t esize = static_cast<int64_t>(size_of(args.reduction.type));

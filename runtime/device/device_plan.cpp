@@ -15,7 +15,9 @@ namespace {
 // What the device form of a kernel reads and writes, operand by operand: 'd' a data range of the
 // call's unit with input 0's chunk count, 's' one element of a statistic (a state buffer of unit 1),
 // 'h' as many 16-bit values as 'd' has floats (a state buffer whose unit is half a chunk, which
-// the call's count must match: DevicePlan::half_unit, checked per call).
+// the call's count must match: DevicePlan::half_unit, checked per call), 'r' a row (a state buffer
+// chunk of its own unit, e.g. a bias, whose length the call's chunks must be a multiple of:
+// DevicePlan::row_units, checked per call).
 // The CPU forms check their operands' lengths when called; the device forms cannot throw, so a plan
 // that would hand one a wrong operand is refused here, by the kernel's and the operand's names.
 struct Operands {
@@ -29,11 +31,14 @@ Operands operands_of(DeviceKernel k) {
     case DeviceKernel::kAdamw: return {"dddds", "ddd"};
     case DeviceKernel::kAdamwMasked: return {"ddddd", "ddd"};
     case DeviceKernel::kAdamwCast: return {"dddds", "dddh"};
+    case DeviceKernel::kBiasDropoutResidual: return {"drd", "d"};
+    case DeviceKernel::kBiasDropoutResidualLn: return {"drdrr", "dd"};
     default: return {"d", "d"};  // identity, scale
   }
 }
 
-void check_operands(const plan::Plan& p, int rank, const plan::Instruction& in, const KernelDef& def, int64_t& half_unit) {
+void check_operands(const plan::Plan& p, int rank, const plan::Instruction& in, const KernelDef& def, DevicePlan& out) {
+  int64_t& half_unit = out.half_unit;
   const Operands want = operands_of(def.device);
   const std::vector<plan::Ref> outs = in.writes();
   const int64_t chunks = in.srcs.empty() ? 0 : in.srcs[0].count;
@@ -45,7 +50,10 @@ void check_operands(const plan::Plan& p, int rank, const plan::Instruction& in, 
       const int64_t unit = p.unit(refs[i].buffer);
       const bool ok = kinds[i] == 'd'   ? unit == 0 && refs[i].count == chunks
                       : kinds[i] == 'h' ? unit > 0 && refs[i].count == chunks
+                      : kinds[i] == 'r' ? unit > 0 && refs[i].count == 1
                                         : unit == 1 && refs[i].count == 1;
+      if (kinds[i] == 'r' && ok && std::find(out.row_units.begin(), out.row_units.end(), unit) == out.row_units.end())
+        out.row_units.push_back(unit);
       if (kinds[i] == 'h' && ok) {
         TUTTI_CHECK(half_unit == 0 || half_unit == unit, InvalidArgument,
                     "plan '{}': rank {} runs kernel '{}' with 16-bit outputs of units {} and {}", p.name, rank, def.name,
@@ -58,6 +66,7 @@ void check_operands(const plan::Plan& p, int rank, const plan::Instruction& in, 
                   p.name, rank, def.name, what, i, unit, refs[i].count,
                   kinds[i] == 'd'   ? fmt::format("{} chunk(s) of the call's size", chunks)
                   : kinds[i] == 'h' ? fmt::format("{} chunk(s) of 16-bit values (a unit of half a chunk)", chunks)
+                  : kinds[i] == 'r' ? std::string("one chunk of a row (a state buffer of a unit of its own)")
                                     : std::string("one element of a statistic (unit 1)"));
     }
   };
@@ -131,7 +140,9 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
                     "plan '{}': rank {} runs kernel '{}', which has no device form (tutti/kernel.hpp, DeviceKernel): "
                     "run the plan on host buffers",
                     p.name, rank, def.name);
-        check_operands(p, rank, in, def, out.half_unit);
+        check_operands(p, rank, in, def, out);
+        s.offset_index = in.srcs[0].index;
+        s.offset_unit = p.unit(in.srcs[0].buffer);
         s.kernel = static_cast<int32_t>(def.device);
         if (s.kernel >= static_cast<int32_t>(DeviceKernel::kUnscaleSumsq)) out.float_kernels = true;
         s.kernel_arg = in.scalars.empty() || in.scalars[0].slot >= 0 ? 1.0 : in.scalars[0].value;

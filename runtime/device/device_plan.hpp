@@ -33,6 +33,7 @@ struct DevicePlan {
   bool float_kernels = false;  // a kernel of the fused operations (float32 only) runs
   int32_t scalar_slots = 0;  // the call must pass this many per-call scalars (the highest slot a kernel reads + 1)
   int64_t half_unit = 0;  // a kernel writes 16-bit values into a buffer of this unit: the call's chunks must be twice it
+  std::vector<int64_t> row_units;  // kernels work on rows of these lengths: the call's chunks must be multiples of each
   int64_t max_unit_message_chunks = 0, max_unit = 0;
   int64_t scratch_chunks = 0;
   int max_blocks = 1;  // most blocks of any rank (instances are chosen alike on every rank from it)

@@ -297,8 +297,15 @@ struct BlockRun {
       scalars[k] = sc.slot >= 0 ? a.scalars[sc.slot] : sc.value;
     }
     int64_t n = 0, ignored = 0;
-    auto in = [&](int k) {
-      return reinterpret_cast<const float*>(range_at(a, r, a.srcs[s.first_src + k], k == 0 ? s.count : 1, k == 0 ? &n : &ignored));
+    auto in = [&](int k, int64_t* elems = nullptr) {
+      return reinterpret_cast<const float*>(
+          range_at(a, r, a.srcs[s.first_src + k], k == 0 ? s.count : 1, k == 0 ? &n : elems ? elems : &ignored));
+    };
+    // Where input 0 starts in its buffer, in elements (kernels that depend on positions), as the
+    // CPU executor counts it; kernels run in one pass, so the round is the whole call.
+    auto offset = [&] {
+      if (s.offset_unit > 0) return s.offset_index * s.offset_unit;
+      return exec::Geometry{a.count, a.chunk_factor, a.esize}.chunk_begin(s.offset_index);
     };
     auto out = [&](int k) {
       const DevRef ref = k == 0 ? s.dst : a.srcs[s.first_src + s.nsrcs + k - 1];
@@ -322,6 +329,18 @@ struct BlockRun {
       case 5:  // kAdamwMasked
         adamw_masked(team, g, in(1), in(2), in(3), in(4), out(0), out(1), out(2), n, scalars);
         break;
+      case 7: {  // kBiasDropoutResidual: inputs y, bias (a row), residual
+        int64_t hidden = 0;
+        const float* bias = in(1, &hidden);
+        bias_dropout_residual(team, g, bias, in(2), out(0), n, hidden, offset(), scalars);
+        break;
+      }
+      case 8: {  // kBiasDropoutResidualLn: inputs y, bias, residual, gamma, beta; outputs out, ln
+        int64_t hidden = 0;
+        const float* bias = in(1, &hidden);
+        bias_dropout_residual_ln(team, g, bias, in(2), in(3), in(4), out(0), out(1), n, hidden, offset(), scalars);
+        break;
+      }
       default: break;
     }
   }

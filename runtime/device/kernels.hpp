@@ -125,4 +125,84 @@ TUTTI_HD void adamw_masked(const Team& team, const float* g, const float* m_in, 
                1.0f - k.lr * k.wd, k.step_size, k.c2_sqrt, mask, k.lr * k.wd);
 }
 
+// --- the epilogue of a row-parallel linear layer (fused_kernels/epilogue.cpp) -------------------
+
+// Whether element `index` of the rows x hidden tensor survives dropout: a hash of (seed, index)
+// (splitmix64's finaliser) against a threshold of 24 uniform bits, so every rank, every chunking
+// and every device draws the same mask. The CPU form calls this one.
+TUTTI_HD bool dropout_kept(uint64_t seed, uint64_t index, uint32_t threshold) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<uint32_t>(z >> 40) >= threshold;
+}
+
+// The dropout of scalars {probability, seed high 32 bits, seed low 32 bits}: threshold and scale.
+struct Dropout {
+  bool on;
+  uint64_t seed;
+  uint32_t threshold;
+  float scale;
+};
+TUTTI_HD Dropout dropout_of(const double* scalars) {
+  const double p = scalars[0];
+  Dropout d;
+  d.on = p > 0;
+  d.seed = (static_cast<uint64_t>(scalars[1]) << 32) | static_cast<uint64_t>(scalars[2]);
+  d.threshold = static_cast<uint32_t>((p < 1.0 ? p : 1.0) * 16777216.0);
+  d.scale = p < 1 ? static_cast<float>(1.0 / (1.0 - p)) : 0.0f;
+  return d;
+}
+
+// residual + dropout(y + bias) of one element at `index` (column c), as the CPU form computes it.
+TUTTI_HD float bias_dropout_add(const Dropout& d, float y, float bias, float residual, uint64_t index) {
+  if (!d.on) return residual + (y + bias);
+  const float x = dropout_kept(d.seed, index, d.threshold) ? (y + bias) * d.scale : 0.0f;
+  return residual + x;
+}
+
+// "fused.bias_dropout_residual": out = residual + dropout(y + bias) over n elements of whole rows
+// of `hidden` (the bias's length); `offset`: where y starts in the rows x hidden tensor (a multiple
+// of hidden, checked per call). Scalars: dropout, seed_high, seed_low. out may be y.
+template <class Team>
+TUTTI_HD void bias_dropout_residual(const Team& team, const float* y, const float* bias, const float* residual,
+                                    float* out, int64_t n, int64_t hidden, int64_t offset, const double* scalars) {
+  const Dropout d = dropout_of(scalars);
+  for (int64_t i = team.rank(); i < n; i += team.size())
+    out[i] = bias_dropout_add(d, y[i], bias[i % hidden], residual[i], static_cast<uint64_t>(offset + i));
+  team.sync();
+}
+
+// "fused.bias_dropout_residual_ln": the same, then ln = LayerNorm(out) * gamma + beta per row, with
+// the CPU form's arithmetic (double sums of the row and of its squared deviations, float mean and
+// reciprocal standard deviation). Row by row, each thread reads back only what it wrote, and the
+// team adds the row's sums in its fixed order. Scalars: dropout, seed_high, seed_low, eps.
+template <class Team>
+TUTTI_HD void bias_dropout_residual_ln(const Team& team, const float* y, const float* bias, const float* residual,
+                                       const float* gamma, const float* beta, float* out, float* ln, int64_t n,
+                                       int64_t hidden, int64_t offset, const double* scalars) {
+  const Dropout d = dropout_of(scalars);
+  const auto eps = static_cast<float>(scalars[3]);
+  for (int64_t row = 0; row < n; row += hidden) {
+    double sum = 0;
+    for (int64_t c = team.rank(); c < hidden; c += team.size()) {
+      const int64_t i = row + c;
+      const float o = bias_dropout_add(d, y[i], bias[c], residual[i], static_cast<uint64_t>(offset + i));
+      out[i] = o;
+      sum += o;
+    }
+    const float mean = static_cast<float>(team.sum(sum) / static_cast<double>(hidden));
+    double sq = 0;
+    for (int64_t c = team.rank(); c < hidden; c += team.size()) {
+      const float dev = out[row + c] - mean;
+      sq += static_cast<double>(dev) * dev;
+    }
+    const float rstd = 1.0f / sqrtf(static_cast<float>(team.sum(sq) / static_cast<double>(hidden)) + eps);
+    for (int64_t c = team.rank(); c < hidden; c += team.size())
+      ln[row + c] = (out[row + c] - mean) * rstd * gamma[c] + beta[c];
+  }
+  team.sync();
+}
+
 }  // namespace tutti::device
