@@ -40,7 +40,7 @@ KernelId gemm_id() {
   static const KernelId id = [] {
     KernelDef def{"fused.gemm", {"rows", "k", "n"}, gemm_kernel, 40.0, 2, 1};
     def.cost_of = [](const double* s) { return std::max(1.0, s[1] / 20.0); };
-    return register_once(std::move(def), true);
+    return register_once(std::move(def), true, DeviceKernel::kGemm);
   }();
   return id;
 }

@@ -334,6 +334,97 @@ TEST(DeviceFused, EpilogueCallsOfPartRowsAreRefused) {
   }
 }
 
+// GEMM blocks under sequence parallelism: GEMM -> reduce-scatter and all-gather -> GEMM. Small
+// integer operands keep every product and sum exact, so the device's plain GEMM and OpenBLAS's
+// (on the CPU executor) agree bit for bit however each orders its sums.
+TEST(DeviceFused, GemmPlansGiveTheCpuExecutorsFloats) {
+  fused::register_kernels();
+  auto small = [](size_t i, int r, int mod) { return static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(r) * 5) % static_cast<size_t>(mod)) - mod / 2); };
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(fmt::format("{} ranks", n));
+    const int pieces = 2;
+    const int64_t rows = static_cast<int64_t>(n) * pieces * 3, k = 12, cols = 10;
+    {
+      SCOPED_TRACE("gemm -> reduce-scatter");
+      const std::vector<Prepared> plans = {
+          PreparedPlan::make(plan::compile(fused::gemm_reduce_scatter_program(n, pieces, rows, k, cols)).plan)};
+      enum { kX, kW, kOut };
+      std::vector<Arrays> buffers;
+      for (int r = 0; r < n; ++r) {
+        Arrays b(3);
+        b[kX].resize(static_cast<size_t>(rows * k));
+        for (size_t i = 0; i < b[kX].size(); ++i) b[kX][i] = small(i, r, 5);
+        b[kW].resize(static_cast<size_t>(k * cols));
+        for (size_t i = 0; i < b[kW].size(); ++i) b[kW][i] = small(i, r + 1, 7);
+        b[kOut].assign(static_cast<size_t>(rows / n * cols), -999.0f);
+        buffers.push_back(std::move(b));
+      }
+      auto [dev, cpu] = run_plans(plans, n, buffers, [&](int, Arrays& b, size_t) {
+        ExecArgs a;
+        a.output = b[kOut].data();
+        a.count = rows / n * cols;
+        a.reduction.type = DataType::kFloat32;
+        a.states = {b[kX].data(), b[kW].data()};
+        return a;
+      });
+      for (int r = 0; r < n; ++r) {
+        expect_same(dev[static_cast<size_t>(r)][kOut], cpu[static_cast<size_t>(r)][kOut], fmt::format("rank {} out", r));
+        EXPECT_EQ(std::count(dev[static_cast<size_t>(r)][kOut].begin(), dev[static_cast<size_t>(r)][kOut].end(), -999.0f), 0);
+      }
+    }
+    {
+      SCOPED_TRACE("all-gather -> gemm");
+      const std::vector<Prepared> plans = {
+          PreparedPlan::make(plan::compile(fused::all_gather_gemm_program(n, pieces, rows, k, cols)).plan)};
+      enum { kX, kGathered, kW, kY };
+      std::vector<Arrays> buffers;
+      for (int r = 0; r < n; ++r) {
+        Arrays b(4);
+        b[kX].resize(static_cast<size_t>(rows / n * k));
+        for (size_t i = 0; i < b[kX].size(); ++i) b[kX][i] = small(i, r, 5);
+        b[kGathered].assign(static_cast<size_t>(rows * k), -999.0f);
+        b[kW].resize(static_cast<size_t>(k * cols));
+        for (size_t i = 0; i < b[kW].size(); ++i) b[kW][i] = small(i, r + 1, 7);
+        b[kY].assign(static_cast<size_t>(rows * cols), -999.0f);
+        buffers.push_back(std::move(b));
+      }
+      auto [dev, cpu] = run_plans(plans, n, buffers, [&](int, Arrays& b, size_t) {
+        ExecArgs a;
+        a.input = b[kX].data();
+        a.output = b[kGathered].data();
+        a.count = rows / n * k;
+        a.reduction.type = DataType::kFloat32;
+        a.states = {b[kW].data(), b[kY].data()};
+        return a;
+      });
+      for (int r = 0; r < n; ++r) {
+        expect_same(dev[static_cast<size_t>(r)][kGathered], cpu[static_cast<size_t>(r)][kGathered], "gathered");
+        expect_same(dev[static_cast<size_t>(r)][kY], cpu[static_cast<size_t>(r)][kY], fmt::format("rank {} y", r));
+        EXPECT_EQ(std::count(dev[static_cast<size_t>(r)][kY].begin(), dev[static_cast<size_t>(r)][kY].end(), -999.0f), 0);
+      }
+    }
+  }
+}
+
+TEST(DeviceFused, GemmCallsOfAnotherShapeAreRefused) {
+  fused::register_kernels();
+  // The plan's blocks are 3 x 12 rows of x; a call whose output chunks are not 3 x 10 is refused.
+  Prepared plan = PreparedPlan::make(plan::compile(fused::gemm_reduce_scatter_program(2, 2, 12, 12, 10)).plan);
+  auto comms = Communicator::create_local(2);
+  DeviceExecutor ex(*comms[0], make_emulated_backend(), small_slots());
+  std::vector<float> x(12 * 12), w(12 * 10), out(2 * 40);
+  ExecArgs a;
+  a.output = out.data();
+  a.count = 2 * 40;  // chunks of 40, not 30
+  a.states = {x.data(), w.data()};
+  try {
+    ex.run(*plan, a);
+    ADD_FAILURE() << "ran a GEMM into chunks of the wrong length";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'fused.gemm' on operand 2 of 30 elements"), std::string::npos) << e.what();
+  }
+}
+
 // Runs `plan` on rank 0 alone and returns the InvalidArgument's text ("" if it ran).
 std::string refusal(const Prepared& plan, int n, int64_t shard, DeviceOptions d, DataType type = DataType::kFloat32) {
   auto comms = Communicator::create_local(n);
@@ -359,12 +450,12 @@ TEST(DeviceFused, MessagesThatDoNotFitASlotAreRefusedByThePlansName) {
 }
 
 TEST(DeviceFused, KernelsWithoutADeviceFormAndOtherTypesAreRefused) {
-  // The GEMM blocks' kernel has no device form yet.
+  // The MoE gathers' kernels have no device form yet.
   fused::register_kernels();
-  Prepared gemm = PreparedPlan::make(plan::compile(fused::gemm_reduce_scatter_program(2, 2, 8, 4, 8)).plan);
-  const std::string why = refusal(gemm, 2, 4 * 64, small_slots());
+  Prepared moe = PreparedPlan::make(plan::compile(fused::moe_dispatch_program(2, 8, 4, 3)).plan);
+  const std::string why = refusal(moe, 2, 12, small_slots());
   EXPECT_NE(why.find("no device form"), std::string::npos) << why;
-  EXPECT_NE(why.find("fused.gemm"), std::string::npos) << why;
+  EXPECT_NE(why.find("moe.gather"), std::string::npos) << why;
   const std::string type = refusal(zero_plan(2, 4), 2, 4 * 64, small_slots(), DataType::kFloat64);
   EXPECT_NE(type.find("float32"), std::string::npos) << type;
   // A call that passes fewer per-call scalars than the kernels read (the CPU executor refuses it too).

@@ -53,6 +53,7 @@ enum class DeviceKernel : int32_t {
   kAdamwCast = 6,        // "zero.adamw_cast"
   kBiasDropoutResidual = 7,    // "fused.bias_dropout_residual"
   kBiasDropoutResidualLn = 8,  // "fused.bias_dropout_residual_ln"
+  kGemm = 9,                   // "fused.gemm"
 };
 
 struct KernelDef {

@@ -426,6 +426,14 @@ void DeviceExecutor::check_device_call(const DevicePlan& d, const PreparedPlan& 
                 "plan '{}' runs kernels on rows of {} elements; the call's count {} does not cut into {} chunks of "
                 "whole rows",
                 p.name, row, args.count, p.chunk_factor);
+  for (const DevicePlan::OperandLength& l : d.lengths) {
+    const bool whole = l.unit > 0 || args.count % p.chunk_factor == 0;
+    const int64_t have = l.unit > 0 ? l.unit * l.chunks : args.count / p.chunk_factor * l.chunks;
+    TUTTI_CHECK(whole && have == l.want, InvalidArgument,
+                "plan '{}' runs kernel '{}' on operand {} of {} elements; at the call's count {} it has {}", p.name,
+                l.kernel, l.operand, l.want, args.count,
+                whole ? std::to_string(have) : std::string("chunks of unequal lengths"));
+  }
   // One round over the whole call (abi.hpp, "One pass"): every message must fit a slot as it is.
   const int64_t capacity = protocol == kProtoLL ? options_.ll_slot_bytes / 2 : options_.slot_bytes;
   const int64_t esize = static_cast<int64_t>(size_of(args.reduction.type));

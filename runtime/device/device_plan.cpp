@@ -17,7 +17,8 @@ namespace {
 // 'h' as many 16-bit values as 'd' has floats (a state buffer whose unit is half a chunk, which
 // the call's count must match: DevicePlan::half_unit, checked per call), 'r' a row (a state buffer
 // chunk of its own unit, e.g. a bias, whose length the call's chunks must be a multiple of:
-// DevicePlan::row_units, checked per call).
+// DevicePlan::row_units, checked per call), 'a' any chunks whose length the kernel's constant
+// scalars fix (DevicePlan::lengths, checked per call).
 // The CPU forms check their operands' lengths when called; the device forms cannot throw, so a plan
 // that would hand one a wrong operand is refused here, by the kernel's and the operand's names.
 struct Operands {
@@ -33,6 +34,7 @@ Operands operands_of(DeviceKernel k) {
     case DeviceKernel::kAdamwCast: return {"dddds", "dddh"};
     case DeviceKernel::kBiasDropoutResidual: return {"drd", "d"};
     case DeviceKernel::kBiasDropoutResidualLn: return {"drdrr", "dd"};
+    case DeviceKernel::kGemm: return {"aa", "a"};
     default: return {"d", "d"};  // identity, scale
   }
 }
@@ -42,12 +44,31 @@ void check_operands(const plan::Plan& p, int rank, const plan::Instruction& in, 
   const Operands want = operands_of(def.device);
   const std::vector<plan::Ref> outs = in.writes();
   const int64_t chunks = in.srcs.empty() ? 0 : in.srcs[0].count;
+  // The lengths of 'a' operands, from the kernel's constant scalars (a GEMM: rows x k, k x n, rows x n).
+  std::vector<int64_t> fixed;
+  if (def.device == DeviceKernel::kGemm) {
+    for (const ScalarArg& a : in.scalars)
+      TUTTI_CHECK(a.slot < 0, InvalidArgument,
+                  "plan '{}': rank {} runs kernel '{}' with a per-call shape; its device form takes the shape as "
+                  "constants of the plan",
+                  p.name, rank, def.name);
+    TUTTI_CHECK(in.scalars.size() == 3, InvalidArgument, "plan '{}': rank {} runs kernel '{}' with {} scalars, not 3",
+                p.name, rank, def.name, in.scalars.size());
+    const auto rows = static_cast<int64_t>(in.scalars[0].value), k = static_cast<int64_t>(in.scalars[1].value),
+               n = static_cast<int64_t>(in.scalars[2].value);
+    fixed = {rows * k, k * n, rows * n};
+  }
+  int operand = 0;
   auto check = [&](const std::vector<plan::Ref>& refs, const char* kinds, const char* what) {
     TUTTI_CHECK(refs.size() == std::strlen(kinds), InvalidArgument,
                 "plan '{}': rank {} runs kernel '{}' with {} {}s; its device form takes {}", p.name, rank, def.name,
                 refs.size(), what, std::strlen(kinds));
-    for (size_t i = 0; i < refs.size(); ++i) {
+    for (size_t i = 0; i < refs.size(); ++i, ++operand) {
       const int64_t unit = p.unit(refs[i].buffer);
+      if (kinds[i] == 'a') {
+        out.lengths.push_back({def.name, operand, unit, refs[i].count, fixed.at(static_cast<size_t>(operand))});
+        continue;
+      }
       const bool ok = kinds[i] == 'd'   ? unit == 0 && refs[i].count == chunks
                       : kinds[i] == 'h' ? unit > 0 && refs[i].count == chunks
                       : kinds[i] == 'r' ? unit > 0 && refs[i].count == 1

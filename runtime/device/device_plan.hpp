@@ -5,6 +5,7 @@
 // blocks wait for marked, and the FIFO depth the plan was verified for.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/device/abi.hpp"
@@ -33,7 +34,17 @@ struct DevicePlan {
   bool float_kernels = false;  // a kernel of the fused operations (float32 only) runs
   int32_t scalar_slots = 0;  // the call must pass this many per-call scalars (the highest slot a kernel reads + 1)
   int64_t half_unit = 0;  // a kernel writes 16-bit values into a buffer of this unit: the call's chunks must be twice it
-  std::vector<int64_t> row_units;  // kernels work on rows of these lengths: the call's chunks must be multiples of each
+  std::vector<int64_t> row_units;
+  // Operands whose length a kernel's constant scalars fix (a GEMM's blocks), checked per call: the
+  // operand's chunks hold `want` elements at the call's count.
+  struct OperandLength {
+    std::string kernel;
+    int operand;        // inputs first, then outputs
+    int64_t unit;       // its buffer's unit (0: the call's chunks)
+    int64_t chunks;
+    int64_t want;
+  };
+  std::vector<OperandLength> lengths;  // kernels work on rows of these lengths: the call's chunks must be multiples of each
   int64_t max_unit_message_chunks = 0, max_unit = 0;
   int64_t scratch_chunks = 0;
   int max_blocks = 1;  // most blocks of any rank (instances are chosen alike on every rank from it)

@@ -335,6 +335,10 @@ struct BlockRun {
         bias_dropout_residual(team, g, bias, in(2), out(0), n, hidden, offset(), scalars);
         break;
       }
+      case 9:  // kGemm: inputs a, b; output c; constant scalars rows, k, n
+        gemm(team, g, in(1), out(0), static_cast<int64_t>(scalars[0]), static_cast<int64_t>(scalars[1]),
+             static_cast<int64_t>(scalars[2]));
+        break;
       case 8: {  // kBiasDropoutResidualLn: inputs y, bias, residual, gamma, beta; outputs out, ln
         int64_t hidden = 0;
         const float* bias = in(1, &hidden);

@@ -205,4 +205,21 @@ TUTTI_HD void bias_dropout_residual_ln(const Team& team, const float* y, const f
   team.sync();
 }
 
+// --- GEMM blocks (fused_kernels/gemm_overlap.cpp) -----------------------------------------------
+
+// "fused.gemm": c (rows x n) = a (rows x k) @ b (k x n), row major; each output element a float
+// sum over k in order. The plain form (one thread per output element, no tiling): it lets a GEMM
+// plan run on device buffers at all; a tiled or cuBLAS-backed form is the next step where speed
+// matters. Lengths are checked per call (device_executor.cpp). c must not overlap a or b.
+template <class Team>
+TUTTI_HD void gemm(const Team& team, const float* a, const float* b, float* c, int64_t rows, int64_t k, int64_t n) {
+  for (int64_t e = team.rank(); e < rows * n; e += team.size()) {
+    const int64_t i = e / n, j = e % n;
+    float acc = 0.0f;
+    for (int64_t q = 0; q < k; ++q) acc += a[i * k + q] * b[q * n + j];
+    c[e] = acc;
+  }
+  team.sync();
+}
+
 }  // namespace tutti::device
