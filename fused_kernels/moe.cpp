@@ -71,9 +71,10 @@ struct KernelIds {
 const KernelIds& ids() {
   static const KernelIds k = [] {
     // Mixed units: token tables, slot tables and blocks are state buffers of their own units.
-    return KernelIds{register_once({"moe.gather", {"hidden"}, gather_rows, 1.0, 2, 1}, true),
-                     register_once({"moe.combine_first", {"hidden"}, combine_first, 2.0, 3, 1}, true),
-                     register_once({"moe.combine", {"hidden"}, combine_more, 2.0, 4, 1}, true)};
+    return KernelIds{
+        register_once({"moe.gather", {"hidden"}, gather_rows, 1.0, 2, 1}, true, DeviceKernel::kMoeGather),
+        register_once({"moe.combine_first", {"hidden"}, combine_first, 2.0, 3, 1}, true, DeviceKernel::kMoeCombineFirst),
+        register_once({"moe.combine", {"hidden"}, combine_more, 2.0, 4, 1}, true, DeviceKernel::kMoeCombine)};
   }();
   return k;
 }

@@ -425,6 +425,103 @@ TEST(DeviceFused, GemmCallsOfAnotherShapeAreRefused) {
   }
 }
 
+// MoE dispatch (gather each destination's tokens, send) and combine (send back, gate-weight and
+// scatter on receipt), with empty slots and tokens sent to several experts: the CPU executor's
+// floats bit for bit.
+struct MoeTables {
+  std::vector<float> x, gate;
+  std::vector<int32_t> index;
+};
+MoeTables moe_tables(int n, int r, int64_t tokens, int64_t hidden, int64_t capacity) {
+  MoeTables t;
+  t.x.resize(static_cast<size_t>(tokens * hidden));
+  for (size_t i = 0; i < t.x.size(); ++i) t.x[i] = static_cast<float>(static_cast<int>((i * 3 + static_cast<size_t>(r)) % 11) - 5);
+  t.index.resize(static_cast<size_t>(n * capacity));
+  t.gate.resize(t.index.size());
+  for (size_t s = 0; s < t.index.size(); ++s) {
+    t.index[s] = s % 4 == 3 ? -1 : static_cast<int32_t>((s * 5 + static_cast<size_t>(r)) % static_cast<size_t>(tokens));
+    t.gate[s] = 0.25f * static_cast<float>(1 + (s + static_cast<size_t>(r)) % 3);
+  }
+  return t;
+}
+
+TEST(DeviceFused, MoeDispatchAndCombineGiveTheCpuExecutorsFloats) {
+  fused::register_kernels();
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(fmt::format("{} ranks", n));
+    const int64_t tokens = 10, hidden = 8, capacity = 6;
+    const std::vector<Prepared> plans = {
+        PreparedPlan::make(plan::compile(fused::moe_dispatch_program(n, tokens, hidden, capacity)).plan),
+        PreparedPlan::make(plan::compile(fused::moe_combine_program(n, tokens, hidden, capacity)).plan)};
+    enum { kX, kIndex, kExpertIn, kExpertOut, kY, kGate };
+    std::vector<Arrays> buffers;
+    for (int r = 0; r < n; ++r) {
+      const MoeTables t = moe_tables(n, r, tokens, hidden, capacity);
+      std::vector<float> index(t.index.size());
+      std::memcpy(index.data(), t.index.data(), index.size() * sizeof(float));  // int32 in float storage
+      std::vector<float> expert_out(static_cast<size_t>(n * capacity * hidden));
+      for (size_t i = 0; i < expert_out.size(); ++i) expert_out[i] = static_cast<float>((i + static_cast<size_t>(r) * 7) % 9) - 4;
+      buffers.push_back({t.x, index, std::vector<float>(expert_out.size(), -999.0f), expert_out,
+                         std::vector<float>(static_cast<size_t>(tokens * hidden), -999.0f), t.gate});
+    }
+    auto [dev, cpu] = run_plans(plans, n, buffers, [&](int, Arrays& b, size_t k) {
+      ExecArgs a;
+      a.count = n * capacity * hidden;
+      a.reduction.type = DataType::kFloat32;
+      if (k == 0) {
+        a.output = b[kExpertIn].data();
+        a.states = {b[kX].data(), b[kIndex].data()};
+      } else {
+        a.input = b[kExpertOut].data();
+        a.states = {b[kY].data(), b[kGate].data(), b[kIndex].data()};
+      }
+      return a;
+    });
+    for (int r = 0; r < n; ++r) {
+      SCOPED_TRACE(fmt::format("rank {}", r));
+      const Arrays &d = dev[static_cast<size_t>(r)], &c = cpu[static_cast<size_t>(r)];
+      expect_same(d[kExpertIn], c[kExpertIn], "dispatched blocks");
+      expect_same(d[kY], c[kY], "combined rows");
+      EXPECT_EQ(std::count(d[kExpertIn].begin(), d[kExpertIn].end(), -999.0f), 0);
+      EXPECT_EQ(std::count(d[kY].begin(), d[kY].end(), -999.0f), 0);
+      EXPECT_NE(std::count(d[kY].begin(), d[kY].end(), 0.0f), static_cast<long>(d[kY].size()));
+    }
+  }
+}
+
+// A slot naming a token outside the table: the device form cannot throw, so rank 0's launch stops
+// at that gather and the host reports the slot and the token; rank 1, whose data is good, waits for
+// rank 0's blocks and gives up after its timeout, naming rank 0.
+TEST(DeviceFused, AMoeSlotOutsideTheTokenTableIsReported) {
+  fused::register_kernels();
+  const int n = 2;
+  const int64_t tokens = 10, hidden = 8, capacity = 6;
+  Prepared plan = PreparedPlan::make(plan::compile(fused::moe_dispatch_program(n, tokens, hidden, capacity)).plan);
+  auto comms = Communicator::create_local(n);
+  std::vector<std::string> errors(n);
+  test_support::on_ranks(comms, [&](int r, Communicator& c) {
+    DeviceOptions d = small_slots();
+    d.timeout_s = 2;
+    DeviceExecutor ex(c, make_emulated_backend(), d);
+    MoeTables t = moe_tables(n, r, tokens, hidden, capacity);
+    if (r == 0) t.index[static_cast<size_t>(capacity) + 2] = 10;  // slot 2 of the block for rank 1
+    std::vector<float> out(static_cast<size_t>(n * capacity * hidden));
+    ExecArgs a;
+    a.output = out.data();
+    a.count = n * capacity * hidden;
+    a.states = {t.x.data(), t.index.data()};
+    try {
+      ex.run(*plan, a);
+      ex.check();
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("moe_dispatch_n2"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("slot 2 names token 10, outside its token table"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("waiting for rank 0"), std::string::npos) << errors[1];
+}
+
 // Runs `plan` on rank 0 alone and returns the InvalidArgument's text ("" if it ran).
 std::string refusal(const Prepared& plan, int n, int64_t shard, DeviceOptions d, DataType type = DataType::kFloat32) {
   auto comms = Communicator::create_local(n);
@@ -450,12 +547,27 @@ TEST(DeviceFused, MessagesThatDoNotFitASlotAreRefusedByThePlansName) {
 }
 
 TEST(DeviceFused, KernelsWithoutADeviceFormAndOtherTypesAreRefused) {
-  // The MoE gathers' kernels have no device form yet.
+  // A kernel registered without a device form (as user kernels are, so far).
   fused::register_kernels();
-  Prepared moe = PreparedPlan::make(plan::compile(fused::moe_dispatch_program(2, 8, 4, 3)).plan);
-  const std::string why = refusal(moe, 2, 12, small_slots());
+  static const KernelId host_only = register_kernel(
+      {"test.host_only_double", {}, [](const KernelArgs& k) {
+         auto* o = static_cast<float*>(k.outputs[0]);
+         const auto* i = static_cast<const float*>(k.inputs[0]);
+         for (int64_t e = 0; e < k.count; ++e) o[e] = 2 * i[e];
+       }});
+  CollectiveSpec spec;
+  spec.kind = Collective::kCustom;
+  spec.nranks = 2;
+  spec.chunk_factor = 1;
+  spec.custom_input_chunks = 1;
+  spec.custom_output_chunks = 1;
+  spec.custom_post = [](int q, int) { return std::optional<Content>(Content::apply(host_only, {Content::of(q, 0)}, {})); };
+  spec.states = {StateBufferSpec{"unused", 1, 1, {}}};
+  dsl::Program prog("host_only_kernel", spec);
+  for (int q = 0; q < 2; ++q) prog.apply(host_only, {prog.chunk(q, dsl::Buffer::input(), 0)}, {prog.chunk(q, dsl::Buffer::output(), 0)}, {});
+  const std::string why = refusal(PreparedPlan::make(plan::compile(prog).plan), 2, 64, small_slots());
   EXPECT_NE(why.find("no device form"), std::string::npos) << why;
-  EXPECT_NE(why.find("moe.gather"), std::string::npos) << why;
+  EXPECT_NE(why.find("test.host_only_double"), std::string::npos) << why;
   const std::string type = refusal(zero_plan(2, 4), 2, 4 * 64, small_slots(), DataType::kFloat64);
   EXPECT_NE(type.find("float32"), std::string::npos) << type;
   // A call that passes fewer per-call scalars than the kernels read (the CPU executor refuses it too).

@@ -10,9 +10,9 @@
 // place: every input is read before outputs are written, from the kernel's point of view (a kernel
 // whose outputs alias its inputs must compute element by element, as AdamW does). Kernels run on
 // host memory with `cpu`; on device memory the device interpreter runs the kernel's `device`
-// routine, one of a fixed set built into the interpreter (DeviceKernel). Device code of user
-// kernels is a next step (docs/ARCHITECTURE.md): a plan naming a kernel without one runs on host
-// buffers only, and the device executor says so by the kernel's name.
+// routine, one of a fixed set built into the interpreter (DeviceKernel): every fused operation's
+// kernels have one. Device code of user kernels is a next step (docs/ARCHITECTURE.md): a plan naming
+// a kernel without one runs on host buffers only, and the device executor says so by its name.
 
 #include <cstdint>
 #include <optional>
@@ -54,6 +54,9 @@ enum class DeviceKernel : int32_t {
   kBiasDropoutResidual = 7,    // "fused.bias_dropout_residual"
   kBiasDropoutResidualLn = 8,  // "fused.bias_dropout_residual_ln"
   kGemm = 9,                   // "fused.gemm"
+  kMoeGather = 10,             // "moe.gather"
+  kMoeCombineFirst = 11,       // "moe.combine_first"
+  kMoeCombine = 12,            // "moe.combine"
 };
 
 struct KernelDef {

@@ -115,11 +115,13 @@ struct RankState {
 // Set by the first wait that gives up; every wait polls it, so one failure stops every block of
 // every rank that shares it. In host-mapped memory on CUDA, so the host reads it at any time.
 struct Status {
-  int32_t failed;  // 0 ok, 1 aborted, 2 timed out
+  int32_t failed;  // 0 ok, 1 aborted, 2 timed out, 3 a kernel met a value out of range (kBadIndex)
   int32_t block, step, peer;
   int32_t waits_for_block;  // a dependency wait: the block waited for (-1: none)
   int64_t round;
+  int64_t slot, value;  // kBadIndex: the operand's element and its value (a token index)
 };
+inline constexpr int32_t kBadIndex = 3;
 
 enum Protocol : int32_t { kProtoSimple = 0, kProtoLL = 1 };
 

@@ -156,6 +156,9 @@ void DeviceExecutor::check() {
   std::string where = fmt::format("rank {}: device plan '{}' stopped at block {} step {}{} in round {}", comm_.rank(),
                                   last_plan_, s.block, s.step, waiting, s.round);
   if (s.failed == 1) throw Aborted(where + ": the communicator was aborted");
+  if (s.failed == kBadIndex)
+    throw InvalidArgument(fmt::format("{}: an index table's slot {} names token {}, outside its token table", where,
+                                      s.slot, s.value));
   throw Timeout(fmt::format("{}: no progress for {} s (TUTTI_TIMEOUT)", where, options_.timeout_s));
 }
 

@@ -18,7 +18,8 @@ namespace {
 // the call's count must match: DevicePlan::half_unit, checked per call), 'r' a row (a state buffer
 // chunk of its own unit, e.g. a bias, whose length the call's chunks must be a multiple of:
 // DevicePlan::row_units, checked per call), 'a' any chunks whose length the kernel's constant
-// scalars fix (DevicePlan::lengths, checked per call).
+// scalars fix (DevicePlan::lengths, checked per call), 'u' one chunk of a state buffer of a unit of
+// its own, whatever its length (a token or slot table, whose lengths the kernel reads).
 // The CPU forms check their operands' lengths when called; the device forms cannot throw, so a plan
 // that would hand one a wrong operand is refused here, by the kernel's and the operand's names.
 struct Operands {
@@ -35,6 +36,9 @@ Operands operands_of(DeviceKernel k) {
     case DeviceKernel::kBiasDropoutResidual: return {"drd", "d"};
     case DeviceKernel::kBiasDropoutResidualLn: return {"drdrr", "dd"};
     case DeviceKernel::kGemm: return {"aa", "a"};
+    case DeviceKernel::kMoeGather: return {"uu", "a"};
+    case DeviceKernel::kMoeCombineFirst: return {"auu", "u"};
+    case DeviceKernel::kMoeCombine: return {"auuu", "u"};
     default: return {"d", "d"};  // identity, scale
   }
 }
@@ -58,6 +62,32 @@ void check_operands(const plan::Plan& p, int rank, const plan::Instruction& in, 
                n = static_cast<int64_t>(in.scalars[2].value);
     fixed = {rows * k, k * n, rows * n};
   }
+  const bool moe = def.device == DeviceKernel::kMoeGather || def.device == DeviceKernel::kMoeCombineFirst ||
+                   def.device == DeviceKernel::kMoeCombine;
+  if (moe) {
+    // The tables: a token table of whole rows of `hidden`; index and gate tables of one length, the
+    // slots, which fix the block's length (slots x hidden).
+    TUTTI_CHECK(in.scalars.size() == 1 && in.scalars[0].slot < 0 && in.scalars[0].value >= 1, InvalidArgument,
+                "plan '{}': rank {} runs kernel '{}' without a constant row length; its device form takes one",
+                p.name, rank, def.name);
+    const auto hidden = static_cast<int64_t>(in.scalars[0].value);
+    const bool gather = def.device == DeviceKernel::kMoeGather;
+    auto unit_of = [&](const plan::Ref& r) { return p.unit(r.buffer); };
+    const size_t want_srcs = gather ? 2 : def.device == DeviceKernel::kMoeCombine ? 4 : 3;
+    TUTTI_CHECK(in.srcs.size() == want_srcs && outs.size() == 1, InvalidArgument,
+                "plan '{}': rank {} runs kernel '{}' with {} inputs and {} outputs; its device form takes {} and 1",
+                p.name, rank, def.name, in.srcs.size(), outs.size(), want_srcs);
+    const int64_t tokens_unit = gather ? unit_of(in.srcs[0]) : unit_of(outs[0]);
+    const int64_t slots = gather ? unit_of(in.srcs[1]) : unit_of(in.srcs[1]);
+    TUTTI_CHECK(tokens_unit > 0 && tokens_unit % hidden == 0 && slots > 0 &&
+                    (gather || (unit_of(in.srcs[2]) == slots &&
+                                (want_srcs == 3 || unit_of(in.srcs[3]) == tokens_unit))),
+                InvalidArgument,
+                "plan '{}': rank {} runs kernel '{}' on tables its device form cannot read: tokens of {} elements in "
+                "rows of {}, {} slots",
+                p.name, rank, def.name, tokens_unit, hidden, slots);
+    fixed = gather ? std::vector<int64_t>{0, 0, slots * hidden} : std::vector<int64_t>{slots * hidden, 0, 0, 0, 0};
+  }
   int operand = 0;
   auto check = [&](const std::vector<plan::Ref>& refs, const char* kinds, const char* what) {
     TUTTI_CHECK(refs.size() == std::strlen(kinds), InvalidArgument,
@@ -69,7 +99,8 @@ void check_operands(const plan::Plan& p, int rank, const plan::Instruction& in, 
         out.lengths.push_back({def.name, operand, unit, refs[i].count, fixed.at(static_cast<size_t>(operand))});
         continue;
       }
-      const bool ok = kinds[i] == 'd'   ? unit == 0 && refs[i].count == chunks
+      const bool ok = kinds[i] == 'u'   ? unit > 0 && refs[i].count == 1
+                      : kinds[i] == 'd' ? unit == 0 && refs[i].count == chunks
                       : kinds[i] == 'h' ? unit > 0 && refs[i].count == chunks
                       : kinds[i] == 'r' ? unit > 0 && refs[i].count == 1
                                         : unit == 1 && refs[i].count == 1;
@@ -88,6 +119,7 @@ void check_operands(const plan::Plan& p, int rank, const plan::Instruction& in, 
                   kinds[i] == 'd'   ? fmt::format("{} chunk(s) of the call's size", chunks)
                   : kinds[i] == 'h' ? fmt::format("{} chunk(s) of 16-bit values (a unit of half a chunk)", chunks)
                   : kinds[i] == 'r' ? std::string("one chunk of a row (a state buffer of a unit of its own)")
+                  : kinds[i] == 'u' ? std::string("one chunk of a table (a state buffer of a unit of its own)")
                                     : std::string("one element of a statistic (unit 1)"));
     }
   };

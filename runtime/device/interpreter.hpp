@@ -290,7 +290,8 @@ struct BlockRun {
 
   // A kernel of the fused operations (kernels.hpp) over its operands' ranges; `s.kernel` >= 2.
   // Operands: sources, then dst and the further outputs (check_operands fixed their shapes).
-  TUTTI_HD void kernel_step(const DevStep& s, const Round& r) {
+  // False (on every thread) when the kernel met a value out of range: Status::failed = kBadIndex.
+  TUTTI_HD bool kernel_step(const DevStep& s, int32_t index, const Round& r, int64_t round_no) {
     double scalars[kMaxScalars];
     for (int32_t k = 0; k < s.nscalars && k < kMaxScalars; ++k) {
       const DevScalar sc = a.scalar_refs[s.first_scalar + k];
@@ -307,10 +308,16 @@ struct BlockRun {
       if (s.offset_unit > 0) return s.offset_index * s.offset_unit;
       return exec::Geometry{a.count, a.chunk_factor, a.esize}.chunk_begin(s.offset_index);
     };
-    auto out = [&](int k) {
+    auto out = [&](int k, int64_t* elems = nullptr) {
       const DevRef ref = k == 0 ? s.dst : a.srcs[s.first_src + s.nsrcs + k - 1];
-      return reinterpret_cast<float*>(chunk_at(a, r, ref.buf, ref.index, &ignored));
+      int64_t bytes = 0;
+      float* p = reinterpret_cast<float*>(chunk_at(a, r, ref.buf, ref.index, &bytes));
+      if (elems) *elems = bytes / a.esize;
+      return p;
     };
+    auto ints = [](const float* p) { return reinterpret_cast<const int32_t*>(p); };  // int32 tables in a float call
+    BadIndex bad;
+    bool ok = true;
     const float* g = in(0);
     switch (s.kernel) {
       case 2:  // DeviceKernel::kUnscaleSumsq
@@ -339,6 +346,23 @@ struct BlockRun {
         gemm(team, g, in(1), out(0), static_cast<int64_t>(scalars[0]), static_cast<int64_t>(scalars[1]),
              static_cast<int64_t>(scalars[2]));
         break;
+      case 10: {  // kMoeGather: inputs x (a token table), index; output the block; constant scalar hidden
+        int64_t slots = 0;
+        const int32_t* idx = ints(in(1, &slots));
+        const auto hidden = static_cast<int64_t>(scalars[0]);
+        ok = moe_gather(team, g, idx, out(0), n / hidden, slots, hidden, &bad);
+        break;
+      }
+      case 11:    // kMoeCombineFirst: inputs block, gate, index; output y
+      case 12: {  // kMoeCombine: inputs block, gate, index, y
+        int64_t slots = 0, y_elems = 0;
+        const float* gate = in(1, &slots);
+        const int32_t* idx = ints(in(2));
+        float* y = out(0, &y_elems);
+        const auto hidden = static_cast<int64_t>(scalars[0]);
+        ok = moe_combine(team, g, gate, idx, s.kernel == 12 ? in(3) : nullptr, y, y_elems / hidden, slots, hidden, &bad);
+        break;
+      }
       case 8: {  // kBiasDropoutResidualLn: inputs y, bias, residual, gamma, beta; outputs out, ln
         int64_t hidden = 0;
         const float* bias = in(1, &hidden);
@@ -347,14 +371,22 @@ struct BlockRun {
       }
       default: break;
     }
+    if (ok) return true;
+    if (bad.slot >= 0 && mem::claim(&a.status->failed, kBadIndex)) {  // one thread of those that met one
+      a.status->block = block;
+      a.status->step = index;
+      a.status->peer = -1;
+      a.status->waits_for_block = -1;
+      a.status->round = round_no;
+      a.status->slot = bad.slot;
+      a.status->value = bad.value;
+    }
+    return false;
   }
 
-  // Runs one step in round `r`; false when a wait gave up.
+  // Runs one step in round `r`; false when a wait gave up or a kernel failed.
   TUTTI_HD bool step(const DevStep& s, int32_t index, const Round& r, int64_t round_no) {
-    if (s.op == 9 && s.kernel >= 2) {
-      kernel_step(s, r);
-      return true;
-    }
+    if (s.op == 9 && s.kernel >= 2) return kernel_step(s, index, r, round_no);
     const exec::OpShape shape = exec::shape_of(s.op);
     const bool ll = a.protocol == kProtoLL;
     const FifoView* out = shape.send ? &a.send[instance * a.nsend + s.send_conn] : nullptr;

@@ -222,4 +222,57 @@ TUTTI_HD void gemm(const Team& team, const float* a, const float* b, float* c, i
   team.sync();
 }
 
+// --- MoE dispatch and combine (fused_kernels/moe.cpp) --------------------------------------------
+// Index tables are int32 token numbers, -1 for an empty slot. A device form cannot throw: a slot
+// that names a token outside the table is reported through *bad (slot, value: the first one a
+// thread met) and the kernel returns false on every thread, leaving its output unspecified; the
+// interpreter stops the launch with it (Status::failed = kBadIndex), which the host reports.
+
+struct BadIndex {
+  int64_t slot = -1, value = 0;
+};
+
+// "moe.gather": block row s = x row index[s] (tokens rows of hidden), zeros for an empty slot.
+template <class Team>
+TUTTI_HD bool moe_gather(const Team& team, const float* x, const int32_t* index, float* block, int64_t tokens,
+                         int64_t slots, int64_t hidden, BadIndex* bad) {
+  bool wrong = false;
+  for (int64_t e = team.rank(); e < slots * hidden; e += team.size()) {
+    const int64_t s = e / hidden, c = e % hidden;
+    const int32_t t = index[s];
+    if (t < -1 || t >= tokens) {
+      if (!wrong) bad->slot = s, bad->value = t;
+      wrong = true;
+      continue;
+    }
+    block[e] = t < 0 ? 0.0f : x[t * hidden + c];
+  }
+  return !team.sync_or(wrong);
+}
+
+// "moe.combine_first" (y_in null: y starts at zero) and "moe.combine" (y starts as y_in, which may
+// be y): y row index[s] += gate[s] * block row s, slot after slot. A thread owns columns, so each
+// element adds its slots in order, as the CPU form does.
+template <class Team>
+TUTTI_HD bool moe_combine(const Team& team, const float* block, const float* gate, const int32_t* index,
+                          const float* y_in, float* y, int64_t tokens, int64_t slots, int64_t hidden, BadIndex* bad) {
+  bool wrong = false;
+  for (int64_t s = team.rank(); s < slots; s += team.size())
+    if (index[s] < -1 || index[s] >= tokens) {
+      if (!wrong) bad->slot = s, bad->value = index[s];
+      wrong = true;
+    }
+  if (team.sync_or(wrong)) return false;
+  for (int64_t c = team.rank(); c < hidden; c += team.size()) {
+    for (int64_t t = 0; t < tokens; ++t) y[t * hidden + c] = y_in ? y_in[t * hidden + c] : 0.0f;
+    for (int64_t s = 0; s < slots; ++s) {
+      const int32_t t = index[s];
+      if (t < 0) continue;
+      y[t * hidden + c] += gate[s] * block[s * hidden + c];
+    }
+  }
+  team.sync();
+  return true;
+}
+
 }  // namespace tutti::device
