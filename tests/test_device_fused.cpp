@@ -13,6 +13,7 @@
 #include "compiler/compile.hpp"
 #include "runtime/device/device_executor.hpp"
 #include "support/ranks.hpp"
+#include "support/fused_cases.hpp"
 #include "support/zero_data.hpp"
 #include "tutti/fused.hpp"
 
@@ -228,11 +229,28 @@ TEST(DeviceFused, TheBf16StepGivesTheCpuExecutorsBits) {
   }
 }
 
+// Runs a case on the emulated device and the CPU executor and compares the results bit for bit;
+// every output element written, replicated results the same on every rank.
+void expect_case_matches(const test_support::FusedCase& c, int n) {
+  auto [dev, cpu] = run_plans(c.plans, n, c.buffers, [&](int r, Arrays& b, size_t k) {
+    return c.args(r, test_support::addresses(b), k);
+  });
+  for (int r = 0; r < n; ++r)
+    for (size_t k : c.results) {
+      SCOPED_TRACE(fmt::format("{}: rank {}, array {}", c.name, r, k));
+      const std::vector<float>& d = dev[static_cast<size_t>(r)][k];
+      expect_same(d, cpu[static_cast<size_t>(r)][k], "device against CPU");
+      EXPECT_EQ(std::count(d.begin(), d.end(), test_support::kUnwritten), 0) << "elements left unwritten";
+      if (!d.empty()) {
+        EXPECT_GT(std::count_if(d.begin(), d.end(), [](float x) { return x != 0.0f; }), 0) << "all zero";
+      }
+      if (c.same_on_every_rank) expect_same(d, dev[0][k], "against rank 0's");
+    }
+}
+
 // The row-parallel linear layer's epilogue (bias + dropout + residual, + LayerNorm), in its
-// all-reduce and sequence-parallel forms: the same floats as the CPU executor, bit for bit
-// (partial sums are small integers, so every order of adding them is exact), and in the all-reduce
-// form the same rows on every rank. The dropout mask depends on each element's position in the
-// rows x hidden tensor, so a wrong offset of a chunk shows.
+// all-reduce and sequence-parallel forms. The dropout mask depends on each element's position in
+// the rows x hidden tensor, so a wrong offset of a chunk shows.
 struct EpilogueCase {
   const char* name;
   fused::EpilogueOptions options;
@@ -242,55 +260,8 @@ void PrintTo(const EpilogueCase& c, std::ostream* os) { *os << c.name; }
 class EpilogueOnTheDevice : public testing::TestWithParam<std::tuple<int, EpilogueCase>> {};
 
 TEST_P(EpilogueOnTheDevice, GivesTheCpuExecutorsFloats) {
-  fused::register_kernels();
   const auto [n, c] = GetParam();
-  const fused::EpilogueOptions& o = c.options;
-  const int pieces = 2;
-  const int64_t hidden = 40, rows = static_cast<int64_t>(n) * pieces * 3;
-  const int64_t total = rows * hidden, mine = o.sequence_parallel ? total / n : total;
-  const std::vector<Prepared> plans = {
-      PreparedPlan::make(plan::compile(fused::bias_dropout_residual_program(n, pieces, hidden, o)).plan)};
-  enum { kPartial, kOut, kBias, kResidual, kLn, kGamma, kBeta };
-  std::vector<Arrays> buffers;
-  for (int r = 0; r < n; ++r) {
-    Arrays b(7);
-    b[kPartial].resize(static_cast<size_t>(total));
-    for (size_t i = 0; i < b[kPartial].size(); ++i)
-      b[kPartial][i] = static_cast<float>(static_cast<int>((i * 5 + static_cast<size_t>(r) * 3) % 7) - 3);
-    b[kOut].assign(static_cast<size_t>(mine), -9.0f);
-    b[kBias].resize(static_cast<size_t>(hidden));
-    b[kGamma].resize(b[kBias].size());
-    b[kBeta].resize(b[kBias].size());
-    for (size_t i = 0; i < b[kBias].size(); ++i) {
-      b[kBias][i] = 0.03f * static_cast<float>(i % 11) - 0.1f;
-      b[kGamma][i] = 1.0f + 0.01f * static_cast<float>(i % 5);
-      b[kBeta][i] = 0.02f * static_cast<float>(i % 3);
-    }
-    b[kResidual].resize(static_cast<size_t>(mine));
-    for (size_t i = 0; i < b[kResidual].size(); ++i)
-      b[kResidual][i] = 0.5f * static_cast<float>((i + (o.sequence_parallel ? static_cast<size_t>(r * mine) : 0)) % 13);
-    b[kLn].assign(o.layer_norm ? static_cast<size_t>(mine) : 0, -9.0f);
-    buffers.push_back(std::move(b));
-  }
-  auto [dev, cpu] = run_plans(plans, n, buffers, [&](int, Arrays& b, size_t) {
-    ExecArgs a;
-    a.input = b[kPartial].data();
-    a.output = b[kOut].data();
-    a.count = total;
-    a.reduction.type = DataType::kFloat32;
-    a.scalars = {o.dropout, static_cast<double>(o.seed >> 32), static_cast<double>(o.seed & 0xFFFFFFFFu), o.ln_eps};
-    a.states = {b[kBias].data(), b[kResidual].data(), b[kLn].data()};
-    if (o.layer_norm) a.states.push_back(b[kGamma].data()), a.states.push_back(b[kBeta].data());
-    return a;
-  });
-  for (int r = 0; r < n; ++r) {
-    SCOPED_TRACE(fmt::format("rank {}", r));
-    const Arrays &d = dev[static_cast<size_t>(r)], &h = cpu[static_cast<size_t>(r)];
-    expect_same(d[kOut], h[kOut], "out");
-    expect_same(d[kLn], h[kLn], "ln");
-    EXPECT_EQ(std::count(d[kOut].begin(), d[kOut].end(), -9.0f), 0) << "rows left unwritten";
-    if (!o.sequence_parallel) expect_same(d[kOut], dev[0][kOut], "out against rank 0's");
-  }
+  expect_case_matches(test_support::epilogue_case(n, c.options), n);
 }
 
 fused::EpilogueOptions epilogue(float dropout, bool ln, bool sp) {
@@ -338,71 +309,9 @@ TEST(DeviceFused, EpilogueCallsOfPartRowsAreRefused) {
 // integer operands keep every product and sum exact, so the device's plain GEMM and OpenBLAS's
 // (on the CPU executor) agree bit for bit however each orders its sums.
 TEST(DeviceFused, GemmPlansGiveTheCpuExecutorsFloats) {
-  fused::register_kernels();
-  auto small = [](size_t i, int r, int mod) { return static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(r) * 5) % static_cast<size_t>(mod)) - mod / 2); };
   for (int n : {2, 3}) {
-    SCOPED_TRACE(fmt::format("{} ranks", n));
-    const int pieces = 2;
-    const int64_t rows = static_cast<int64_t>(n) * pieces * 3, k = 12, cols = 10;
-    {
-      SCOPED_TRACE("gemm -> reduce-scatter");
-      const std::vector<Prepared> plans = {
-          PreparedPlan::make(plan::compile(fused::gemm_reduce_scatter_program(n, pieces, rows, k, cols)).plan)};
-      enum { kX, kW, kOut };
-      std::vector<Arrays> buffers;
-      for (int r = 0; r < n; ++r) {
-        Arrays b(3);
-        b[kX].resize(static_cast<size_t>(rows * k));
-        for (size_t i = 0; i < b[kX].size(); ++i) b[kX][i] = small(i, r, 5);
-        b[kW].resize(static_cast<size_t>(k * cols));
-        for (size_t i = 0; i < b[kW].size(); ++i) b[kW][i] = small(i, r + 1, 7);
-        b[kOut].assign(static_cast<size_t>(rows / n * cols), -999.0f);
-        buffers.push_back(std::move(b));
-      }
-      auto [dev, cpu] = run_plans(plans, n, buffers, [&](int, Arrays& b, size_t) {
-        ExecArgs a;
-        a.output = b[kOut].data();
-        a.count = rows / n * cols;
-        a.reduction.type = DataType::kFloat32;
-        a.states = {b[kX].data(), b[kW].data()};
-        return a;
-      });
-      for (int r = 0; r < n; ++r) {
-        expect_same(dev[static_cast<size_t>(r)][kOut], cpu[static_cast<size_t>(r)][kOut], fmt::format("rank {} out", r));
-        EXPECT_EQ(std::count(dev[static_cast<size_t>(r)][kOut].begin(), dev[static_cast<size_t>(r)][kOut].end(), -999.0f), 0);
-      }
-    }
-    {
-      SCOPED_TRACE("all-gather -> gemm");
-      const std::vector<Prepared> plans = {
-          PreparedPlan::make(plan::compile(fused::all_gather_gemm_program(n, pieces, rows, k, cols)).plan)};
-      enum { kX, kGathered, kW, kY };
-      std::vector<Arrays> buffers;
-      for (int r = 0; r < n; ++r) {
-        Arrays b(4);
-        b[kX].resize(static_cast<size_t>(rows / n * k));
-        for (size_t i = 0; i < b[kX].size(); ++i) b[kX][i] = small(i, r, 5);
-        b[kGathered].assign(static_cast<size_t>(rows * k), -999.0f);
-        b[kW].resize(static_cast<size_t>(k * cols));
-        for (size_t i = 0; i < b[kW].size(); ++i) b[kW][i] = small(i, r + 1, 7);
-        b[kY].assign(static_cast<size_t>(rows * cols), -999.0f);
-        buffers.push_back(std::move(b));
-      }
-      auto [dev, cpu] = run_plans(plans, n, buffers, [&](int, Arrays& b, size_t) {
-        ExecArgs a;
-        a.input = b[kX].data();
-        a.output = b[kGathered].data();
-        a.count = rows / n * k;
-        a.reduction.type = DataType::kFloat32;
-        a.states = {b[kW].data(), b[kY].data()};
-        return a;
-      });
-      for (int r = 0; r < n; ++r) {
-        expect_same(dev[static_cast<size_t>(r)][kGathered], cpu[static_cast<size_t>(r)][kGathered], "gathered");
-        expect_same(dev[static_cast<size_t>(r)][kY], cpu[static_cast<size_t>(r)][kY], fmt::format("rank {} y", r));
-        EXPECT_EQ(std::count(dev[static_cast<size_t>(r)][kY].begin(), dev[static_cast<size_t>(r)][kY].end(), -999.0f), 0);
-      }
-    }
+    expect_case_matches(test_support::gemm_reduce_scatter_case(n), n);
+    expect_case_matches(test_support::all_gather_gemm_case(n), n);
   }
 }
 
@@ -426,67 +335,9 @@ TEST(DeviceFused, GemmCallsOfAnotherShapeAreRefused) {
 }
 
 // MoE dispatch (gather each destination's tokens, send) and combine (send back, gate-weight and
-// scatter on receipt), with empty slots and tokens sent to several experts: the CPU executor's
-// floats bit for bit.
-struct MoeTables {
-  std::vector<float> x, gate;
-  std::vector<int32_t> index;
-};
-MoeTables moe_tables(int n, int r, int64_t tokens, int64_t hidden, int64_t capacity) {
-  MoeTables t;
-  t.x.resize(static_cast<size_t>(tokens * hidden));
-  for (size_t i = 0; i < t.x.size(); ++i) t.x[i] = static_cast<float>(static_cast<int>((i * 3 + static_cast<size_t>(r)) % 11) - 5);
-  t.index.resize(static_cast<size_t>(n * capacity));
-  t.gate.resize(t.index.size());
-  for (size_t s = 0; s < t.index.size(); ++s) {
-    t.index[s] = s % 4 == 3 ? -1 : static_cast<int32_t>((s * 5 + static_cast<size_t>(r)) % static_cast<size_t>(tokens));
-    t.gate[s] = 0.25f * static_cast<float>(1 + (s + static_cast<size_t>(r)) % 3);
-  }
-  return t;
-}
-
+// scatter on receipt), with empty slots and tokens sent to several experts.
 TEST(DeviceFused, MoeDispatchAndCombineGiveTheCpuExecutorsFloats) {
-  fused::register_kernels();
-  for (int n : {2, 3}) {
-    SCOPED_TRACE(fmt::format("{} ranks", n));
-    const int64_t tokens = 10, hidden = 8, capacity = 6;
-    const std::vector<Prepared> plans = {
-        PreparedPlan::make(plan::compile(fused::moe_dispatch_program(n, tokens, hidden, capacity)).plan),
-        PreparedPlan::make(plan::compile(fused::moe_combine_program(n, tokens, hidden, capacity)).plan)};
-    enum { kX, kIndex, kExpertIn, kExpertOut, kY, kGate };
-    std::vector<Arrays> buffers;
-    for (int r = 0; r < n; ++r) {
-      const MoeTables t = moe_tables(n, r, tokens, hidden, capacity);
-      std::vector<float> index(t.index.size());
-      std::memcpy(index.data(), t.index.data(), index.size() * sizeof(float));  // int32 in float storage
-      std::vector<float> expert_out(static_cast<size_t>(n * capacity * hidden));
-      for (size_t i = 0; i < expert_out.size(); ++i) expert_out[i] = static_cast<float>((i + static_cast<size_t>(r) * 7) % 9) - 4;
-      buffers.push_back({t.x, index, std::vector<float>(expert_out.size(), -999.0f), expert_out,
-                         std::vector<float>(static_cast<size_t>(tokens * hidden), -999.0f), t.gate});
-    }
-    auto [dev, cpu] = run_plans(plans, n, buffers, [&](int, Arrays& b, size_t k) {
-      ExecArgs a;
-      a.count = n * capacity * hidden;
-      a.reduction.type = DataType::kFloat32;
-      if (k == 0) {
-        a.output = b[kExpertIn].data();
-        a.states = {b[kX].data(), b[kIndex].data()};
-      } else {
-        a.input = b[kExpertOut].data();
-        a.states = {b[kY].data(), b[kGate].data(), b[kIndex].data()};
-      }
-      return a;
-    });
-    for (int r = 0; r < n; ++r) {
-      SCOPED_TRACE(fmt::format("rank {}", r));
-      const Arrays &d = dev[static_cast<size_t>(r)], &c = cpu[static_cast<size_t>(r)];
-      expect_same(d[kExpertIn], c[kExpertIn], "dispatched blocks");
-      expect_same(d[kY], c[kY], "combined rows");
-      EXPECT_EQ(std::count(d[kExpertIn].begin(), d[kExpertIn].end(), -999.0f), 0);
-      EXPECT_EQ(std::count(d[kY].begin(), d[kY].end(), -999.0f), 0);
-      EXPECT_NE(std::count(d[kY].begin(), d[kY].end(), 0.0f), static_cast<long>(d[kY].size()));
-    }
-  }
+  for (int n : {2, 3}) expect_case_matches(test_support::moe_case(n), n);
 }
 
 // A slot naming a token outside the table: the device form cannot throw, so rank 0's launch stops
@@ -503,13 +354,13 @@ TEST(DeviceFused, AMoeSlotOutsideTheTokenTableIsReported) {
     DeviceOptions d = small_slots();
     d.timeout_s = 2;
     DeviceExecutor ex(c, make_emulated_backend(), d);
-    MoeTables t = moe_tables(n, r, tokens, hidden, capacity);
-    if (r == 0) t.index[static_cast<size_t>(capacity) + 2] = 10;  // slot 2 of the block for rank 1
-    std::vector<float> out(static_cast<size_t>(n * capacity * hidden));
+    Arrays b = test_support::moe_case(n, tokens, hidden, capacity).buffers[static_cast<size_t>(r)];
+    const int32_t outside = 10;
+    if (r == 0) std::memcpy(&b[1][static_cast<size_t>(capacity) + 2], &outside, 4);  // slot 2 of the block for rank 1
     ExecArgs a;
-    a.output = out.data();
+    a.output = b[2].data();
     a.count = n * capacity * hidden;
-    a.states = {t.x.data(), t.index.data()};
+    a.states = {b[0].data(), b[1].data()};
     try {
       ex.run(*plan, a);
       ex.check();
