@@ -41,6 +41,25 @@
 
 using namespace tutti;
 
+// Communicators one thread made together (ncclCommInitAll, or ncclCommInitRank calls in one group).
+// Programs destroy them one after another from that thread (NCCL's "single process, single thread,
+// multiple devices" example), but closing a device executor waits for every rank of its
+// communicator: the first destroy would wait for ranks the thread has not destroyed yet. So the
+// clique's communicators are kept, destroyed in name, until the last of them is destroyed, which
+// closes every device executor of the clique side by side (or, if one was aborted, none: their
+// memory stays allocated, as after any abort).
+struct Clique {
+  struct Parts {
+    std::unique_ptr<device::DeviceExecutor> device;
+    std::unique_ptr<Dispatcher> dispatcher;
+    std::unique_ptr<Communicator> comm;
+  };
+  std::mutex mu;
+  int live = 0;
+  bool aborted = false;
+  std::vector<Parts> held;
+};
+
 struct ncclComm {
   static constexpr uint64_t kMagic = 0x74757474436f6d6dull;
   uint64_t magic = kMagic;
@@ -80,6 +99,7 @@ struct ncclComm {
     bool live;
   };
   std::vector<UserOp> redops;
+  std::shared_ptr<Clique> clique;  // made together with others by one thread; null otherwise
 };
 
 namespace {
@@ -463,6 +483,11 @@ ncclResult_t execute(std::vector<PendingOp> ops) {
 // Runs the inits of a group side by side. A communicator whose init fails keeps the error as its
 // async error (ncclCommGetAsyncError) and the group returns the first one, as NCCL does.
 ncclResult_t run_inits(std::vector<PendingInit>& inits) {
+  if (inits.size() > 1) {
+    auto clique = std::make_shared<Clique>();
+    clique->live = static_cast<int>(inits.size());
+    for (PendingInit& i : inits) i.comm->clique = clique;
+  }
   auto results = side_by_side(inits.size(), "ncclCommInitRank (in a group)", [&](size_t k) { inits[k].init(); });
   for (size_t k = 0; k < inits.size(); ++k) inits[k].comm->async = results[k];
   for (ncclResult_t rc : results)
@@ -630,8 +655,11 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* 
     TUTTI_CHECK(comms, InvalidArgument, "ncclCommInitAll: comms is NULL");
     TUTTI_CHECK(ndev >= 1, InvalidArgument, "ncclCommInitAll: ndev {} must be at least 1", ndev);
     auto all = Communicator::create_local(ndev);
+    auto clique = std::make_shared<Clique>();
+    clique->live = ndev;
     for (int r = 0; r < ndev; ++r) {
       auto* c = new ncclComm();
+      c->clique = clique;
       c->cuda_dev = devlist ? devlist[r] : r;  // as NCCL: the devices listed, else 0..ndev-1
       c->emulated = emulated_device();
       c->device_options = device::DeviceOptions::from_env();
@@ -726,17 +754,37 @@ ncclResult_t release(ncclComm_t comm, bool abort, const char* fn) {
     comm->worker.reset();  // runs what is queued (failing fast after an abort), then stops
     comm->staging.reset();  // its proxy runs what the streams hand it (nothing after an abort), then stops
     comm->magic = 0;
-    if (!abort && comm->device) {
-      try {
-        comm->device->close();  // with every rank: then no peer uses this rank's FIFOs any more
-      } catch (const Error& e) {
-        TUTTI_WARN("{}: closing the device executor: {}", fn, e.what());
+    std::vector<Clique::Parts> parts;
+    bool close = !abort;
+    if (std::shared_ptr<Clique> clique = comm->clique) {
+      std::lock_guard lock(clique->mu);
+      clique->aborted = clique->aborted || abort;
+      clique->held.push_back({std::move(comm->device), std::move(comm->dispatcher), std::move(comm->comm)});
+      if (--clique->live > 0) {
+        delete comm;  // the runtime parts wait in the clique for the last destroy
+        return ncclSuccess;
       }
+      parts.swap(clique->held);
+      close = !clique->aborted;
+    } else {
+      parts.push_back({std::move(comm->device), std::move(comm->dispatcher), std::move(comm->comm)});
     }
-    comm->device.reset();
-    comm->dispatcher.reset();
-    comm->comm.reset();  // flushes (destroy) or just frees (abort)
     delete comm;
+    // With every rank: then no peer uses this rank's FIFOs any more. A clique's ranks close side
+    // by side (each one's close waits for the others).
+    if (close) {
+      std::vector<size_t> open;
+      for (size_t k = 0; k < parts.size(); ++k)
+        if (parts[k].device) open.push_back(k);
+      const auto results = side_by_side(open.size(), fn, [&](size_t k) { parts[open[k]].device->close(); });
+      for (ncclResult_t rc : results)
+        if (rc != ncclSuccess) TUTTI_WARN("{}: closing the device executor: {}", fn, t_last_error);
+    }
+    for (Clique::Parts& p : parts) {
+      p.device.reset();
+      p.dispatcher.reset();
+      p.comm.reset();  // flushes (destroy) or just frees (abort)
+    }
     return ncclSuccess;
   });
 }

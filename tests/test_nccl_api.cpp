@@ -3,6 +3,7 @@
 // bad calls, abort, non-blocking communicators, split, and memory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstring>
@@ -785,4 +786,35 @@ TEST(NcclApi, DeviceCollectiveWithoutItsPeerTimesOutNamingIt) {
       EXPECT_EQ(async, ncclRemoteError);
     }
   });
+}
+
+// NCCL's "single process, single thread, multiple devices" example: one thread makes every rank
+// (ncclCommInitAll, or ncclCommInitRank calls in a group), runs a grouped collective on device
+// buffers (the emulated device), and destroys the communicators one after another. Closing a
+// device executor waits for every rank, so the clique closes together at the last destroy instead
+// of the first destroy waiting for ranks not destroyed yet.
+TEST(NcclApi, OneThreadDestroysItsDeviceCommunicatorsOneAfterAnother) {
+  tutti::test_support::ScopedEnv env({{"TUTTI_DEVICE", "emulated"}});
+  const int n = 3;
+  for (bool grouped_init : {false, true}) {
+    SCOPED_TRACE(grouped_init ? "ncclCommInitRank in a group" : "ncclCommInitAll");
+    std::vector<ncclComm_t> comms(n);
+    if (grouped_init) {
+      ncclUniqueId id;
+      ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+      ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+      for (int r = 0; r < n; ++r) ASSERT_EQ(ncclCommInitRank(&comms[r], n, id, r), ncclSuccess);
+      ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    } else {
+      ASSERT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
+    }
+    std::vector<std::vector<float>> bufs(n, std::vector<float>(1000));
+    for (int r = 0; r < n; ++r) std::fill(bufs[r].begin(), bufs[r].end(), static_cast<float>(r + 1));
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r)
+      ASSERT_EQ(ncclAllReduce(bufs[r].data(), bufs[r].data(), 1000, ncclFloat, ncclSum, comms[r], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(bufs[r][999], 6.0f);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess) << ncclGetLastError(nullptr);
+  }
 }

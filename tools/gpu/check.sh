@@ -55,6 +55,13 @@ want cuda && check test_cuda_graph 60 test_cuda_graph
 # The fused ZeRO step's plan in the device interpreter (one pass, kernels on the GPU), 2 and 4 ranks
 # as threads, against the CPU executor.
 want cuda && check test_cuda_fused 120 test_cuda_fused
+# The fused ZeRO step on device buffers (tuttiRunPlan) against NCCL collectives + grid-wide kernels:
+# checked to rounding, then timed (issue 20's GPU figure), 2 and 4 ranks sharing the GPU.
+want cuda && check fused_device_check 60 tutti-fused-device-bench --check --ranks 2 --mib 16
+want cuda && for n in 2 4; do
+  check "fused_device_zero_ranks$n" 120 tutti-fused-device-bench --ranks $n --mib 64 --iters 10
+done
+want cuda && for f in "$logs"/fused_device_zero_*.log; do echo "## $(basename "$f" .log)"; sed 's/^/  /' "$f"; done
 
 # 2. Measurements (threads on the one GPU), printed for the notes.
 want bench && check bench_d2d 60 python3 "$pack/d2d_rate.py"

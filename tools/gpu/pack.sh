@@ -14,7 +14,7 @@ grep -qs '^/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/nccl-tests"
 
 for b in tutti-run tutti-perf tutti-compile tutti-device-reduce-bench test_cuda test_cuda_graph test_cuda_fused test_device_executor \
-         tutti-train test_trainer trainer-parity tutti-fused-bench; do
+         tutti-train test_trainer trainer-parity tutti-fused-bench tutti-fused-device-bench; do
   [ -x "$build/bin/$b" ] && strip -o "$out/bin/$b" "$build/bin/$b"
 done
 strip -o "$out/lib/libtutti.so" "$build/lib/libtutti.so"
