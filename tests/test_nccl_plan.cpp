@@ -180,6 +180,26 @@ TEST(TuttiRunPlan, RunsInAGroupBesideACollective) {
   EXPECT_EQ(tuttiPlanFree(plan), ncclSuccess);
 }
 
+// ncclGroupSimulateEnd predicts a group's plans without running them (the simulator on this host's
+// topology): a time above zero, and the buffers untouched.
+TEST(TuttiRunPlan, GroupSimulateEndPredictsAPlanWithoutRunningIt) {
+  const int n = 2, pieces = 2;
+  const int64_t shard = pieces * 64;
+  tuttiPlan_t plan = zero_plan(n, pieces);
+  const std::vector<double> scalars = tutti::fused::zero_step_scalars(tutti::test_support::zero_step_options());
+  on_ranks(n, [&](int r, ncclComm_t comm) {
+    ZeroBuffers x = tutti::test_support::zero_rank_inputs(n, r, shard);
+    ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    ASSERT_EQ(run_zero(plan, x, shard, scalars, comm), ncclSuccess);
+    ASSERT_EQ(ncclGroupSimulateEnd(&sim), ncclSuccess) << ncclGetLastError(comm);
+    EXPECT_GT(sim.estimatedTime, 0.0f);
+    EXPECT_EQ(x.stats[0], -1.0f) << "the simulated group ran";
+    EXPECT_EQ(x.params, tutti::test_support::zero_rank_inputs(n, r, shard).params);
+  });
+  EXPECT_EQ(tuttiPlanFree(plan), ncclSuccess);
+}
+
 void expect_refused(ncclResult_t rc, ncclComm_t comm, const std::vector<std::string>& words) {
   EXPECT_EQ(rc, ncclInvalidArgument);
   const std::string why = ncclGetLastError(comm);
