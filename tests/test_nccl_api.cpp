@@ -17,23 +17,11 @@
 
 #include "collectives/include/nccl.h"
 #include "support/env.hpp"
+#include "support/nccl_ranks.hpp"
 
 namespace {
 
-// Runs fn(rank, comm) on one thread per rank over a fresh communicator.
-void on_ranks(int n, const std::function<void(int, ncclComm_t)>& fn) {
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      ncclComm_t comm;
-      ASSERT_EQ(ncclCommInitRank(&comm, n, id, r), ncclSuccess) << ncclGetLastError(nullptr);
-      fn(r, comm);
-      EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
-    });
-  for (auto& t : threads) t.join();
-}
+using tutti::test_support::on_nccl_ranks;
 
 // n communicators made at once on threads, for tests that drive (or destroy) them unevenly.
 std::vector<ncclComm_t> comms_made_on_threads(int n) {
@@ -68,7 +56,7 @@ TEST(NcclApi, VersionAndErrorStrings) {
 
 TEST(NcclApi, OneRankPerThreadEveryCollective) {
   const int n = 4, count = 1001;
-  on_ranks(n, [&](int r, ncclComm_t comm) {
+  on_nccl_ranks(n, [&](int r, ncclComm_t comm) {
     std::vector<float> in(count * n), out(count * n);
     for (int i = 0; i < count * n; ++i) in[i] = static_cast<float>(r * 3 + i % 5);
     ASSERT_EQ(ncclAllReduce(in.data(), out.data(), count, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
@@ -95,7 +83,7 @@ TEST(NcclApi, OneRankPerThreadEveryCollective) {
 
 TEST(NcclApi, InPlaceVariantsAsNcclDefinesThem) {
   const int n = 3, count = 77;
-  on_ranks(n, [&](int r, ncclComm_t comm) {
+  on_nccl_ranks(n, [&](int r, ncclComm_t comm) {
     std::vector<int32_t> buf(count * n);
     for (int i = 0; i < count; ++i) buf[r * count + i] = r * 100 + i;
     // All-gather in place: sendbuff = recvbuff + rank * count.
@@ -390,7 +378,7 @@ TEST(NcclApi, GroupSimulateEndPredictsWithoutRunning) {
 
 TEST(NcclApi, AllToAllGatherScatterThroughGroupedSendRecv) {
   const int n = 4, count = 33;
-  on_ranks(n, [&](int r, ncclComm_t comm) {
+  on_nccl_ranks(n, [&](int r, ncclComm_t comm) {
     std::vector<int64_t> send(count * n), recv(count * n, -1);
     for (int q = 0; q < n; ++q)
       for (int i = 0; i < count; ++i) send[q * count + i] = r * 1000 + q * 10 + i;
@@ -428,7 +416,7 @@ TEST(NcclApi, AllToAllGatherScatterThroughGroupedSendRecv) {
 // NCCL 2.28's gather, scatter and all-to-all spelling, and windows.
 TEST(NcclApi, GatherScatterAndAlltoAllOfNccl228) {
   const int n = 3, count = 17;
-  on_ranks(n, [&](int r, ncclComm_t comm) {
+  on_nccl_ranks(n, [&](int r, ncclComm_t comm) {
     std::vector<int32_t> send(count * n), recv(count * n, -1);
     for (int i = 0; i < count * n; ++i) send[i] = r * 1000 + i;
     ASSERT_EQ(ncclGather(send.data(), recv.data(), count, ncclInt32, 2, comm, nullptr), ncclSuccess);
@@ -451,7 +439,7 @@ TEST(NcclApi, GatherScatterAndAlltoAllOfNccl228) {
 
 TEST(NcclApi, PreMulSumAndAverage) {
   const int n = 3;
-  on_ranks(n, [&](int r, ncclComm_t comm) {
+  on_nccl_ranks(n, [&](int r, ncclComm_t comm) {
     float scalar = 2.0f;
     ncclRedOp_t op;
     ASSERT_EQ(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, comm), ncclSuccess);
@@ -468,7 +456,7 @@ TEST(NcclApi, PreMulSumAndAverage) {
 }
 
 TEST(NcclApi, BadCallsReturnErrorsThatSayWhatWasWrong) {
-  on_ranks(2, [&](int r, ncclComm_t comm) {
+  on_nccl_ranks(2, [&](int r, ncclComm_t comm) {
     float x[4] = {};
     EXPECT_EQ(ncclAllReduce(nullptr, x, 4, ncclFloat, ncclSum, comm, nullptr), ncclInvalidArgument);
     EXPECT_NE(std::string(ncclGetLastError(comm)).find("sendbuff is NULL with count 4"), std::string::npos);
@@ -501,7 +489,7 @@ TEST(NcclApi, MismatchedCountsAreCaughtWithTuttiCheck) {
   std::vector<std::string> errors(2);
   {
     tutti::test_support::ScopedEnv env({{"TUTTI_CHECK", "1"}});
-    on_ranks(2, [&](int r, ncclComm_t comm) {
+    on_nccl_ranks(2, [&](int r, ncclComm_t comm) {
       std::vector<float> x(200);
       results[r] = ncclAllReduce(x.data(), x.data(), r == 0 ? 100 : 200, ncclFloat, ncclSum, comm, nullptr);
       errors[r] = ncclGetLastError(comm);
@@ -543,7 +531,7 @@ TEST(NcclApi, MismatchedSmallCallsAreCaughtWithoutTuttiCheck) {
     std::vector<ncclResult_t> results(2), after(2);
     std::vector<std::string> errors(2);
     std::vector<std::vector<float>> sums(2);
-    on_ranks(2, [&](int r, ncclComm_t comm) {
+    on_nccl_ranks(2, [&](int r, ncclComm_t comm) {
       std::vector<float> x(64, 1.0f);
       results[r] = k.call(r, comm, x.data());
       errors[r] = ncclGetLastError(comm);
@@ -595,7 +583,7 @@ TEST(NcclApi, MismatchedPlanCallsFailOnTheFirstMessage) {
       tutti::test_support::ScopedEnv env({{"TUTTI_MAILBOX_SIZE", "0"}, {"TUTTI_TRANSPORT", transport}, {"TUTTI_TIMEOUT", "60"}});
       std::vector<ncclResult_t> results(2);
       std::vector<std::string> errors(2);
-      on_ranks(2, [&](int r, ncclComm_t comm) {
+      on_nccl_ranks(2, [&](int r, ncclComm_t comm) {
         std::vector<float> x(2 * n, 1.0f);
         results[r] = k.call(r, comm, x.data());
         errors[r] = ncclGetLastError(comm);
@@ -734,7 +722,7 @@ TEST(NcclApi, NonBlockingCommunicatorsFollowTheInProgressProtocol) {
 TEST(NcclApi, SplitMemAllocAndRegistration) {
   const int n = 4;
   std::vector<void*> freed(n, nullptr);
-  on_ranks(n, [&](int r, ncclComm_t comm) {
+  on_nccl_ranks(n, [&](int r, ncclComm_t comm) {
     ncclComm_t half;
     ASSERT_EQ(ncclCommSplit(comm, r == 3 ? NCCL_SPLIT_NOCOLOR : r % 2, r, &half, nullptr), ncclSuccess);
     if (r == 3) {
@@ -770,7 +758,7 @@ TEST(NcclApi, SplitMemAllocAndRegistration) {
 TEST(NcclApi, DeviceCollectiveWithoutItsPeerTimesOutNamingIt) {
   // 2 s: no wait of the joint first call times out on a loaded machine.
   tutti::test_support::ScopedEnv env({{"TUTTI_DEVICE", "emulated"}, {"TUTTI_TIMEOUT", "2"}});
-  on_ranks(2, [&](int r, ncclComm_t comm) {
+  on_nccl_ranks(2, [&](int r, ncclComm_t comm) {
     std::vector<float> buf(4096, 1.0f);
     ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr), ncclSuccess)
         << ncclGetLastError(comm);

@@ -19,6 +19,7 @@
 #include "collectives/include/nccl.h"
 #include "collectives/include/tutti_nccl.h"
 #include "support/env.hpp"
+#include "support/nccl_ranks.hpp"
 #include "support/zero_data.hpp"
 #include "tutti/fused.hpp"
 #include "tutti/plan.hpp"
@@ -27,20 +28,7 @@ namespace {
 
 using tutti::test_support::ZeroBuffers;
 
-// fn(rank, comm) on one thread per rank over a fresh communicator.
-void on_ranks(int n, const std::function<void(int, ncclComm_t)>& fn) {
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      ncclComm_t comm;
-      ASSERT_EQ(ncclCommInitRank(&comm, n, id, r), ncclSuccess) << ncclGetLastError(nullptr);
-      fn(r, comm);
-      EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
-    });
-  for (auto& t : threads) t.join();
-}
+using tutti::test_support::on_nccl_ranks;
 
 // The ZeRO step's plan for n ranks as the NCCL API takes it: compiled, verified, its JSON text
 // parsed (and verified) again.
@@ -65,7 +53,7 @@ std::vector<ZeroBuffers> zero_step(int n, int pieces, int64_t shard, bool device
   tuttiPlan_t plan = zero_plan(n, pieces);
   auto buffers = tutti::test_support::zero_inputs(n, shard, false);
   const std::vector<double> scalars = tutti::fused::zero_step_scalars(tutti::test_support::zero_step_options());
-  on_ranks(n, [&](int r, ncclComm_t comm) {
+  on_nccl_ranks(n, [&](int r, ncclComm_t comm) {
     ASSERT_EQ(run_zero(plan, buffers[static_cast<size_t>(r)], shard, scalars, comm), ncclSuccess)
         << ncclGetLastError(comm);
   });
@@ -133,7 +121,7 @@ TEST(TuttiRunPlan, RunsAnMscclAlgorithmFileOnHostAndDeviceBuffers) {
     tutti::test_support::ScopedEnv env({{"TUTTI_DEVICE", device}});
     const int n = 4;
     const size_t count = 64;
-    on_ranks(n, [&](int r, ncclComm_t comm) {
+    on_nccl_ranks(n, [&](int r, ncclComm_t comm) {
       std::vector<float> in(count), out(count * n, -1.0f);
       for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(r * 1000 + static_cast<int>(i));
       ASSERT_EQ(tuttiRunPlan(plan, in.data(), out.data(), count, ncclFloat32, ncclSum, nullptr, 0, nullptr, 0, comm,
@@ -187,7 +175,7 @@ TEST(TuttiRunPlan, GroupSimulateEndPredictsAPlanWithoutRunningIt) {
   const int64_t shard = pieces * 64;
   tuttiPlan_t plan = zero_plan(n, pieces);
   const std::vector<double> scalars = tutti::fused::zero_step_scalars(tutti::test_support::zero_step_options());
-  on_ranks(n, [&](int r, ncclComm_t comm) {
+  on_nccl_ranks(n, [&](int r, ncclComm_t comm) {
     ZeroBuffers x = tutti::test_support::zero_rank_inputs(n, r, shard);
     ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
@@ -220,7 +208,7 @@ TEST(TuttiRunPlan, RefusesBadCallsNamingWhatIsWrong) {
   tuttiPlan_t two = zero_plan(2, 2);
   const int64_t shard = 2 * 64;
   const std::vector<double> scalars = tutti::fused::zero_step_scalars(tutti::test_support::zero_step_options());
-  on_ranks(2, [&](int r, ncclComm_t comm) {
+  on_nccl_ranks(2, [&](int r, ncclComm_t comm) {
     ZeroBuffers x = tutti::test_support::zero_rank_inputs(2, r, shard);
     void* states[] = {x.params.data(), x.m.data(), x.v.data(), x.stats.data()};
     expect_refused(tuttiRunPlan(nullptr, x.grads.data(), nullptr, shard, ncclFloat32, ncclSum, states, 4, scalars.data(),
@@ -261,7 +249,7 @@ TEST(TuttiRunPlan, RefusesDeviceCallsTheDeviceCannotRun) {
   const std::vector<double> scalars = tutti::fused::zero_step_scalars(tutti::test_support::zero_step_options());
   {
     tutti::test_support::ScopedEnv env({{"TUTTI_DEVICE", "emulated"}});
-    on_ranks(2, [&](int r, ncclComm_t comm) {
+    on_nccl_ranks(2, [&](int r, ncclComm_t comm) {
       ZeroBuffers x = tutti::test_support::zero_rank_inputs(2, r, shard);
       const std::vector<double> few(scalars.begin(), scalars.begin() + 2);
       expect_refused(run_zero(plan, x, shard, few, comm), comm, {"zero_step", "scalar"});
@@ -274,7 +262,7 @@ TEST(TuttiRunPlan, RefusesDeviceCallsTheDeviceCannotRun) {
   }
   {
     tutti::test_support::ScopedEnv env({{"TUTTI_DEVICE", "emulated"}, {"TUTTI_DEVICE_STAGING", "1"}});
-    on_ranks(2, [&](int r, ncclComm_t comm) {
+    on_nccl_ranks(2, [&](int r, ncclComm_t comm) {
       ZeroBuffers x = tutti::test_support::zero_rank_inputs(2, r, shard);
       expect_refused(run_zero(plan, x, shard, scalars, comm), comm, {"zero_step", "state buffers", "TUTTI_DEVICE_STAGING"});
     });
