@@ -556,15 +556,16 @@ Calibration calibrate(Communicator& comm) {
   std::vector<std::pair<uint64_t, std::pair<double, double>>> copy_points;
   if (single_copy) {
     const uint64_t was = comm.options().shm_single_copy_threshold;
-    for (uint64_t s = 64u << 10; s <= (64u << 20); s *= 4) {
+    const bool adaptive = comm.options().shm_single_copy_adaptive;
+    for (uint64_t s = 64u << 10; s <= (64u << 20); s *= 4) {  // each mode alone, not chosen by rates
       const int iters = std::max<int>(2, static_cast<int>((32u << 20) / s));
-      comm.set_single_copy_threshold(UINT64_MAX);
+      comm.set_single_copy(UINT64_MAX, false);
       const double fifo = exchange_rate(comm, s, iters);
-      comm.set_single_copy_threshold(s);
+      comm.set_single_copy(s, false);
       const double direct = exchange_rate(comm, s, iters);
       copy_points.push_back({s, {fifo, direct}});
     }
-    comm.set_single_copy_threshold(was);
+    comm.set_single_copy(was, adaptive);
   }
   // The curve under a collective's load: ping-pong times up to 512 B (latency-bound, one message
   // each way looks the same), exchange times from 4 KiB.

@@ -188,7 +188,7 @@ void Dispatcher::apply_calibration() {
   const CommOptions& now = comm_.options();
   if (cal->single_copy_threshold != 0 && !chosen("TUTTI_SHM_CMA_THRESHOLD") &&
       now.shm_single_copy_threshold == defaults.shm_single_copy_threshold) {
-    comm_.set_single_copy_threshold(cal->single_copy_threshold);
+    comm_.set_single_copy(cal->single_copy_threshold, now.shm_single_copy_adaptive);
     TUTTI_INFO(log::kTuning, "rank {}: single copy from {} bytes (calibrated for {} ranks over shm)", comm_.rank(),
                cal->single_copy_threshold, n);
   }

@@ -41,9 +41,14 @@ constexpr Variable kVariables[] = {
      "Shared-memory messages of at least this size go by reference when the receiver can read the source in place "
      "(ranks that are threads of one process, or buffers from ncclMemAlloc): one copy, no system call."},
     {"TUTTI_SHM_CMA_THRESHOLD", "", "64M",
-     "Smallest message sent by single copy instead of through the FIFO. Unset, the value tutti-tune --calibrate "
-     "measured for this machine and rank count is used, else 64M: on our 2-core machines the FIFO, whose two "
-     "copies run on two cores at once, streams faster up to at least 16 MiB (docs/PERFORMANCE.md)."},
+     "Smallest message always sent by single copy instead of through the FIFO. Unset, the value tutti-tune "
+     "--calibrate measured for this machine and rank count is used, else 64M, and smaller messages of a FIFO slot "
+     "or more choose by measured rates (TUTTI_SHM_CMA_ADAPTIVE); set, it alone decides."},
+    {"TUTTI_SHM_CMA_ADAPTIVE", "", "1",
+     "Between processes, messages of at least one FIFO slot and below TUTTI_SHM_CMA_THRESHOLD go by FIFO or by "
+     "single copy, whichever each connection measures faster, trying the other now and then: which one wins "
+     "depends on how near the two cores are, which a VM changes at run time (docs/ARCHITECTURE.md). 0: the "
+     "threshold alone decides."},
     {"TUTTI_TCP_NSOCKS", "", "2", "TCP sockets per peer and channel; large messages are striped across them."},
     {"TUTTI_TCP_STRIPE_THRESHOLD", "", "256K", "Smallest TCP message striped across all sockets of a peer."},
     {"TUTTI_SPIN", "", "200",

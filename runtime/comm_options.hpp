@@ -19,6 +19,9 @@ struct CommOptions {
   uint64_t shm_slot_size = 128 << 10;
   bool shm_single_copy = true;
   uint64_t shm_single_copy_threshold = 64 << 20;
+  // Below the threshold, messages of a FIFO slot or more choose the FIFO or single copy by the
+  // rates measured on each connection (runtime/transport/single_copy_choice.hpp).
+  bool shm_single_copy_adaptive = true;
   uint64_t shm_zero_copy_threshold = 32 << 10;
   int tcp_sockets = 2;
   uint64_t tcp_stripe_threshold = 256 << 10;

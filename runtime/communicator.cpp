@@ -51,6 +51,8 @@ CommOptions CommOptions::from_env() {
   o.shm_slot_size = env::get_size("TUTTI_SHM_SLOT_SIZE");
   o.shm_single_copy = env::get_bool("TUTTI_SHM_CMA");
   o.shm_single_copy_threshold = env::get_size("TUTTI_SHM_CMA_THRESHOLD");
+  // A threshold the user sets is obeyed as it is: nothing below it goes by single copy.
+  o.shm_single_copy_adaptive = env::get_bool("TUTTI_SHM_CMA_ADAPTIVE") && !env::is_set("TUTTI_SHM_CMA_THRESHOLD");
   o.shm_zero_copy_threshold = env::get_size("TUTTI_SHM_ZERO_COPY_THRESHOLD");
   o.tcp_sockets = static_cast<int>(env::get_int("TUTTI_TCP_NSOCKS"));
   o.tcp_stripe_threshold = env::get_size("TUTTI_TCP_STRIPE_THRESHOLD");
@@ -228,11 +230,12 @@ Communicator::~Communicator() {
 
 void Communicator::revoke() { state_->revoke(); }
 
-void Communicator::set_single_copy_threshold(uint64_t bytes) {
-  options_.shm_single_copy_threshold = bytes;
+void Communicator::set_single_copy(uint64_t threshold, bool adaptive) {
+  options_.shm_single_copy_threshold = threshold;
+  options_.shm_single_copy_adaptive = adaptive;
   for (auto& channel : connections_)
     for (auto& c : channel)
-      if (c) c->set_single_copy_threshold(bytes);
+      if (c) c->set_single_copy(threshold, adaptive);
 }
 
 void Communicator::set_fifo_layout(uint32_t slots, uint64_t slot_bytes) {
@@ -326,7 +329,8 @@ void Communicator::connect_channels(int n) {
     for (size_t p = 0; p < conns.size(); ++p)
       if (conns[p]) {
         engine_->add(conns[p].get());
-        conns[p]->set_single_copy_threshold(options_.shm_single_copy_threshold);  // it may have changed since
+        // It may have changed since the transport was made.
+        conns[p]->set_single_copy(options_.shm_single_copy_threshold, options_.shm_single_copy_adaptive);
         apply_faults(*conns[p], static_cast<int>(p));
       }
     connections_.push_back(std::move(conns));

@@ -88,9 +88,11 @@ class Communicator {
   // TUTTI_FAULT's faults for this rank, or null (runtime/fault.hpp).
   FaultInjector* faults() { return faults_.get(); }
   // From what message size shared-memory connections between processes read the sender's buffer
-  // directly (single copy) instead of through the FIFO: this and later connections. Local: each
-  // rank decides for what it sends. The calibration measures it per machine (collectives/calibrate.hpp).
-  void set_single_copy_threshold(uint64_t bytes);
+  // directly (single copy) instead of through the FIFO, and whether smaller messages of a FIFO slot
+  // or more choose by measured rates (runtime/transport/single_copy_choice.hpp): this and later
+  // connections. Local: each rank decides for what it sends. The calibration measures the
+  // threshold per machine (collectives/calibrate.hpp).
+  void set_single_copy(uint64_t threshold, bool adaptive);
   // The shared-memory FIFO layout of channels connected from now on (TUTTI_SHM_SLOTS x
   // TUTTI_SHM_SLOT_SIZE). Every rank must set the same before they connect a channel (a mismatch
   // fails the connection, naming both layouts). The calibration measures it per machine.

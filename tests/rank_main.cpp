@@ -1,6 +1,7 @@
 // tutti-test-rank: one rank of a multi-process test, started by tutti-run or by a test harness.
 //
-//   tutti-test-rank exchange [max_bytes]  random traffic with every peer (support/exchange.hpp)
+//   tutti-test-rank exchange [max_bytes [min_bytes messages]]  random traffic with every peer
+//                                         (support/exchange.hpp)
 //   tutti-test-rank kill VICTIM           VICTIM kills itself after setup; survivors must get a
 //                                         RemoteError naming it (exit 3), not hang
 //   tutti-test-rank split                 split into even/odd ranks and exchange in each half
@@ -47,6 +48,10 @@ int main(int argc, char** argv) {
       test_support::ExchangeSpec spec;
       spec.max_bytes = argc > 2 ? std::strtoull(argv[2], nullptr, 0) : (comm->size() >= 8 ? 1 << 20 : 4 << 20);
       spec.messages = comm->size() >= 8 ? 6 : 10;
+      if (argc > 4) {
+        spec.min_bytes = std::strtoull(argv[3], nullptr, 0);
+        spec.messages = std::atoi(argv[4]);
+      }
       size_t got = test_support::random_exchange(*comm, spec);
       std::printf("rank %d: received %zu bytes from %d peers over %s, all verified\n", comm->rank(), got,
                   comm->size() - 1, comm->size() > 1 ? comm->transport_to((comm->rank() + 1) % comm->size()) : "-");

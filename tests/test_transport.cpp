@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "runtime/shm_segment.hpp"
 #include "runtime/transport/shm.hpp"
+#include "tests/support/env.hpp"
 #include "tests/support/exchange.hpp"
 
 using namespace tutti;
@@ -197,3 +198,81 @@ TEST(SharedSegments, AreOwnerOnlyUnguessableAndForeignOnesAreRefused) {
 
 }  // namespace
 }  // namespace tutti
+
+// The FIFO/single-copy choice between processes (runtime/transport/single_copy_choice.hpp), fed
+// with costs as the connection measures them (ns per MiB).
+TEST(SingleCopyChoice, FollowsTheMeasuredCostsAndTriesTheLoserNowAndThen) {
+  const uint64_t slot = 256 << 10;
+  SingleCopyChoice near(slot, 64 << 20, true);
+  // Nothing measured yet: the FIFO, which measures itself.
+  EXPECT_FALSE(near.single_copy(1 << 20, 0, 0));
+  near.sent(slot, 45'000.0 / 4);  // 45 us per MiB
+  EXPECT_DOUBLE_EQ(near.send_ns_per_mib(), 45'000);
+  // The FIFO measured, single copy not: tried at the 8th message that qualifies, then seldom.
+  int tried = 0, first = 0;
+  for (int m = 2; m <= 300; ++m)
+    if (near.single_copy(1 << 20, 40'000, 0)) {
+      ++tried;
+      if (!first) first = m;
+    }
+  EXPECT_EQ(first, static_cast<int>(SingleCopyChoice::kFirstProbe));
+  EXPECT_EQ(tried, 2);  // the 8th and the 264th
+  // Cores near each other: the FIFO's two copies (85 us per MiB) beat single copy (240): single copy
+  // only once in kProbeCma messages.
+  int cma = 0;
+  for (int m = 0; m < 1024; ++m) cma += near.single_copy(1 << 20, 40'000, 240'000);
+  EXPECT_EQ(cma, 1024 / static_cast<int>(SingleCopyChoice::kProbeCma));
+  // Cores far apart: the sender's copy into slots the receiver's cache holds slows to 140 us per MiB;
+  // single copy wins (95 against 205) and the FIFO is tried once in kProbeFifo.
+  SingleCopyChoice far(slot, 64 << 20, true);
+  for (int s = 0; s < 16; ++s) far.sent(slot, 140'000.0 / 4);
+  EXPECT_NEAR(far.send_ns_per_mib(), 140'000, 1);
+  int fifo = 0;
+  for (int m = 0; m < 1024; ++m) fifo += !far.single_copy(1 << 20, 65'000, 95'000);
+  EXPECT_EQ(fifo, 1024 / static_cast<int>(SingleCopyChoice::kProbeFifo));
+  // A near-tie stays with the FIFO (single copy must win by 10 %).
+  int tie = 0;
+  for (int m = 0; m < 100; ++m) tie += far.single_copy(1 << 20, 65'000, 190'000);
+  EXPECT_LE(tie, 1);
+}
+
+TEST(SingleCopyChoice, ThresholdAndSlotBoundTheMeasuredChoice) {
+  const uint64_t slot = 256 << 10;
+  SingleCopyChoice c(slot, 8 << 20, true);
+  c.sent(slot, 100'000);  // a very slow FIFO: single copy wins wherever the rates decide
+  for (int m = 0; m < 100; ++m) {
+    EXPECT_FALSE(c.single_copy(slot - 1, 400'000, 1'000)) << "below one slot: always the FIFO";
+    EXPECT_TRUE(c.single_copy(8 << 20, 1, 1'000'000)) << "at the threshold: always single copy";
+  }
+  // Adaptation off (TUTTI_SHM_CMA_ADAPTIVE=0 or a threshold the user set): the threshold alone.
+  c.set_adaptive(false);
+  for (int m = 0; m < 100; ++m) EXPECT_FALSE(c.single_copy(1 << 20, 400'000, 1'000));
+  EXPECT_TRUE(c.single_copy(8 << 20, 400'000, 1'000));
+  c.set_threshold(512 << 10);
+  EXPECT_TRUE(c.single_copy(1 << 20, 0, 0));
+}
+
+TEST(SingleCopyChoice, TheUsersThresholdTurnsTheMeasuredChoiceOff) {
+  for (const char* set : {static_cast<const char*>(nullptr), "4M"}) {
+    test_support::ScopedEnv env({{"TUTTI_SHM_CMA_THRESHOLD", set}, {"TUTTI_SHM_CMA_ADAPTIVE", nullptr}});
+    CommOptions o = CommOptions::from_env();
+    EXPECT_EQ(o.shm_single_copy_adaptive, set == nullptr) << (set ? set : "unset");
+  }
+  test_support::ScopedEnv off({{"TUTTI_SHM_CMA_ADAPTIVE", "0"}});
+  EXPECT_FALSE(CommOptions::from_env().shm_single_copy_adaptive);
+}
+
+TEST(SingleCopyChoice, OneInterruptedCopyDoesNotSwingTheAverage) {
+  RateAverage r;
+  for (int i = 0; i < 8; ++i) r.add(1 << 20, 40'000);
+  r.add(1 << 20, 4'000'000);  // preempted in the middle of the copy
+  EXPECT_DOUBLE_EQ(r.ns_per_mib(), 40'000);
+  for (int i = 0; i < 8; ++i) r.add(1 << 20, 40'000);
+  // A lasting change (the cores moved apart) passes from its second sample on.
+  r.add(1 << 20, 140'000);
+  EXPECT_DOUBLE_EQ(r.ns_per_mib(), 40'000);
+  r.add(1 << 20, 140'000);
+  EXPECT_GT(r.ns_per_mib(), 60'000);
+  for (int i = 0; i < 16; ++i) r.add(1 << 20, 140'000);
+  EXPECT_NEAR(r.ns_per_mib(), 140'000, 1'000);
+}

@@ -121,7 +121,7 @@ class Connection {
   // Single copy (runtime/transport/shm.hpp): whether this connection can read the peer's memory
   // directly (process ranks with process_vm_readv), and from what message size it does.
   virtual bool can_single_copy() const { return false; }
-  virtual void set_single_copy_threshold(uint64_t /*bytes*/) {}
+  virtual void set_single_copy(uint64_t /*threshold*/, bool /*adaptive*/) {}
 
  protected:
   struct Op {

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -33,6 +34,8 @@ void init_fifo(void* at, const FifoLayout& layout, bool cma_ok) {
   f->cma_ok = cma_ok ? 1 : 0;
   f->slots = layout.slots;
   f->slot_size = layout.slot_size;
+  f->recv_cost.store(0);
+  f->cma_cost.store(0);
 }
 
 namespace {
@@ -110,6 +113,7 @@ class ShmTransport final : public Transport {
       ep.peer_pid = s.bootstrap.peer(p).pid;
       ep.same_process = ep.peer_pid == getpid();
       ep.cma_threshold = options_.shm_single_copy_threshold;
+      ep.cma_adaptive = options_.shm_single_copy_adaptive;
       ep.zero_copy_threshold = options_.shm_zero_copy_threshold;
       conns[p] = std::make_unique<ShmConnection>(s.rank, p, s.channel, ep);
     }
@@ -144,7 +148,10 @@ bool probe_single_copy(int pid, uint64_t address, uint64_t expect) {
 }
 
 ShmConnection::ShmConnection(int rank, int peer, int channel, ShmEndpoint ep)
-    : Connection(rank, peer, channel), ep_(ep), cma_(ep.out->cma_ok != 0) {}
+    : Connection(rank, peer, channel),
+      ep_(ep),
+      cma_(ep.out->cma_ok != 0),
+      choice_(ep.out->slot_size, ep.cma_threshold, ep.cma_adaptive) {}
 
 unsigned char* ShmConnection::slot(FifoControl* f, uint64_t index) const {
   FifoLayout l{f->slots, f->slot_size};
@@ -152,6 +159,14 @@ unsigned char* ShmConnection::slot(FifoControl* f, uint64_t index) const {
 }
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+double ns_since(Clock::time_point t0) { return std::chrono::duration<double, std::nano>(Clock::now() - t0).count(); }
+double cost_of(const std::atomic<uint64_t>& word) { return std::bit_cast<double>(word.load(std::memory_order_relaxed)); }
+void publish_cost(std::atomic<uint64_t>& word, const RateAverage& r) {
+  word.store(std::bit_cast<uint64_t>(r.ns_per_mib()), std::memory_order_relaxed);
+}
+
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14
 #endif
@@ -237,7 +252,9 @@ bool ShmConnection::progress_send() {
         std::memcpy(s + sizeof(SlotHeader), shared.segment.c_str(), shared.segment.size() + 1);
       }
     }
-    if (h.mode == SlotMode::kInline && !op.started && cma_ && op.bytes >= ep_.cma_threshold && op.bytes > 0) {
+    if (h.mode == SlotMode::kInline && !op.started && cma_ && op.bytes > 0 &&
+        (ep_.same_process ? op.bytes >= ep_.cma_threshold
+                          : choice_.single_copy(op.bytes, cost_of(f->recv_cost), cost_of(f->cma_cost)))) {
       h.mode = SlotMode::kAddress;
       h.source_address = reinterpret_cast<uint64_t>(op.data);
     }
@@ -247,7 +264,13 @@ bool ShmConnection::progress_send() {
       op.offset = op.bytes;
     } else {
       h.fragment_bytes = std::min<uint64_t>(slot_size, op.bytes - op.offset);
-      if (h.fragment_bytes) std::memcpy(s + sizeof(SlotHeader), op.data + op.offset, h.fragment_bytes);
+      if (measuring_sends() && h.fragment_bytes == slot_size) {  // full slots: the rate the choice compares
+        const auto t0 = Clock::now();
+        std::memcpy(s + sizeof(SlotHeader), op.data + op.offset, h.fragment_bytes);
+        choice_.sent(h.fragment_bytes, ns_since(t0));
+      } else if (h.fragment_bytes) {
+        std::memcpy(s + sizeof(SlotHeader), op.data + op.offset, h.fragment_bytes);
+      }
       op.offset += h.fragment_bytes;
       op.aux = UINT64_MAX;
     }
@@ -339,14 +362,16 @@ void ShmConnection::take_reference(const SlotHeader& h, const unsigned char* s, 
   if (const unsigned char* src = direct_source(h, s)) {
     if (to) std::memcpy(to, src, h.fragment_bytes);
     else deliver(op, 0, src, h.fragment_bytes);
-  } else if (to) {
-    copy_from_peer(to, h.source_address, h.fragment_bytes);
-  } else if (op.reduce) {
-    bounce_.resize(h.fragment_bytes);
-    copy_from_peer(bounce_.data(), h.source_address, h.fragment_bytes);
-    deliver(op, 0, bounce_.data(), h.fragment_bytes);
   } else {
-    copy_from_peer(op.data, h.source_address, h.fragment_bytes);
+    // Every read by process_vm_readv is timed: its rate is what the sender's choice weighs.
+    unsigned char* into = to ? to : op.reduce ? (bounce_.resize(h.fragment_bytes), bounce_.data()) : op.data;
+    const auto t0 = Clock::now();
+    copy_from_peer(into, h.source_address, h.fragment_bytes);
+    if (measuring_receives() && h.fragment_bytes >= in->slot_size) {
+      cma_rate_.add(h.fragment_bytes, ns_since(t0));
+      publish_cost(in->cma_cost, cma_rate_);
+    }
+    if (!to && op.reduce) deliver(op, 0, bounce_.data(), h.fragment_bytes);
   }
   FifoControl* f = ep_.in;
   f->tail.store(++tail_, std::memory_order_release);
@@ -422,7 +447,14 @@ bool ShmConnection::progress_recv() {
       take_reference(h, s, op, nullptr);
       op.offset = op.bytes;
     } else {
-      deliver(op, op.offset, s + sizeof(SlotHeader), h.fragment_bytes);
+      if (measuring_receives() && !op.reduce && h.fragment_bytes == f->slot_size) {
+        const auto t0 = Clock::now();
+        deliver(op, op.offset, s + sizeof(SlotHeader), h.fragment_bytes);
+        recv_rate_.add(h.fragment_bytes, ns_since(t0));
+        publish_cost(f->recv_cost, recv_rate_);
+      } else {
+        deliver(op, op.offset, s + sizeof(SlotHeader), h.fragment_bytes);
+      }
       op.offset += h.fragment_bytes;
       f->tail.store(++tail_, std::memory_order_release);
     }

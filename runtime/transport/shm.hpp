@@ -5,7 +5,9 @@
 // receiver's segment. Small messages are copied through the slots (split over several when large);
 // messages of at least `cma_threshold` bytes travel by single copy: the sender publishes its
 // buffer's address in one slot and the receiver copies straight from the sender's memory with
-// process_vm_readv (memcpy when both ranks are threads of one process), then acknowledges.
+// process_vm_readv (memcpy when both ranks are threads of one process), then acknowledges. Between
+// processes, messages of a slot or more below the threshold take whichever of the two the
+// connection measures faster (single_copy_choice.hpp).
 // Single copy is probed at setup and replaced by the FIFO when the kernel forbids it.
 //
 // Memory ordering (per FIFO):
@@ -41,6 +43,7 @@
 #include "runtime/shm_segment.hpp"
 #include "runtime/doorbell.hpp"
 #include "runtime/transport/connection.hpp"
+#include "runtime/transport/single_copy_choice.hpp"
 
 namespace tutti {
 
@@ -57,6 +60,11 @@ struct alignas(64) FifoControl {
   alignas(64) uint32_t cma_ok;                 // receiver can read the sender's memory (set at setup)
   uint32_t slots;
   uint64_t slot_size;
+  // The receiver's costs, ns per MiB as double bits (0: not measured), which the sender reads to
+  // choose between the FIFO and single copy (single_copy_choice.hpp): its plain copies out of full
+  // slots, and its single-copy reads. Relaxed: a stale value only delays a choice.
+  alignas(64) std::atomic<uint64_t> recv_cost;
+  std::atomic<uint64_t> cma_cost;
 };
 
 // How a slot carries its fragment.
@@ -108,6 +116,7 @@ struct ShmEndpoint {
   int peer_pid;
   bool same_process;
   uint64_t cma_threshold;
+  bool cma_adaptive;  // below cma_threshold, measured rates choose (single_copy_choice.hpp)
   // Messages of at least this many bytes go by reference when the receiver can read the source
   // directly: ranks that are threads of one process, or a source in a shared segment (ncclMemAlloc).
   uint64_t zero_copy_threshold;
@@ -121,7 +130,16 @@ class ShmConnection : public Connection {
   bool relieve() override;
   void withdraw() override;
   bool can_single_copy() const override { return cma_ && !ep_.same_process; }
-  void set_single_copy_threshold(uint64_t bytes) override { ep_.cma_threshold = bytes; }
+  // Whether copies are timed for the choice between FIFO and single copy (processes, adaptive): the
+  // sender's into our FIFO to the peer, the receiver's out of the peer's (published for the peer).
+  bool measuring_sends() const { return cma_ && !ep_.same_process && ep_.cma_adaptive; }
+  bool measuring_receives() const { return ep_.in->cma_ok != 0 && !ep_.same_process && ep_.cma_adaptive; }
+  void set_single_copy(uint64_t threshold, bool adaptive) override {
+    ep_.cma_threshold = threshold;
+    ep_.cma_adaptive = adaptive;
+    choice_.set_threshold(threshold);
+    choice_.set_adaptive(adaptive);
+  }
 
  protected:
   // A single copy already announced reads the sender's buffer: it cannot move.
@@ -143,6 +161,10 @@ class ShmConnection : public Connection {
 
   ShmEndpoint ep_;
   bool cma_;
+  // Between processes: FIFO or single copy for each large message, and the receiver's measured
+  // costs (published in ep_.in) that the peer's choice reads.
+  SingleCopyChoice choice_;
+  RateAverage recv_rate_, cma_rate_;
   size_t out_populated_ = 0, in_populated_ = 0;  // bytes of every FIFO slot mapped (populate() in shm.cpp)
   uint64_t head_ = 0, tail_seen_ = 0;  // sender side
   uint64_t tail_ = 0, head_seen_ = 0;  // receiver side

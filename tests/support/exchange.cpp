@@ -12,8 +12,9 @@ size_t message_bytes(const ExchangeSpec& spec, int src, int dst, int index) {
   if (index == 1 && src == 0 && dst == 1) return spec.big_bytes;
   std::mt19937_64 rng(spec.seed * 1000003u + static_cast<uint64_t>(src) * 7919u + static_cast<uint64_t>(dst) * 104729u +
                       static_cast<uint64_t>(index));
-  double hi = std::log(static_cast<double>(spec.max_bytes));
-  double x = std::uniform_real_distribution<double>(0, hi)(rng);
+  double lo = std::log(static_cast<double>(std::max<size_t>(1, spec.min_bytes)));
+  double hi = std::log(static_cast<double>(std::max(spec.max_bytes, spec.min_bytes)));
+  double x = std::uniform_real_distribution<double>(lo, hi)(rng);
   return std::max<size_t>(1, static_cast<size_t>(std::exp(x)));
 }
 

@@ -13,7 +13,8 @@ namespace tutti::test_support {
 struct ExchangeSpec {
   uint64_t seed = 1;
   int messages = 12;           // per ordered pair
-  size_t max_bytes = 4 << 20;  // random sizes are log-uniform in [1, max_bytes]
+  size_t max_bytes = 4 << 20;  // random sizes are log-uniform in [min_bytes, max_bytes]
+  size_t min_bytes = 1;
   size_t big_bytes = 64 << 20; // one message from rank 0 to rank 1 has exactly this size
   int channel = 0;
 };
