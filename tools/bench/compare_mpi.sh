@@ -63,6 +63,8 @@ perf_flags() { [[ $1 == alltoall ]] && echo "-A 1"; true; }
 for np in ${PROCS:-2 4 8}; do
   for coll in ${COLLS:-all_reduce all_gather reduce_scatter broadcast alltoall}; do
     for ((k = 0; k < rounds; ++k)); do
+      # Where the VM has put the cores this round (their distance decides FIFO against single copy).
+      "$build/bin/tutti-core-distance" | awk '{print $(NF-1)}' >> "$work/distance"
       "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll $(perf_flags $coll) -b $min -e $max \
         -f $factor -n $iters -w $warmup -c 0 | awk '/^ +[0-9]/ {print $1, $6}' > "$work/t$k"
       mpirun $mpirun_flags $np "$bench" $coll $min $max $factor $iters $warmup > "$work/m$k"
@@ -73,6 +75,8 @@ for np in ${PROCS:-2 4 8}; do
         "$build/bin/tutti-write-bound" --threads $np --bytes 16M --iters $iters | awk '{print $6}' > "$work/b$k"
       fi
     done
+    sort -g "$work/distance" | awk '{v[NR] = $1} END {printf "  cores: a cache line crosses between the first two in %d-%d ns (round trip, per round)\n", v[1], v[NR]}'
+    rm -f "$work/distance"
     median_rows "$work"/t* > "$work/t"
     median_rows "$work"/r* | cut -d" " -f2 > "$work/r"
     median_rows "$work"/m* | cut -d" " -f2 > "$work/m"
