@@ -208,7 +208,8 @@ TEST(SingleCopyChoice, FollowsTheMeasuredCostsAndTriesTheLoserNowAndThen) {
   EXPECT_FALSE(near.single_copy(1 << 20, 0, 0));
   near.sent(slot, 45'000.0 / 4);  // 45 us per MiB
   EXPECT_DOUBLE_EQ(near.send_ns_per_mib(), 45'000);
-  // The FIFO measured, single copy not: tried at the 8th message that qualifies, then seldom.
+  // The FIFO measured, single copy not: tried at the 8th, 16th and 24th messages that qualify (a
+  // median to start from), then seldom.
   int tried = 0, first = 0;
   for (int m = 2; m <= 300; ++m)
     if (near.single_copy(1 << 20, 40'000, 0)) {
@@ -216,7 +217,7 @@ TEST(SingleCopyChoice, FollowsTheMeasuredCostsAndTriesTheLoserNowAndThen) {
       if (!first) first = m;
     }
   EXPECT_EQ(first, static_cast<int>(SingleCopyChoice::kFirstProbe));
-  EXPECT_EQ(tried, 2);  // the 8th and the 264th
+  EXPECT_EQ(tried, 4);  // the 8th, 16th, 24th and 256th
   // Cores near each other: the FIFO's two copies (85 us per MiB) beat single copy (240): single copy
   // only once in kProbeCma messages.
   int cma = 0;

@@ -16,7 +16,8 @@
 // the receiver's copy out of them (plain copies, not reductions), and the receiver's single-copy
 // reads. The receiver publishes its two in the FIFO's control block; the sender decides. Per byte,
 // the FIFO costs each core both copies (a core of an exchange sends and receives), single copy one.
-// The current loser is tried now and then so that a move of the cores is noticed: single copy every
+// Single copy is first tried three times, a few messages apart, once the FIFO is measured; then the
+// current loser is tried now and then so that a move of the cores is noticed: single copy every
 // `kProbeCma` eligible messages while the FIFO wins, the FIFO every `kProbeFifo` while single copy
 // wins. Messages below one FIFO slot always use the FIFO; messages of at least the fixed threshold
 // (TUTTI_SHM_CMA_THRESHOLD, the calibration's) always use single copy; with adaptation off
@@ -52,7 +53,8 @@ class SingleCopyChoice {
  public:
   static constexpr uint64_t kProbeCma = 256;  // while the FIFO wins: one message in this many by single copy
   static constexpr uint64_t kProbeFifo = 64;  // while single copy wins: one in this many through the FIFO
-  static constexpr uint64_t kFirstProbe = 8;  // FIFO messages before single copy is first tried
+  static constexpr uint64_t kFirstProbe = 8;  // single copy's first tries: every this many messages, three times
+  static constexpr int kFirstProbes = 3;
 
   // min_bytes: the smallest message the choice applies to (a FIFO slot); threshold: from this size
   // on always single copy; adaptive: whether the measured rates decide below the threshold.
@@ -70,8 +72,13 @@ class SingleCopyChoice {
     ++eligible_;
     const double send = sent_.ns_per_mib();
     if (send == 0 || recv_ns_per_mib == 0) return false;  // the FIFO not measured yet: measure it first
-    if (cma_ns_per_mib == 0)  // single copy not measured yet: tried once the FIFO has been, then seldom
-      return eligible_ >= kFirstProbe && (eligible_ - kFirstProbe) % kProbeCma == 0;
+    // Then single copy three times, a few messages apart, so its average starts from a median: a
+    // first read into pages never touched pays their faults and looks several times slower.
+    if (first_probes_ < kFirstProbes && eligible_ >= kFirstProbe * static_cast<uint64_t>(first_probes_ + 1)) {
+      ++first_probes_;
+      return true;
+    }
+    if (cma_ns_per_mib == 0) return eligible_ % kProbeCma == 0;  // the receiver does not measure it
     // Single copy must win by 10 %: near-ties stay with the FIFO, whose sends complete eagerly.
     const bool prefer = cma_ns_per_mib < 0.9 * (send + recv_ns_per_mib);
     return prefer ? eligible_ % kProbeFifo != 0 : eligible_ % kProbeCma == 0;
@@ -84,6 +91,7 @@ class SingleCopyChoice {
   uint64_t min_bytes_, threshold_;
   bool adaptive_;
   uint64_t eligible_ = 0;  // messages the measured choice applied to
+  int first_probes_ = 0;
   RateAverage sent_;
 };
 
