@@ -277,7 +277,7 @@ bool BlockMachine::start(size_t b) {
       const int64_t unit = p.unit(first.buffer);
       const int64_t offset = unit ? first.index * unit : g.chunk_begin(first.index);
       k.cpu(KernelArgs{ins.data(), outs.data(), counts[0], type, values.data(), counts.data(),
-                       counts.data() + in.srcs.size(), offset});
+                       counts.data() + in.srcs.size(), offset, &k});
       return true;
     }
     default: break;

@@ -85,6 +85,63 @@ TEST(Kernels, TheRegistryHoldsTheBuiltInsAndRefusesBadDefinitions) {
   EXPECT_NE(error_of([] { kernel_def(100000); }).find("no compute kernel has id 100000"), std::string::npos);
 }
 
+// Element-wise programs (user kernels' device form): checked against the kernel's operands and
+// scalars when registered, naming the kernel and the instruction; the program serves as the CPU
+// form when no other is given.
+TEST(Kernels, ElementwiseProgramsAreCheckedWhenRegistered) {
+  auto def_with = [](const char* name, ElementProgram p, int inputs = 1, int outputs = 1) {
+    KernelDef d;
+    d.name = name;
+    d.scalars = {"s"};
+    d.inputs = inputs;
+    d.outputs = outputs;
+    d.element = std::move(p);
+    return d;
+  };
+  namespace ew = tutti::elementwise;
+  {
+    ew::Builder b;
+    b.output(b.input(0) * b.scalar(0) + 1.0);
+    const KernelId id = register_kernel(def_with("test.ew_affine", std::move(b).build()));
+    EXPECT_EQ(kernel_def(id).device, DeviceKernel::kElementwise);
+    ASSERT_NE(kernel_def(id).cpu, nullptr);
+    // Its CPU form, through the definition (as the executors call it).
+    float x[3] = {1, 2, 3}, y[3] = {};
+    const void* ins[1] = {x};
+    void* outs[1] = {y};
+    const double scalar = 3;
+    KernelArgs a{ins, outs, 3, DataType::kFloat32, &scalar};
+    a.kernel = &kernel_def(id);
+    kernel_def(id).cpu(a);
+    EXPECT_EQ(y[0], 4.0f);
+    EXPECT_EQ(y[2], 10.0f);
+    a.type = DataType::kFloat64;
+    EXPECT_NE(error_of([&] { kernel_def(id).cpu(a); }).find("takes float32 calls"), std::string::npos);
+  }
+  const std::vector<std::pair<ElementProgram, std::string>> bad = {
+      {{{{ElementOp::kInput, 1}}, {0}}, "instruction 0 reads input 1 of 1"},
+      {{{{ElementOp::kScalar, 2}}, {0}}, "instruction 0 reads scalar 2 of 1"},
+      {{{{ElementOp::kInput, 0}, {ElementOp::kAdd, 0, 2}}, {1}}, "instruction 1 uses value 2"},
+      {{{{ElementOp::kInput, 0}}, {0, 0}}, "2 output value(s) for 1 output(s)"},
+      {{{{ElementOp::kInput, 0}}, {3}}, "output 0 is value 3 of 1"},
+      {{{{static_cast<ElementOp>(99), 0}}, {0}}, "instruction 0 has opcode 99"},
+      {{std::vector<ElementInstr>(64, {ElementOp::kConst}), {0}}, "64 instructions and 1 outputs; at most 64"},
+  };
+  for (const auto& [program, why] : bad) {
+    const std::string e = error_of([&] { register_kernel(def_with("test.ew_bad", program)); });
+    EXPECT_NE(e.find("test.ew_bad"), std::string::npos) << e;
+    EXPECT_NE(e.find(why), std::string::npos) << "wanted '" << why << "' in: " << e;
+  }
+  EXPECT_FALSE(find_kernel("test.ew_bad").has_value());
+  KernelDef both = def_with("test.ew_both", {{{ElementOp::kInput, 0}}, {0}});
+  both.device = DeviceKernel::kAdamw;
+  EXPECT_NE(error_of([&] { register_kernel(both); }).find("one of them"), std::string::npos);
+  KernelDef none = def_with("test.ew_none", {});
+  none.cpu = square_plus;
+  none.device = DeviceKernel::kElementwise;
+  EXPECT_NE(error_of([&] { register_kernel(none); }).find("without a program"), std::string::npos);
+}
+
 // Two ranks: each one's output is the other's input, squared plus 0.5 (a custom collective whose
 // postcondition names the kernel).
 Program swap_and_square() {

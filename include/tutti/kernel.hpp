@@ -11,8 +11,13 @@
 // whose outputs alias its inputs must compute element by element, as AdamW does). Kernels run on
 // host memory with `cpu`; on device memory the device interpreter runs the kernel's `device`
 // routine, one of a fixed set built into the interpreter (DeviceKernel): every fused operation's
-// kernels have one. Device code of user kernels is a next step (docs/ARCHITECTURE.md): a plan naming
-// a kernel without one runs on host buffers only, and the device executor says so by its name.
+// kernels have one. A user kernel gets a device form by giving an element-wise program
+// (ElementProgram: each output element an expression of the same element of the inputs and of the
+// scalars), which the interpreter evaluates (DeviceKernel::kElementwise) and which also serves as
+// its CPU form when it gives no other. Arbitrary user device code is not supported: calling it from
+// the precompiled interpreter would need relocatable device code linked across libraries
+// (docs/ARCHITECTURE.md). A plan naming a kernel without a device form runs on host buffers only,
+// and the device executor says so by its name.
 
 #include <cstdint>
 #include <optional>
@@ -37,6 +42,9 @@ struct KernelArgs {
   // Where input 0 starts in its buffer, in elements: position-dependent kernels (a dropout mask,
   // rows of a matrix) see the same positions however the plan cuts the buffer into chunks.
   int64_t offset = 0;
+  // The definition being run (set by the executors): an element-wise kernel's CPU form reads its
+  // program there.
+  const struct KernelDef* kernel = nullptr;
 };
 using KernelFn = void (*)(const KernelArgs&);
 
@@ -57,7 +65,96 @@ enum class DeviceKernel : int32_t {
   kMoeGather = 10,             // "moe.gather"
   kMoeCombineFirst = 11,       // "moe.combine_first"
   kMoeCombine = 12,            // "moe.combine"
+  kElementwise = 13,           // any kernel with an ElementProgram (user kernels)
 };
+
+// An element-wise program: instruction i computes value i from earlier values, an input's element,
+// a scalar or a constant; output k is the value `outputs[k]`. Every value is a float32 and the
+// kernels run on float32 calls only. Built by hand or with elementwise::Builder. At most 64 instructions
+// (the outputs count one each) and 16 inputs and outputs: the device keeps them in a fixed array
+// per thread; register_kernel refuses more, naming the kernel.
+enum class ElementOp : int32_t {
+  kInput = 0,   // input a's element
+  kScalar = 1,  // scalar a of the kernel (constant or per-call, as the step gives it)
+  kConst = 2,   // `value`
+  kAdd = 3, kSub = 4, kMul = 5, kDiv = 6, kMin = 7, kMax = 8,  // value a (op) value b
+  kNeg = 9, kAbs = 10, kSqrt = 11, kExp = 12, kTanh = 13,     // op(value a)
+  kFma = 14,     // a * b + c, rounded once
+  kSelect = 15,  // a > 0 ? b : c
+};
+struct ElementInstr {
+  ElementOp op = ElementOp::kConst;
+  int32_t a = 0, b = 0, c = 0;
+  double value = 0;
+};
+struct ElementProgram {
+  std::vector<ElementInstr> code;
+  std::vector<int32_t> outputs;  // output k = the value of instruction outputs[k]
+  bool empty() const { return code.empty(); }
+};
+
+// Builds an ElementProgram from expressions (in their own namespace, so that sqrt, min or max
+// elsewhere in tutti keep meaning the standard ones):
+//   namespace ew = tutti::elementwise;
+//   ew::Builder b;
+//   ew::Value y = b.input(0) + b.scalar(0);
+//   b.output(y * 0.5 * (1.0 + tanh(0.7978845608 * (y + 0.044715 * y * y * y))));  // bias + GELU
+//   def.element = std::move(b).build();
+namespace elementwise {
+class Builder;
+class Value {
+ public:
+  int32_t index() const { return index_; }
+  Builder* builder() const { return builder_; }
+
+ private:
+  friend class Builder;
+  Value(Builder* b, int32_t i) : builder_(b), index_(i) {}
+  Builder* builder_;
+  int32_t index_;
+};
+class Builder {
+ public:
+  Value input(int k) { return push({ElementOp::kInput, k, 0, 0, 0}); }
+  Value scalar(int k) { return push({ElementOp::kScalar, k, 0, 0, 0}); }
+  Value constant(double v) { return push({ElementOp::kConst, 0, 0, 0, v}); }
+  Value apply(ElementOp op, Value a, Value b, Value c) { return push({op, a.index(), b.index(), c.index(), 0}); }
+  Value apply(ElementOp op, Value a, Value b) { return push({op, a.index(), b.index(), 0, 0}); }
+  Value apply(ElementOp op, Value a) { return push({op, a.index(), 0, 0, 0}); }
+  void output(Value v) { program_.outputs.push_back(v.index()); }  // outputs in order
+  ElementProgram build() && { return std::move(program_); }
+
+ private:
+  Value push(ElementInstr in) {
+    program_.code.push_back(in);
+    return Value(this, static_cast<int32_t>(program_.code.size() - 1));
+  }
+  ElementProgram program_;
+};
+inline Value operator+(Value a, Value b) { return a.builder()->apply(ElementOp::kAdd, a, b); }
+inline Value operator-(Value a, Value b) { return a.builder()->apply(ElementOp::kSub, a, b); }
+inline Value operator*(Value a, Value b) { return a.builder()->apply(ElementOp::kMul, a, b); }
+inline Value operator/(Value a, Value b) { return a.builder()->apply(ElementOp::kDiv, a, b); }
+inline Value operator-(Value a) { return a.builder()->apply(ElementOp::kNeg, a); }
+inline Value operator+(Value a, double b) { return a + a.builder()->constant(b); }
+inline Value operator+(double a, Value b) { return b.builder()->constant(a) + b; }
+inline Value operator-(Value a, double b) { return a - a.builder()->constant(b); }
+inline Value operator-(double a, Value b) { return b.builder()->constant(a) - b; }
+inline Value operator*(Value a, double b) { return a * a.builder()->constant(b); }
+inline Value operator*(double a, Value b) { return b.builder()->constant(a) * b; }
+inline Value operator/(Value a, double b) { return a / a.builder()->constant(b); }
+inline Value operator/(double a, Value b) { return b.builder()->constant(a) / b; }
+inline Value min(Value a, Value b) { return a.builder()->apply(ElementOp::kMin, a, b); }
+inline Value max(Value a, Value b) { return a.builder()->apply(ElementOp::kMax, a, b); }
+inline Value abs(Value a) { return a.builder()->apply(ElementOp::kAbs, a); }
+inline Value sqrt(Value a) { return a.builder()->apply(ElementOp::kSqrt, a); }
+inline Value exp(Value a) { return a.builder()->apply(ElementOp::kExp, a); }
+inline Value tanh(Value a) { return a.builder()->apply(ElementOp::kTanh, a); }
+inline Value fma(Value a, Value b, Value c) { return a.builder()->apply(ElementOp::kFma, a, b, c); }
+inline Value select(Value cond, Value if_positive, Value otherwise) {
+  return cond.builder()->apply(ElementOp::kSelect, cond, if_positive, otherwise);
+}
+}  // namespace elementwise
 
 struct KernelDef {
   std::string name;                  // unique in the process: letters, digits, '_', '.', '-'
@@ -76,6 +173,9 @@ struct KernelDef {
   bool mixed_units = false;
   // Its device form, if the interpreter has one.
   DeviceKernel device = DeviceKernel::kNone;
+  // A user kernel's device form, and its CPU form when `cpu` is null: register_kernel checks it
+  // against inputs, outputs and scalars and sets `device` to kElementwise.
+  ElementProgram element{};
 };
 
 // A kernel's scalar as a plan holds it: a constant, or slot `slot` of the values each call passes
@@ -101,7 +201,8 @@ inline constexpr KernelId kScale = 1;     // output = input * factor (the elemen
 }  // namespace kernels
 
 // Thread-safe. Throws InvalidArgument naming the kernel for an empty or malformed name, a name
-// already registered, or no CPU implementation.
+// already registered, no CPU implementation (and no element-wise program to serve as one), or an
+// element-wise program that does not fit its inputs, outputs and scalars (naming the instruction).
 KernelId register_kernel(KernelDef def);
 std::optional<KernelId> find_kernel(std::string_view name);
 // Throws InvalidArgument for an id no kernel has.

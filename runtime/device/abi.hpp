@@ -1,7 +1,7 @@
 #pragma once
 // What the host hands a device plan interpreter: plain structs of fixed size, no pointers to host
 // objects, the same on the CUDA device and on the emulated device (runtime/device/interpreter.hpp).
-// Host/device neutral: <cstdint> only.
+// Host/device neutral: <cstdint>, and the element-wise programs' code (core/element_program.hpp).
 //
 // A flattened plan (runtime/device/device_plan.hpp) is five arrays per rank: blocks, steps, the
 // operands of the steps, their dependencies and the scalars of their kernels. Refs are canonical:
@@ -30,6 +30,8 @@
 // its launch ends it waits until every message it let a peer read in place has been consumed.
 
 #include <cstdint>
+
+#include "core/element_program.hpp"
 
 namespace tutti::device {
 
@@ -84,6 +86,8 @@ struct DevStep {
   // geometry, or of `offset_unit` elements per chunk when that is not 0.
   int64_t offset_index = 0;
   int64_t offset_unit = 0;
+  int32_t first_code = 0;  // kElementwise: its program, at code[first_code, + ncode)
+  int32_t ncode = 0;
   int64_t count = 0;       // chunks
   DevRef dst;
 };
@@ -131,6 +135,7 @@ struct LaunchArgs {
   const DevRef* srcs = nullptr;
   const DevDep* deps = nullptr;
   const DevScalar* scalar_refs = nullptr;  // DevStep::first_scalar indexes it
+  const element::ElementCode* code = nullptr;  // DevStep::first_code indexes it
   const FifoView* send = nullptr;
   const FifoView* recv = nullptr;
   uint64_t* progress = nullptr;  // per thread block (instance * nblocks + block)

@@ -326,6 +326,7 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
   size_t o_srcs = put(d.srcs.data(), d.srcs.size() * sizeof(DevRef));
   size_t o_deps = put(d.deps.data(), d.deps.size() * sizeof(DevDep));
   size_t o_scalars = put(d.scalars.data(), d.scalars.size() * sizeof(DevScalar));
+  size_t o_code = put(d.code.data(), d.code.size() * sizeof(element::ElementCode));
   size_t o_send = put(sends.data(), sends.size() * sizeof(FifoView));
   size_t o_recv = put(recvs.data(), recvs.size() * sizeof(FifoView));
   std::vector<uint64_t> zeros(d.blocks.size() * static_cast<size_t>(u->instances), 0);
@@ -340,6 +341,7 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
   a.srcs = reinterpret_cast<const DevRef*>(base + o_srcs);
   a.deps = reinterpret_cast<const DevDep*>(base + o_deps);
   a.scalar_refs = reinterpret_cast<const DevScalar*>(base + o_scalars);
+  a.code = reinterpret_cast<const element::ElementCode*>(base + o_code);
   a.send = reinterpret_cast<const FifoView*>(base + o_send);
   a.recv = reinterpret_cast<const FifoView*>(base + o_recv);
   a.progress = reinterpret_cast<uint64_t*>(base + o_progress);

@@ -45,7 +45,10 @@ Operands operands_of(DeviceKernel k) {
 
 void check_operands(const plan::Plan& p, int rank, const plan::Instruction& in, const KernelDef& def, DevicePlan& out) {
   int64_t& half_unit = out.half_unit;
-  const Operands want = operands_of(def.device);
+  Operands want = operands_of(def.device);
+  // Element-wise kernels: every operand a data range like input 0's.
+  const std::string element_ins(static_cast<size_t>(def.inputs), 'd'), element_outs(static_cast<size_t>(def.outputs), 'd');
+  if (def.device == DeviceKernel::kElementwise) want = {element_ins.c_str(), element_outs.c_str()};
   const std::vector<plan::Ref> outs = in.writes();
   const int64_t chunks = in.srcs.empty() ? 0 : in.srcs[0].count;
   // The lengths of 'a' operands, from the kernel's constant scalars (a GEMM: rows x k, k x n, rows x n).
@@ -207,6 +210,12 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
                       a.slot, kMaxScalars);
           out.scalars.push_back(DevScalar{a.value, a.slot});
           out.scalar_slots = std::max(out.scalar_slots, a.slot + 1);
+        }
+        if (def.device == DeviceKernel::kElementwise) {
+          const std::vector<element::ElementCode> code = compile_elements(def);
+          s.first_code = static_cast<int32_t>(out.code.size());
+          s.ncode = static_cast<int32_t>(code.size());
+          out.code.insert(out.code.end(), code.begin(), code.end());
         }
         s.nouts = static_cast<uint16_t>(in.more_dsts.size());
         for (const plan::Ref& r : in.more_dsts) out.srcs.push_back(ref(r));

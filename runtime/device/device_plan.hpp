@@ -25,6 +25,7 @@ struct DevicePlan {
   std::vector<DevRef> srcs;
   std::vector<DevDep> deps;
   std::vector<DevScalar> scalars;  // kernels' scalars (DevStep::first_scalar)
+  std::vector<element::ElementCode> code;  // element-wise kernels' programs (DevStep::first_code)
   std::vector<ConnectionKey> sends, recvs;  // indexed by DevStep::send_conn / recv_conn
   int64_t max_message_chunks = 1;  // most chunks one step moves, over every rank (rounds are sized by it)
   // One pass (abi.hpp): the plan has state buffers. Its largest message in buffers of their own unit:

@@ -363,6 +363,14 @@ struct BlockRun {
         ok = moe_combine(team, g, gate, idx, s.kernel == 12 ? in(3) : nullptr, y, y_elems / hidden, slots, hidden, &bad);
         break;
       }
+      case 13: {  // kElementwise: a user kernel's program over its data ranges
+        const float* ins[element::kMaxOperands] = {};
+        float* outs[element::kMaxOperands] = {};
+        for (int k = 0; k < s.nsrcs && k < element::kMaxOperands; ++k) ins[k] = k == 0 ? g : in(k);
+        for (int k = 0; k <= s.nouts && k < element::kMaxOperands; ++k) outs[k] = out(k);
+        elementwise(team, a.code + s.first_code, s.ncode, ins, outs, n, scalars);
+        break;
+      }
       case 8: {  // kBiasDropoutResidualLn: inputs y, bias, residual, gamma, beta; outputs out, ln
         int64_t hidden = 0;
         const float* bias = in(1, &hidden);

@@ -18,10 +18,20 @@
 #include <cstdint>
 
 #include "core/element.hpp"  // TUTTI_HD
+#include "core/element_program.hpp"
 
 namespace tutti::device {
 
 TUTTI_HD bool finite_float(float x) { return x <= 3.402823466e38f && x >= -3.402823466e38f; }
+
+// A user kernel's element-wise program (tutti/kernel.hpp, ElementProgram), the team's threads
+// striding over the elements; the CPU form runs the same evaluator on one thread.
+template <class Team>
+TUTTI_HD void elementwise(const Team& team, const element::ElementCode* code, int32_t ncode, const float* const* ins,
+                          float* const* outs, int64_t n, const double* scalars) {
+  element::run_elements(code, ncode, ins, outs, scalars, team.rank(), n, team.size());
+  team.sync();
+}
 
 // out = in * scale; *stat_out = (stat_in ? *stat_in : 0) + the sum of the squares of out
 // ("zero.unscale_sumsq" and "zero.unscale_sumsq_acc"). stat_in may be stat_out.
