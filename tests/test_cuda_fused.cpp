@@ -162,6 +162,7 @@ TEST(CudaFused, EveryFusedPlanMatchesTheCpuExecutor) {
     expect_case_on_gpu(test_support::all_gather_gemm_case(n), n);
     expect_case_on_gpu(test_support::moe_case(n), n);
   }
+  expect_case_on_gpu(test_support::user_kernel_case(), 2);  // a user kernel's element-wise program
 }
 
 // The public device entry point: tuttiRunPlan on cudaMalloc'd buffers of NCCL communicators (2

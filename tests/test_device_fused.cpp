@@ -397,98 +397,31 @@ TEST(DeviceFused, MessagesThatDoNotFitASlotAreRefusedByThePlansName) {
   EXPECT_NE(why.find("TUTTI_DEVICE_SLOT_SIZE"), std::string::npos) << why;
 }
 
-// A user kernel with an element-wise program (tutti/kernel.hpp, ElementProgram) runs on the device
-// interpreter: two inputs (the reduced chunk and a state buffer), two outputs (the output chunk and
-// a state buffer), a per-call and a constant scalar, every kind of operation. The emulated device
-// gives the CPU executor's floats bit for bit, and the CPU form gives what the formula gives.
-KernelId user_elementwise_kernel() {
-  static const KernelId id = [] {
-    namespace ew = tutti::elementwise;
-    ew::Builder b;
-    const ew::Value x = b.input(0), res = b.input(1), bias = b.scalar(0), alpha = b.scalar(1);
-    const ew::Value y = x + bias;
-    const ew::Value gelu = y * 0.5 * (1.0 + tanh(0.7978845608 * (y + 0.044715 * y * y * y)));
-    b.output(gelu + alpha * res);
-    b.output(select(x, sqrt(abs(x)), exp(min(x, b.constant(0.5)))) + fma(x, res, b.constant(1.0)) + max(x, res) -
-             x / (1.0 + abs(res)));
-    KernelDef def;
-    def.name = "test.user_gelu_mix";
-    def.scalars = {"bias", "alpha"};
-    def.inputs = 2;
-    def.outputs = 2;
-    def.element = std::move(b).build();
-    return register_kernel(std::move(def));
-  }();
-  return id;
-}
-
-Prepared user_kernel_plan() {
-  const KernelId k = user_elementwise_kernel();
-  const std::vector<ScalarArg> scalars = {ScalarArg::per_call(0), ScalarArg(0.25)};
-  auto result = [=](int q, int output) {
-    Content sum = Content::of(0, 0);
-    sum.merge(Content::of(1, 0));
-    return std::optional<Content>(Content::apply(k, {sum, Content::of_state(q, 0, 0)}, scalars, output));
-  };
-  CollectiveSpec spec;
-  spec.kind = Collective::kCustom;
-  spec.nranks = 2;
-  spec.chunk_factor = 1;
-  spec.custom_input_chunks = 1;
-  spec.custom_output_chunks = 1;
-  spec.custom_post = [=](int q, int) { return result(q, 0); };
-  spec.states = {StateBufferSpec{"residual", 1, 0, {}},
-                 StateBufferSpec{"aux", 1, 0, [=](int q, int) { return result(q, 1); }}};
-  dsl::Program prog("user_kernel_after_a_reduction", spec);
-  const dsl::Buffer in = dsl::Buffer::input();
-  const dsl::Buffer out = dsl::Buffer::output();
-  for (int q = 0; q < 2; ++q) prog.chunk(q, in, 0).copy(q, out, 0).reduce(prog.chunk(1 - q, in, 0));
-  for (int q = 0; q < 2; ++q)  // in place on the sum
-    prog.apply(k, {prog.chunk(q, out, 0), prog.chunk(q, dsl::Buffer::state("residual"), 0)},
-               {prog.chunk(q, out, 0), prog.chunk(q, dsl::Buffer::state("aux"), 0)}, scalars);
-  return PreparedPlan::make(plan::compile(prog).plan);
-}
-
+// A user kernel given as an element-wise program (tutti/kernel.hpp, ElementProgram) runs on the
+// device interpreter (support/fused_cases.hpp, user_kernel_case): the emulated device gives the CPU
+// executor's floats bit for bit, and the CPU form gives what the formula gives.
 TEST(DeviceFused, UserElementwiseKernelsRunOnTheDevice) {
-  const int64_t count = 1000;
-  // x: values of both signs (and zeros); the residual never -1, so 1 + |r| > 0.
-  std::vector<Arrays> buffers(2);
-  for (int r = 0; r < 2; ++r) {
-    Arrays a(4, std::vector<float>(static_cast<size_t>(count)));  // input, output, residual, aux
-    for (int64_t i = 0; i < count; ++i) {
-      a[0][static_cast<size_t>(i)] = static_cast<float>((i * 37 + r * 11) % 41 - 20) / 8.0f;
-      a[2][static_cast<size_t>(i)] = static_cast<float>((i * 13 + r) % 23 - 11) / 16.0f;
-    }
-    buffers[static_cast<size_t>(r)] = a;
-  }
-  const float bias = 0.125f;
-  auto args = [&](int, Arrays& a, size_t) {
-    ExecArgs e;
-    e.input = a[0].data();
-    e.output = a[1].data();
-    e.count = count;
-    e.reduction.type = DataType::kFloat32;
-    e.scalars = {bias};
-    e.states = {a[2].data(), a[3].data()};
-    return e;
-  };
-  auto [dev, cpu] = run_plans({user_kernel_plan()}, 2, buffers, args);
+  const test_support::FusedCase c = test_support::user_kernel_case();
+  expect_case_matches(c, 2);
+  auto cpu = c.buffers;
+  auto comms = Communicator::create_local(2);
+  test_support::on_ranks(comms, [&](int r, Communicator& comm) {
+    CpuExecutor host(comm, CpuExecutorOptions{});
+    host.run(*c.plans[0], c.args(r, test_support::addresses(cpu[static_cast<size_t>(r)]), 0));
+  });
+  const float bias = test_support::kUserKernelBias;
   for (int r = 0; r < 2; ++r) {
     SCOPED_TRACE(fmt::format("rank {}", r));
-    const Arrays& d = dev[static_cast<size_t>(r)];
-    const Arrays& c = cpu[static_cast<size_t>(r)];
-    expect_same(d[1], c[1], "output against the CPU's");
-    expect_same(d[3], c[3], "aux against the CPU's");
-    for (int64_t i = 0; i < count; ++i) {  // the formula, written out in the program's order
-      const size_t k = static_cast<size_t>(i);
-      const float x = buffers[0][0][k] + buffers[1][0][k], res = buffers[static_cast<size_t>(r)][2][k];
+    const Arrays& got = cpu[static_cast<size_t>(r)];
+    for (size_t k = 0; k < got[1].size(); ++k) {  // the formula, written out in the program's order
+      const float x = c.buffers[0][0][k] + c.buffers[1][0][k], res = c.buffers[static_cast<size_t>(r)][2][k];
       const float y = x + bias;
       const float gelu = ((y * 0.5f) * (1.0f + tanhf(0.7978845608f * (y + ((0.044715f * y) * y) * y))));
       const float want = gelu + 0.25f * res;
-      ASSERT_EQ(std::memcmp(&c[1][k], &want, 4), 0) << "element " << i << ": " << c[1][k] << " vs " << want;
+      ASSERT_EQ(std::memcmp(&got[1][k], &want, 4), 0) << "element " << k << ": " << got[1][k] << " vs " << want;
       const float sel = x > 0 ? sqrtf(fabsf(x)) : expf(0.5f < x ? 0.5f : x);
       const float aux = ((sel + fmaf(x, res, 1.0f)) + (x < res ? res : x)) - x / (1.0f + fabsf(res));
-      ASSERT_EQ(std::memcmp(&c[3][k], &aux, 4), 0) << "element " << i << ": " << c[3][k] << " vs " << aux;
+      ASSERT_EQ(std::memcmp(&got[3][k], &aux, 4), 0) << "element " << k << ": " << got[3][k] << " vs " << aux;
     }
   }
 }

@@ -127,7 +127,9 @@ TEST(Kernels, ElementwiseProgramsAreCheckedWhenRegistered) {
       {{{{static_cast<ElementOp>(99), 0}}, {0}}, "instruction 0 has opcode 99"},
       {{std::vector<ElementInstr>(64, {ElementOp::kConst}), {0}}, "64 instructions and 1 outputs; at most 64"},
   };
-  for (const auto& [program, why] : bad) {
+  for (const auto& entry : bad) {
+    const ElementProgram& program = entry.first;
+    const std::string& why = entry.second;
     const std::string e = error_of([&] { register_kernel(def_with("test.ew_bad", program)); });
     EXPECT_NE(e.find("test.ew_bad"), std::string::npos) << e;
     EXPECT_NE(e.find(why), std::string::npos) << "wanted '" << why << "' in: " << e;

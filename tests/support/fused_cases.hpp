@@ -14,6 +14,7 @@
 #include "compiler/compile.hpp"
 #include "runtime/executor.hpp"
 #include "tutti/fused.hpp"
+#include "tutti/kernel.hpp"
 
 namespace tutti::test_support {
 
@@ -190,6 +191,88 @@ inline FusedCase moe_case(int n, int64_t tokens = 10, int64_t hidden = 8, int64_
     return a;
   };
   c.results = {kExpertIn, kY};
+  return c;
+}
+
+// A user kernel given as an element-wise program (tutti/kernel.hpp) after a reduction, 2 ranks:
+// two inputs (the sum, in place in the output, and a residual state buffer), two outputs (the
+// output and an aux state buffer), a per-call scalar (bias) and a constant one (0.25), every kind
+// of operation. A GPU's tanh, exp and sqrt may round differently.
+inline KernelId user_gelu_mix_kernel() {
+  static const KernelId id = [] {
+    namespace ew = tutti::elementwise;
+    ew::Builder b;
+    const ew::Value x = b.input(0), res = b.input(1), bias = b.scalar(0), alpha = b.scalar(1);
+    const ew::Value y = x + bias;
+    const ew::Value gelu = y * 0.5 * (1.0 + tanh(0.7978845608 * (y + 0.044715 * y * y * y)));
+    b.output(gelu + alpha * res);
+    b.output(select(x, sqrt(abs(x)), exp(min(x, b.constant(0.5)))) + fma(x, res, b.constant(1.0)) + max(x, res) -
+             x / (1.0 + abs(res)));
+    KernelDef def;
+    def.name = "test.user_gelu_mix";
+    def.scalars = {"bias", "alpha"};
+    def.inputs = 2;
+    def.outputs = 2;
+    def.element = std::move(b).build();
+    return register_kernel(std::move(def));
+  }();
+  return id;
+}
+
+inline constexpr float kUserKernelBias = 0.125f;
+
+inline FusedCase user_kernel_case(int64_t count = 1000) {
+  enum { kIn, kOut, kResidual, kAux };
+  const KernelId k = user_gelu_mix_kernel();
+  const std::vector<ScalarArg> scalars = {ScalarArg::per_call(0), ScalarArg(0.25)};
+  auto result = [=](int q, int output) {
+    Content sum = Content::of(0, 0);
+    sum.merge(Content::of(1, 0));
+    return std::optional<Content>(Content::apply(k, {sum, Content::of_state(q, 0, 0)}, scalars, output));
+  };
+  CollectiveSpec spec;
+  spec.kind = Collective::kCustom;
+  spec.nranks = 2;
+  spec.chunk_factor = 1;
+  spec.custom_input_chunks = 1;
+  spec.custom_output_chunks = 1;
+  spec.custom_post = [=](int q, int) { return result(q, 0); };
+  spec.states = {StateBufferSpec{"residual", 1, 0, {}},
+                 StateBufferSpec{"aux", 1, 0, [=](int q, int) { return result(q, 1); }}};
+  dsl::Program prog("user_kernel_after_a_reduction", spec);
+  const dsl::Buffer in = dsl::Buffer::input(), out = dsl::Buffer::output();
+  for (int q = 0; q < 2; ++q) prog.chunk(q, in, 0).copy(q, out, 0).reduce(prog.chunk(1 - q, in, 0));
+  for (int q = 0; q < 2; ++q)  // in place on the sum
+    prog.apply(k, {prog.chunk(q, out, 0), prog.chunk(q, dsl::Buffer::state("residual"), 0)},
+               {prog.chunk(q, out, 0), prog.chunk(q, dsl::Buffer::state("aux"), 0)}, scalars);
+  FusedCase c;
+  c.name = "user element-wise kernel";
+  c.plans = {prepare(prog)};
+  for (int r = 0; r < 2; ++r) {
+    // x of both signs (and zeros); the residual never -1, so 1 + |r| > 0.
+    Arrays a(4);
+    a[kIn].resize(static_cast<size_t>(count));
+    a[kResidual].resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      a[kIn][static_cast<size_t>(i)] = static_cast<float>((i * 37 + r * 11) % 41 - 20) / 8.0f;
+      a[kResidual][static_cast<size_t>(i)] = static_cast<float>((i * 13 + r) % 23 - 11) / 16.0f;
+    }
+    a[kOut].assign(static_cast<size_t>(count), kUnwritten);
+    a[kAux].assign(static_cast<size_t>(count), kUnwritten);
+    c.buffers.push_back(std::move(a));
+  }
+  c.args = [=](int, const std::vector<float*>& b, size_t) {
+    ExecArgs e;
+    e.input = b[kIn];
+    e.output = b[kOut];
+    e.count = count;
+    e.reduction.type = DataType::kFloat32;
+    e.scalars = {kUserKernelBias};
+    e.states = {b[kResidual], b[kAux]};
+    return e;
+  };
+  c.results = {kOut, kAux};
+  c.rounded = true;
   return c;
 }
 
