@@ -47,8 +47,9 @@ constexpr Variable kVariables[] = {
     {"TUTTI_SHM_CMA_ADAPTIVE", "", "1",
      "Between processes, messages of at least one FIFO slot and below TUTTI_SHM_CMA_THRESHOLD go by FIFO or by "
      "single copy, whichever each connection measures faster, trying the other now and then: which one wins "
-     "depends on how near the two cores are, which a VM changes at run time (docs/ARCHITECTURE.md). 0: the "
-     "threshold alone decides."},
+     "depends on how near the two cores are, which a VM changes at run time (docs/ARCHITECTURE.md). Off where a "
+     "host has more ranks than cores (a copy's time then includes other ranks' turns). 0: the threshold alone "
+     "decides."},
     {"TUTTI_TCP_NSOCKS", "", "2", "TCP sockets per peer and channel; large messages are striped across them."},
     {"TUTTI_TCP_STRIPE_THRESHOLD", "", "256K", "Smallest TCP message striped across all sockets of a peer."},
     {"TUTTI_SPIN", "", "200",

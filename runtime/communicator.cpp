@@ -180,6 +180,11 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
   local_ranks_ = local;
   bool oversubscribed = local > static_cast<int>(std::thread::hardware_concurrency());
   engine_ = std::make_unique<ProgressEngine>(state_, options_.timeout_s, options_.spin, oversubscribed);
+  // The FIFO/single-copy choice times copies; with more ranks than cores a copy's time includes
+  // other ranks' turns on the core, and single copy's sends wait for a receiver that may not be
+  // running (4 processes on 2 cores: 1-2 MiB all-reduces up to 2x slower with it). The threshold
+  // alone decides there.
+  if (oversubscribed) options_.shm_single_copy_adaptive = false;
   // The mailbox needs every rank's outbox mapped here (a peer without one has a bare doorbell).
   bool every_peer_local = use_mailbox;
   for (int p = 0; p < nranks && every_peer_local; ++p)
