@@ -3,6 +3,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <vector>
 
 #include "core/datatype.hpp"
 #include "core/element_program.hpp"
@@ -32,7 +33,10 @@ void element_cpu(const KernelArgs& a) {
   const KernelDef& def = *a.kernel;
   TUTTI_CHECK(a.type == DataType::kFloat32, InvalidArgument, "kernel '{}' is element-wise and takes float32 calls, not {}",
               def.name, name(a.type));
-  const std::vector<element::ElementCode> code = compile_elements(def);
+  // Compiled per call (a few dozen instructions against a chunk of elements) into a buffer each
+  // thread keeps, so the hot path allocates nothing.
+  thread_local std::vector<element::ElementCode> code;
+  code = compile_elements(def);
   element::run_elements(code.data(), static_cast<int32_t>(code.size()), reinterpret_cast<const float* const*>(a.inputs),
                         reinterpret_cast<float* const*>(a.outputs), a.scalars, 0, a.count, 1);
 }

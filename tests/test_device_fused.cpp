@@ -435,12 +435,7 @@ TEST(DeviceFused, KernelsWithoutADeviceFormAndOtherTypesAreRefused) {
          const auto* i = static_cast<const float*>(k.inputs[0]);
          for (int64_t e = 0; e < k.count; ++e) o[e] = 2 * i[e];
        }});
-  CollectiveSpec spec;
-  spec.kind = Collective::kCustom;
-  spec.nranks = 2;
-  spec.chunk_factor = 1;
-  spec.custom_input_chunks = 1;
-  spec.custom_output_chunks = 1;
+  CollectiveSpec spec = test_support::custom_spec(2, 1, 1);
   spec.custom_post = [](int q, int) { return std::optional<Content>(Content::apply(host_only, {Content::of(q, 0)}, {})); };
   spec.states = {StateBufferSpec{"unused", 1, 1, {}}};
   dsl::Program prog("host_only_kernel", spec);

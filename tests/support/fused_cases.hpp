@@ -34,6 +34,18 @@ struct FusedCase {
   bool rounded = false;             // a GPU may round them differently (contractions, LayerNorm)
 };
 
+// A custom collective of `nranks` ranks with `inputs` and `outputs` chunks each (one chunk per rank
+// piece); the caller adds postconditions and state buffers.
+inline CollectiveSpec custom_spec(int nranks, int inputs, int outputs) {
+  CollectiveSpec spec;
+  spec.kind = Collective::kCustom;
+  spec.nranks = nranks;
+  spec.chunk_factor = 1;
+  spec.custom_input_chunks = inputs;
+  spec.custom_output_chunks = outputs;
+  return spec;
+}
+
 inline std::shared_ptr<const PreparedPlan> prepare(const dsl::Program& p) {
   return PreparedPlan::make(plan::compile(p).plan);
 }
@@ -230,12 +242,7 @@ inline FusedCase user_kernel_case(int64_t count = 1000) {
     sum.merge(Content::of(1, 0));
     return std::optional<Content>(Content::apply(k, {sum, Content::of_state(q, 0, 0)}, scalars, output));
   };
-  CollectiveSpec spec;
-  spec.kind = Collective::kCustom;
-  spec.nranks = 2;
-  spec.chunk_factor = 1;
-  spec.custom_input_chunks = 1;
-  spec.custom_output_chunks = 1;
+  CollectiveSpec spec = custom_spec(2, 1, 1);
   spec.custom_post = [=](int q, int) { return result(q, 0); };
   spec.states = {StateBufferSpec{"residual", 1, 0, {}},
                  StateBufferSpec{"aux", 1, 0, [=](int q, int) { return result(q, 1); }}};

@@ -31,6 +31,10 @@ struct alignas(64) Line {
 
 int main(int argc, char** argv) {
   std::vector<int> cpus;
+  if (argc != 1 && argc != 3) {
+    std::fprintf(stderr, "usage: tutti-core-distance [cpu_a cpu_b]\n");
+    return 2;
+  }
   if (argc == 3) {
     cpus = {std::atoi(argv[1]), std::atoi(argv[2])};
   } else {
