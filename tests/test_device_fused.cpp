@@ -6,12 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <barrier>
+#include <bit>
+#include <random>
+#include <thread>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "compiler/compile.hpp"
 #include "runtime/device/device_executor.hpp"
+#include "runtime/device/kernels.hpp"
 #include "support/ranks.hpp"
 #include "support/fused_cases.hpp"
 #include "support/zero_data.hpp"
@@ -312,6 +317,58 @@ TEST(DeviceFused, GemmPlansGiveTheCpuExecutorsFloats) {
   for (int n : {2, 3}) {
     expect_case_matches(test_support::gemm_reduce_scatter_case(n), n);
     expect_case_matches(test_support::all_gather_gemm_case(n), n);
+  }
+}
+
+// The device GEMM's tiles, run by teams of real threads as a GPU block runs them (a barrier for
+// __syncthreads, one shared scratch): every team size and shape, tile edges included, gives the
+// plain loop's floats bit for bit, since each output's sum runs over k in the same order.
+namespace {
+struct ThreadTeam {
+  int r, n;
+  std::barrier<>* bar;
+  float* shared;
+  int rank() const { return r; }
+  int size() const { return n; }
+  void sync() const { bar->arrive_and_wait(); }
+  float* scratch() const { return shared; }
+};
+}  // namespace
+
+TEST(DeviceFused, TiledGemmGivesThePlainLoopsFloatsForAnyTeam) {
+  struct Shape {
+    int64_t rows, k, n;
+  };
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  for (const Shape sh : {Shape{1, 1, 1}, Shape{37, 19, 45}, Shape{64, 16, 32}, Shape{5, 40, 3}, Shape{130, 33, 70}}) {
+    std::vector<float> a(static_cast<size_t>(sh.rows * sh.k)), b(static_cast<size_t>(sh.k * sh.n)),
+        want(static_cast<size_t>(sh.rows * sh.n));
+    for (float& x : a) x = dist(gen);
+    for (float& x : b) x = dist(gen);
+    for (int64_t i = 0; i < sh.rows; ++i)
+      for (int64_t j = 0; j < sh.n; ++j) {
+        float acc = 0.0f;
+        for (int64_t q = 0; q < sh.k; ++q) {
+          const volatile float prod = a[static_cast<size_t>(i * sh.k + q)] * b[static_cast<size_t>(q * sh.n + j)];
+          acc += prod;  // one rounding for the product, one for the sum, as the device's
+        }
+        want[static_cast<size_t>(i * sh.n + j)] = acc;
+      }
+    for (int threads : {1, 3, 32, 64, 96}) {
+      std::vector<float> got(want.size(), std::numeric_limits<float>::quiet_NaN());
+      std::vector<float> shared(device::kGemmScratchFloats);
+      std::barrier<> bar(threads);
+      std::vector<std::thread> team;
+      for (int r = 0; r < threads; ++r)
+        team.emplace_back([&, r] {
+          device::gemm(ThreadTeam{r, threads, &bar, shared.data()}, a.data(), b.data(), got.data(), sh.rows, sh.k, sh.n);
+        });
+      for (auto& th : team) th.join();
+      for (size_t e = 0; e < want.size(); ++e)
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[e]), std::bit_cast<uint32_t>(want[e]))
+            << sh.rows << "x" << sh.k << "x" << sh.n << ", " << threads << " threads, element " << e;
+    }
   }
 }
 

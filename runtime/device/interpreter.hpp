@@ -59,6 +59,12 @@ struct Team {
     __syncthreads();
     return part[0];
   }
+  // Scratch the block's threads share (the GEMM's tiles): one array per block, for one kernel at a
+  // time (a kernel syncs the team before it returns).
+  __device__ float* scratch() const {
+    __shared__ float tiles[kGemmScratchFloats];
+    return tiles;
+  }
 };
 #else
 struct Team {
@@ -67,6 +73,10 @@ struct Team {
   void sync() const {}
   bool sync_or(bool p) const { return p; }
   double sum(double v) const { return v; }
+  float* scratch() const {
+    thread_local float tiles[kGemmScratchFloats];
+    return tiles;
+  }
 };
 #endif
 

@@ -22,6 +22,12 @@
 
 namespace tutti::device {
 
+#if defined(__CUDACC__)
+#define TUTTI_GEMM_UNROLL _Pragma("unroll")
+#else
+#define TUTTI_GEMM_UNROLL
+#endif
+
 TUTTI_HD bool finite_float(float x) { return x <= 3.402823466e38f && x >= -3.402823466e38f; }
 
 // A user kernel's element-wise program (tutti/kernel.hpp, ElementProgram), the team's threads
@@ -218,17 +224,61 @@ TUTTI_HD void bias_dropout_residual_ln(const Team& team, const float* y, const f
 // --- GEMM blocks (fused_kernels/gemm_overlap.cpp) -----------------------------------------------
 
 // "fused.gemm": c (rows x n) = a (rows x k) @ b (k x n), row major; each output element a float
-// sum over k in order. The plain form (one thread per output element, no tiling): it lets a GEMM
-// plan run on device buffers at all; a tiled or cuBLAS-backed form is the next step where speed
-// matters. Lengths are checked per call (device_executor.cpp). c must not overlap a or b.
+// sum over k in order (the CPU form's order: OpenBLAS's, for the small exact operands the tests
+// use). Lengths are checked per call (device_executor.cpp). c must not overlap a or b.
+//
+// Tiled: the team loads a tile of a (`rows_per_tile` x kGemmTileK) and one of b (kGemmTileK x
+// `cols_per_tile`) into its shared scratch, and each thread keeps kGemmRowsPerThread outputs of
+// one column in registers across the k tiles, so a and b are read from global memory once per
+// tile instead of once per output element (the plain form read a row of a and a column of b for
+// every element). A warp's threads take 32 neighbouring columns: their loads of b are coalesced and
+// their reads of a's tile are one broadcast. Any team size works that is a multiple of 32 or less
+// than 32 (the emulated device's team of one thread: tiles of kGemmRowsPerThread x 1): the
+// arithmetic per output is the plain loop's, so the result does not depend on the team.
+inline constexpr int kGemmTileK = 16;
+inline constexpr int kGemmRowsPerThread = 4;
+inline constexpr int kGemmMaxTeam = 1024;
+// Floats of team scratch the GEMM uses at most: a's tile (transposed, one float of padding per k
+// row so a warp's stores fall in different banks) and b's.
+inline constexpr int kGemmScratchFloats =
+    kGemmTileK * (kGemmMaxTeam / 32 * kGemmRowsPerThread + 1) + kGemmTileK * 32;
+
 template <class Team>
 TUTTI_HD void gemm(const Team& team, const float* a, const float* b, float* c, int64_t rows, int64_t k, int64_t n) {
-  for (int64_t e = team.rank(); e < rows * n; e += team.size()) {
-    const int64_t i = e / n, j = e % n;
-    float acc = 0.0f;
-    for (int64_t q = 0; q < k; ++q) acc += a[i * k + q] * b[q * n + j];
-    c[e] = acc;
-  }
+  const int size = team.size(), t = team.rank();
+  const int tn = size < 32 ? size : 32;                   // columns per tile
+  const int tm = size / tn * kGemmRowsPerThread;          // rows per tile
+  const int lda = tm + 1;                                 // a's tile, [q][i], padded
+  float* const as = team.scratch();
+  float* const bs = as + kGemmTileK * lda;                // b's tile, [q][j]
+  const int j0 = t % tn, i0 = t / tn * kGemmRowsPerThread;  // this thread's column and first row
+  for (int64_t ti = 0; ti < rows; ti += tm)
+    for (int64_t tj = 0; tj < n; tj += tn) {
+      float acc[kGemmRowsPerThread];
+      TUTTI_GEMM_UNROLL
+      for (int r = 0; r < kGemmRowsPerThread; ++r) acc[r] = 0.0f;
+      for (int64_t tk = 0; tk < k; tk += kGemmTileK) {
+        const int kk = static_cast<int>(k - tk < kGemmTileK ? k - tk : kGemmTileK);
+        for (int e = t; e < tm * kGemmTileK; e += size) {  // along a's rows: neighbours read neighbours
+          const int i = e / kGemmTileK, q = e % kGemmTileK;
+          as[q * lda + i] = ti + i < rows && q < kk ? a[(ti + i) * k + tk + q] : 0.0f;
+        }
+        for (int e = t; e < kGemmTileK * tn; e += size) {
+          const int q = e / tn, j = e % tn;
+          bs[q * tn + j] = q < kk && tj + j < n ? b[(tk + q) * n + tj + j] : 0.0f;
+        }
+        team.sync();
+        for (int q = 0; q < kk; ++q) {  // only the k that exist: no extra "+ 0 * x" terms
+          const float bv = bs[q * tn + j0];
+          TUTTI_GEMM_UNROLL
+          for (int r = 0; r < kGemmRowsPerThread; ++r) acc[r] += as[q * lda + i0 + r] * bv;
+        }
+        team.sync();  // the tiles are reloaded next
+      }
+      TUTTI_GEMM_UNROLL
+      for (int r = 0; r < kGemmRowsPerThread; ++r)
+        if (ti + i0 + r < rows && tj + j0 < n) c[(ti + i0 + r) * n + tj + j0] = acc[r];
+    }
   team.sync();
 }
 
