@@ -76,7 +76,7 @@ constexpr Variable kVariables[] = {
     {"TUTTI_DEVICE_INSTANCES", "", "0",
      "Copies of a plan in one device launch, each with its own FIFOs, taking the call's rounds in turn (more thread "
      "blocks move more bytes at once); 0 picks about one thread block per multiprocessor over the ranks of a GPU."},
-    {"TUTTI_DEVICE_THREADS", "NCCL_NTHREADS", "512", "CUDA threads per thread block of the plan interpreter (a multiple of 32)."},
+    {"TUTTI_DEVICE_THREADS", "NCCL_NTHREADS", "512", "CUDA threads per thread block of the plan interpreter (a multiple of 32, at most 512)."},
     {"NCCL_BUFFSIZE", "", "",
      "NCCL's buffer per connection (bytes): when TUTTI_DEVICE_SLOT_SIZE is not set, device FIFO slots are this size "
      "divided by TUTTI_DEVICE_FIFO_DEPTH (NCCL splits its buffer into 8 steps the same way)."},

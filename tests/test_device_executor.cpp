@@ -3,6 +3,7 @@
 // 4 and 8 ranks, in and out of place, Simple and LL; every data type and operator; the shared MSCCL
 // plans; FIFOs of one and two slots; failures that name where they stopped. Results are compared bit
 // for bit with the CPU reductions over nccl-tests-style data (exact in every type, any order).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -517,4 +518,21 @@ TEST(DeviceOptions, NcclVariablesMapOntoTheDeviceSettings) {
   EXPECT_EQ(DeviceOptions::from_env().slot_bytes, 64 << 10);
   env.set("NCCL_MIN_NCHANNELS", "8");
   EXPECT_THROW(DeviceOptions::from_env(), InvalidArgument);  // min above max names both
+}
+
+// The interpreter is compiled for blocks of at most kMaxBlockThreads (its __launch_bounds__): a
+// larger block is refused when the options are read, naming the limit, instead of failing to
+// launch on the GPU.
+TEST(DeviceOptions, BlocksLargerThanTheInterpreterIsBuiltForAreRefused) {
+  const std::string most = std::to_string(kMaxBlockThreads), more = std::to_string(kMaxBlockThreads + 32);
+  test_support::ScopedEnv env({{"TUTTI_DEVICE_THREADS", most.c_str()}});
+  EXPECT_EQ(DeviceOptions::from_env().threads, kMaxBlockThreads);
+  env.set("TUTTI_DEVICE_THREADS", more.c_str());
+  try {
+    (void)DeviceOptions::from_env();
+    ADD_FAILURE() << "took blocks of " << kMaxBlockThreads + 32 << " threads";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("between 32 and {}", kMaxBlockThreads)), std::string::npos)
+        << e.what();
+  }
 }

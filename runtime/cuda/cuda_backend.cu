@@ -31,7 +31,7 @@ struct RunBlock {
   }
 };
 
-__global__ void interpret(LaunchArgs a) { with_elem(a.type, RunBlock{a}); }
+__global__ void __launch_bounds__(kMaxBlockThreads) interpret(LaunchArgs a) { with_elem(a.type, RunBlock{a}); }
 
 // One thread holds the stream until the host's flag reaches the target (host staging's proxy).
 __global__ void wait_flag_kernel(const uint64_t* flag, uint64_t target, const volatile int32_t* abort) {

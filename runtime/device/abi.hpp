@@ -35,6 +35,12 @@
 
 namespace tutti::device {
 
+// The most threads a block of the interpreter has (TUTTI_DEVICE_THREADS): the CUDA kernel is
+// compiled for it (__launch_bounds__), so its registers fit a block of this many threads. Without
+// the bound the compiler gave the interpreter 168 registers a thread, which no 512-thread block
+// (NCCL's default, and ours) can have on a GPU of 65536 registers per multiprocessor.
+inline constexpr int kMaxBlockThreads = 512;
+
 // kBufState + s: state buffer s of the plan.
 enum Buf : uint8_t { kBufInput = 0, kBufOutput = 1, kBufScratch = 2, kBufState = 3, kBufNone = 255 };
 

@@ -47,8 +47,9 @@ DeviceOptions DeviceOptions::from_env() {
   TUTTI_CHECK(o.ll_slot_bytes >= 256 && o.ll_slot_bytes % 32 == 0, InvalidArgument,
               "TUTTI_DEVICE_LL_SLOT_SIZE must be a multiple of 32 bytes and at least 256, not {}", o.ll_slot_bytes);
   TUTTI_CHECK(o.fifo_depth >= 1, InvalidArgument, "TUTTI_DEVICE_FIFO_DEPTH must be at least 1, not {}", o.fifo_depth);
-  TUTTI_CHECK(o.threads >= 32 && o.threads <= 1024 && o.threads % 32 == 0, InvalidArgument,
-              "TUTTI_DEVICE_THREADS must be a multiple of 32 between 32 and 1024, not {}", o.threads);
+  TUTTI_CHECK(o.threads >= 32 && o.threads <= device::kMaxBlockThreads && o.threads % 32 == 0, InvalidArgument,
+              "TUTTI_DEVICE_THREADS (or NCCL_NTHREADS) must be a multiple of 32 between 32 and {}, not {}",
+              device::kMaxBlockThreads, o.threads);
   std::string proto = env::get_string("TUTTI_PROTO");
   std::string p;
   for (char ch : proto) p += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));

@@ -19,6 +19,7 @@
 
 #include "core/element.hpp"  // TUTTI_HD
 #include "core/element_program.hpp"
+#include "runtime/device/abi.hpp"
 
 namespace tutti::device {
 
@@ -237,11 +238,10 @@ TUTTI_HD void bias_dropout_residual_ln(const Team& team, const float* y, const f
 // arithmetic per output is the plain loop's, so the result does not depend on the team.
 inline constexpr int kGemmTileK = 16;
 inline constexpr int kGemmRowsPerThread = 4;
-inline constexpr int kGemmMaxTeam = 1024;
 // Floats of team scratch the GEMM uses at most: a's tile (transposed, one float of padding per k
 // row so a warp's stores fall in different banks) and b's.
 inline constexpr int kGemmScratchFloats =
-    kGemmTileK * (kGemmMaxTeam / 32 * kGemmRowsPerThread + 1) + kGemmTileK * 32;
+    kGemmTileK * (kMaxBlockThreads / 32 * kGemmRowsPerThread + 1) + kGemmTileK * 32;
 
 template <class Team>
 TUTTI_HD void gemm(const Team& team, const float* a, const float* b, float* c, int64_t rows, int64_t k, int64_t n) {
