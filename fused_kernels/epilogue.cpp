@@ -3,6 +3,7 @@
 // compiler proves, and the unfused reference.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -10,7 +11,7 @@
 #include "core/datatype.hpp"
 #include "core/error.hpp"
 #include "fused_kernels/common.hpp"
-#include "runtime/device/kernels.hpp"  // the dropout mask, shared with the device form
+#include "fused_kernels/epilogue_kernels.hpp"
 #include "tutti/fused.hpp"
 #include "tutti/kernel.hpp"
 
@@ -34,20 +35,11 @@ int64_t bias_dropout_add(const KernelArgs& a, float* out) {
                                       "the output {}",
                                       a.count, a.input_counts[2], a.output_counts ? a.output_counts[0] : a.count));
   const double p = a.scalars[kDropout];
-  const uint64_t seed = (static_cast<uint64_t>(a.scalars[kSeedHigh]) << 32) | static_cast<uint64_t>(a.scalars[kSeedLow]);
-  if (p <= 0) {
-    for (int64_t r = 0; r < a.count; r += hidden)
-      for (int64_t c = 0; c < hidden; ++c) out[r + c] = residual[r + c] + (y[r + c] + bias[c]);
-    return hidden;
-  }
-  const auto threshold = static_cast<uint32_t>(std::min(p, 1.0) * 16777216.0);
-  const float scale = p < 1 ? static_cast<float>(1.0 / (1.0 - p)) : 0.0f;
-  for (int64_t r = 0; r < a.count; r += hidden)
-    for (int64_t c = 0; c < hidden; ++c) {
-      const int64_t i = r + c;
-      const float x = device::dropout_kept(seed, static_cast<uint64_t>(a.offset + i), threshold) ? (y[i] + bias[c]) * scale : 0.0f;
-      out[i] = residual[i] + x;
-    }
+  BiasDropoutArgs args{y, bias, residual, out, a.count, hidden, p > 0,
+                       (static_cast<uint64_t>(a.scalars[kSeedHigh]) << 32) | static_cast<uint64_t>(a.scalars[kSeedLow]),
+                       static_cast<uint64_t>(a.offset), static_cast<uint32_t>(std::min(p, 1.0) * 16777216.0),
+                       p < 1 ? static_cast<float>(1.0 / (1.0 - p)) : 0.0f};
+  bias_dropout_add_rows(args);
   return hidden;
 }
 
