@@ -63,18 +63,7 @@ void bdr_ln(const KernelArgs& a) {
                                       a.input_counts[3], a.input_counts[4], a.input_counts[1],
                                       a.output_counts ? a.output_counts[1] : a.count, a.count));
   const int64_t hidden = bias_dropout_add(a, out);
-  const auto eps = static_cast<float>(a.scalars[kLnEps]);
-  for (int64_t r = 0; r < a.count; r += hidden) {
-    double sum = 0, sq = 0;
-    for (int64_t c = 0; c < hidden; ++c) sum += out[r + c];
-    const float mean = static_cast<float>(sum / static_cast<double>(hidden));
-    for (int64_t c = 0; c < hidden; ++c) {
-      const float d = out[r + c] - mean;
-      sq += static_cast<double>(d) * d;
-    }
-    const float rstd = 1.0f / std::sqrt(static_cast<float>(sq / static_cast<double>(hidden)) + eps);
-    for (int64_t c = 0; c < hidden; ++c) ln[r + c] = (out[r + c] - mean) * rstd * gamma[c] + beta[c];
-  }
+  layer_norm_rows(out, gamma, beta, ln, a.count, hidden, static_cast<float>(a.scalars[kLnEps]));
 }
 
 struct KernelIds {

@@ -7,6 +7,8 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <cmath>
+
 #include "runtime/device/kernels.hpp"  // dropout_kept: the mask every form draws
 
 HWY_BEFORE_NAMESPACE();
@@ -84,6 +86,52 @@ void BiasDropoutAddRows(const BiasDropoutArgs& a) {
 #endif
 }
 
+// The sum of f(x[c]) over a row in device::row_sum's order for a team of one: element c into lane
+// c % 8, the lanes combined by device::lane_tree. f: promoted values in, doubles out.
+template <class F>
+HWY_INLINE double LaneSum(const float* x, int64_t hidden, F f) {
+  const hn::CappedTag<double, 8> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(dd)), V = 8 / L;  // V vectors of L lanes: 8 lanes
+  HWY_ALIGN double lanes[8];
+  for (int64_t v = 0; v < V; ++v) hn::Store(hn::Zero(dd), dd, lanes + v * L);
+  int64_t c = 0;
+  for (; c + 8 <= hidden; c += 8)
+    for (int64_t v = 0; v < V; ++v)
+      hn::Store(hn::Add(hn::Load(dd, lanes + v * L), f(dd, hn::PromoteTo(dd, hn::LoadU(df, x + c + v * L)))), dd,
+                lanes + v * L);
+  for (; c < hidden; ++c) {
+    const auto one = hn::CappedTag<double, 1>();
+    lanes[c % 8] += hn::GetLane(f(one, hn::Set(one, static_cast<double>(x[c]))));
+  }
+  return device::lane_tree(lanes);
+}
+
+void LayerNormRows(const float* x, const float* gamma, const float* beta, float* ln, int64_t count, int64_t hidden,
+                   float eps) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t r = 0; r < count; r += hidden) {
+    const float* row = x + r;
+    const double sum = LaneSum(row, hidden, [](auto, auto v) { return v; });
+    const float mean = static_cast<float>(sum / static_cast<double>(hidden));
+    // (x - mean) in float, then squared in double: the device form's deviation.
+    const double sq = LaneSum(row, hidden, [mean](auto d, auto v) {
+      const hn::Rebind<float, decltype(d)> f;
+      const auto dev = hn::PromoteTo(d, hn::Sub(hn::DemoteTo(f, v), hn::Set(f, mean)));
+      return hn::Mul(dev, dev);
+    });
+    const float rstd = 1.0f / std::sqrt(static_cast<float>(sq / static_cast<double>(hidden)) + eps);
+    const auto vmean = hn::Set(df, mean), vrstd = hn::Set(df, rstd);
+    int64_t c = 0;
+    for (; c + N <= hidden; c += N) {
+      const auto v = hn::Mul(hn::Mul(hn::Sub(hn::LoadU(df, row + c), vmean), vrstd), hn::LoadU(df, gamma + c));
+      hn::StoreU(hn::Add(v, hn::LoadU(df, beta + c)), df, ln + r + c);
+    }
+    for (; c < hidden; ++c) ln[r + c] = (row[c] - mean) * rstd * gamma[c] + beta[c];
+  }
+}
+
 }  // namespace tutti::fused::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -91,8 +139,14 @@ HWY_AFTER_NAMESPACE();
 namespace tutti::fused {
 
 HWY_EXPORT(BiasDropoutAddRows);
+HWY_EXPORT(LayerNormRows);
 
 void bias_dropout_add_rows(const BiasDropoutArgs& args) { HWY_DYNAMIC_DISPATCH(BiasDropoutAddRows)(args); }
+
+void layer_norm_rows(const float* x, const float* gamma, const float* beta, float* ln, int64_t count, int64_t hidden,
+                     float eps) {
+  HWY_DYNAMIC_DISPATCH(LayerNormRows)(x, gamma, beta, ln, count, hidden, eps);
+}
 
 }  // namespace tutti::fused
 #endif

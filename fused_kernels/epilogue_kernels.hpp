@@ -24,4 +24,10 @@ struct BiasDropoutArgs {
 };
 void bias_dropout_add_rows(const BiasDropoutArgs& args);
 
+// ln = LayerNorm(x) * gamma + beta over `count` elements of whole rows of `hidden`: the mean and
+// the variance summed in double in device::row_sum's order (eight lanes, a fixed tree), float mean
+// and reciprocal standard deviation, as the device form computes them.
+void layer_norm_rows(const float* x, const float* gamma, const float* beta, float* ln, int64_t count, int64_t hidden,
+                     float eps);
+
 }  // namespace tutti::fused

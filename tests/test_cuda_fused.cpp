@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <thread>
 
 #include "collectives/include/nccl.h"
@@ -41,17 +42,36 @@ ExecArgs args_of(float* grads, float* params, float* m, float* v, float* stats, 
   return a;
 }
 
-void* to_device(const std::vector<float>& h) {
+// Each rank's work goes to a stream of its own that does not wait for the legacy default stream:
+// ranks sharing the GPU run their plans concurrently and each waits for the others' messages, so a
+// launch or copy queued behind another rank's running kernel (one shared default stream, or a
+// blocking stream behind a cudaMemcpy) would never start.
+struct RankStream {
+  cudaStream_t s = nullptr;
+  RankStream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess); }
+  ~RankStream() { cudaStreamDestroy(s); }
+  RankStream(const RankStream&) = delete;
+  RankStream& operator=(const RankStream&) = delete;
+};
+
+void* to_device(const std::vector<float>& h, cudaStream_t s) {
   void* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, h.size() * sizeof(float)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMallocAsync(&d, h.size() * sizeof(float), s), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   return d;
 }
 
-std::vector<float> to_host(void* d, size_t n) {
+std::vector<float> to_host(void* d, size_t n, cudaStream_t s) {
   std::vector<float> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   return h;
+}
+
+void free_on(cudaStream_t s, std::initializer_list<void*> ds) {
+  for (void* d : ds) cudaFreeAsync(d, s);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
 }
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
@@ -75,20 +95,23 @@ TEST(CudaFused, ZeroStepPlanMatchesTheCpuExecutor) {
     test_support::on_ranks(comms, [&](int r, Communicator& c) {
       ZeroBuffers h = test_support::zero_rank_inputs(n, r, shard);
       cpu[static_cast<size_t>(r)] = h;
+      RankStream rs;
       DeviceExecutor ex(c, make_cuda_backend(0), DeviceOptions::from_env());
-      void *g = to_device(h.grads), *p = to_device(h.params), *m = to_device(h.m), *v = to_device(h.v),
-           *s = to_device(h.stats);
-      ex.run(*plan, args_of(static_cast<float*>(g), static_cast<float*>(p), static_cast<float*>(m),
-                            static_cast<float*>(v), static_cast<float*>(s), shard, opt));
-      ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+      void *g = to_device(h.grads, rs.s), *p = to_device(h.params, rs.s), *m = to_device(h.m, rs.s),
+           *v = to_device(h.v, rs.s), *s = to_device(h.stats, rs.s);
+      ExecArgs a = args_of(static_cast<float*>(g), static_cast<float*>(p), static_cast<float*>(m),
+                           static_cast<float*>(v), static_cast<float*>(s), shard, opt);
+      a.stream = rs.s;
+      ex.run(*plan, a);
+      ASSERT_EQ(cudaStreamSynchronize(rs.s), cudaSuccess);
       ex.check();
       ZeroBuffers& out = gpu[static_cast<size_t>(r)];
-      out.params = to_host(p, h.params.size());
-      out.m = to_host(m, h.m.size());
-      out.v = to_host(v, h.v.size());
-      out.stats = to_host(s, h.stats.size());
+      out.params = to_host(p, h.params.size(), rs.s);
+      out.m = to_host(m, h.m.size(), rs.s);
+      out.v = to_host(v, h.v.size(), rs.s);
+      out.stats = to_host(s, h.stats.size(), rs.s);
       ex.close();
-      for (void* d : {g, p, m, v, s}) cudaFree(d);
+      free_on(rs.s, {g, p, m, v, s});
       ZeroBuffers& ref = cpu[static_cast<size_t>(r)];
       CpuExecutor host(c, CpuExecutorOptions{});
       host.run(*plan, args_of(ref.grads.data(), ref.params.data(), ref.m.data(), ref.v.data(), ref.stats.data(), shard, opt));
@@ -115,18 +138,23 @@ void expect_case_on_gpu(const test_support::FusedCase& c, int n) {
   auto comms = Communicator::create_local(n);
   test_support::on_ranks(comms, [&](int r, Communicator& comm) {
     test_support::Arrays& g = gpu[static_cast<size_t>(r)];
+    RankStream rs;
     std::vector<float*> dev;
-    for (const auto& a : g) dev.push_back(static_cast<float*>(to_device(a)));
+    for (const auto& a : g) dev.push_back(static_cast<float*>(to_device(a, rs.s)));
     {
       DeviceExecutor ex(comm, make_cuda_backend(0), DeviceOptions::from_env());
-      for (size_t k = 0; k < c.plans.size(); ++k) ex.run(*c.plans[k], c.args(r, dev, k));
-      ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+      for (size_t k = 0; k < c.plans.size(); ++k) {
+        ExecArgs a = c.args(r, dev, k);
+        a.stream = rs.s;
+        ex.run(*c.plans[k], a);
+      }
+      ASSERT_EQ(cudaStreamSynchronize(rs.s), cudaSuccess);
       ex.check();
       ex.close();
     }
     for (size_t k = 0; k < g.size(); ++k) {
-      g[k] = to_host(dev[k], g[k].size());
-      cudaFree(dev[k]);
+      g[k] = to_host(dev[k], g[k].size(), rs.s);
+      free_on(rs.s, {dev[k]});
     }
     CpuExecutor host(comm, CpuExecutorOptions{});
     for (size_t k = 0; k < c.plans.size(); ++k) host.run(*c.plans[k], c.args(r, test_support::addresses(cpu[static_cast<size_t>(r)]), k));
@@ -187,28 +215,27 @@ TEST(CudaFused, TuttiRunPlanRunsTheZeroStepOnDeviceBuffers) {
       ncclComm_t comm = nullptr;
       ASSERT_EQ(ncclCommInitRank(&comm, n, id, r), ncclSuccess) << ncclGetLastError(nullptr);
       ZeroBuffers& x = gpu[static_cast<size_t>(r)];
-      void *g = to_device(x.grads), *p = to_device(x.params), *m = to_device(x.m), *v = to_device(x.v),
-           *st = to_device(x.stats);
+      RankStream rs;
+      const cudaStream_t stream = rs.s;
+      void *g = to_device(x.grads, stream), *p = to_device(x.params, stream), *m = to_device(x.m, stream),
+           *v = to_device(x.v, stream), *st = to_device(x.stats, stream);
       void* states[] = {p, m, v, st};
-      cudaStream_t stream = nullptr;
-      ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
       ASSERT_EQ(tuttiRunPlan(plan, g, nullptr, shard, ncclFloat32, ncclSum, states, 4, scalars.data(),
                              static_cast<int>(scalars.size()), comm, stream),
                 ncclSuccess)
           << ncclGetLastError(comm);
       ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      x.params = to_host(p, x.params.size());
-      x.m = to_host(m, x.m.size());
-      x.v = to_host(v, x.v.size());
-      x.stats = to_host(st, x.stats.size());
-      for (void* d : {g, p, m, v, st}) cudaFree(d);
+      x.params = to_host(p, x.params.size(), stream);
+      x.m = to_host(m, x.m.size(), stream);
+      x.v = to_host(v, x.v.size(), stream);
+      x.stats = to_host(st, x.stats.size(), stream);
+      free_on(stream, {g, p, m, v, st});
       ZeroBuffers& h = cpu[static_cast<size_t>(r)];
       void* host_states[] = {h.params.data(), h.m.data(), h.v.data(), h.stats.data()};
       ASSERT_EQ(tuttiRunPlan(plan, h.grads.data(), nullptr, shard, ncclFloat32, ncclSum, host_states, 4, scalars.data(),
                              static_cast<int>(scalars.size()), comm, nullptr),
                 ncclSuccess)
           << ncclGetLastError(comm);
-      cudaStreamDestroy(stream);
       EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
     });
   for (auto& t : ranks) t.join();

@@ -660,9 +660,19 @@ TEST(BiasDropoutResidual, EverySeedBitCounts) {
   });
 }
 
-// The vectorised epilogue loop draws the device form's mask and computes its floats, element by
-// element: rows whose length is no multiple of any vector width (a scalar tail), offsets into the
-// tensor, seeds of 64 bits, and dropout 0 (nothing drawn), 0.1, 0.5 and 1 (everything dropped).
+namespace {
+struct OneThread {  // a device team of one thread, as the emulated device runs kernels
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  void sync() const {}
+  double sum(double v) const { return v; }
+};
+}  // namespace
+
+// The vectorised epilogue loops draw the device form's mask and compute its floats, element by
+// element (LayerNorm's row sums in its order): rows whose length is no multiple of any vector width
+// (a scalar tail), offsets into the tensor, seeds of 64 bits, and dropout 0 (nothing drawn), 0.1,
+// 0.5 and 1 (everything dropped).
 TEST(BiasDropoutResidual, VectorisedLoopIsTheDeviceFormBitForBit) {
   std::mt19937 gen(3);
   std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
@@ -687,6 +697,20 @@ TEST(BiasDropoutResidual, VectorisedLoopIsTheDeviceFormBitForBit) {
                 << "hidden " << hidden << ", dropout " << p << ", seed " << seed << ", offset " << offset << ", element " << i;
             kept += out[static_cast<size_t>(i)] != residual[static_cast<size_t>(i)];
           }
+          // With LayerNorm: the same floats as the device form on a team of one thread (the emulated
+          // device), whose row sums follow the CPU's eight vector lanes.
+          std::vector<float> gamma(static_cast<size_t>(hidden)), beta(gamma.size()), ln(y.size()), dev_out(y.size()),
+              dev_ln(y.size());
+          for (float& x : gamma) x = dist(gen);
+          for (float& x : beta) x = dist(gen);
+          fused::layer_norm_rows(out.data(), gamma.data(), beta.data(), ln.data(), n, hidden, 1e-5f);
+          const double ln_scalars[4] = {scalars[0], scalars[1], scalars[2], 1e-5};
+          device::bias_dropout_residual_ln(OneThread{}, y.data(), bias.data(), residual.data(), gamma.data(), beta.data(),
+                                           dev_out.data(), dev_ln.data(), n, hidden, offset, ln_scalars);
+          ASSERT_EQ(std::memcmp(dev_out.data(), out.data(), out.size() * sizeof(float)), 0) << hidden;
+          for (int64_t i = 0; i < n; ++i)
+            ASSERT_EQ(std::bit_cast<uint32_t>(ln[static_cast<size_t>(i)]), std::bit_cast<uint32_t>(dev_ln[static_cast<size_t>(i)]))
+                << "LayerNorm, hidden " << hidden << ", dropout " << p << ", element " << i;
           if (p == 0.5 && n >= 1000) {  // and the mask is not trivial: about half kept
             EXPECT_GT(kept, n * 4 / 10) << hidden;
             EXPECT_LT(kept, n * 6 / 10) << hidden;

@@ -299,9 +299,14 @@ DeviceExecutor::Uploaded& DeviceExecutor::upload(const PreparedPlan& pp, void* s
               "plan '{}' runs {} thread blocks on each of up to {} ranks sharing a GPU, more than a GPU runs at once "
               "({} of {} threads): use fewer ranks per GPU, or fewer threads per block (TUTTI_DEVICE_THREADS)",
               pp.plan.name, nblocks, ranks_on_device_, resident, options_.threads);
+  // Automatic instances leave some multiprocessors free (an eighth, at least 2): at 512 threads a
+  // block of the interpreter fills a multiprocessor's registers, and a kernel of the user's or of
+  // host staging's proxy that holds one would keep a block of the plan waiting for it.
+  const int processors = backend_->processors();
+  const int spare = std::min(processors - 1, std::max(2, processors / 8));
   u->instances = options_.instances > 0
                      ? options_.instances
-                     : std::clamp(backend_->processors() / (nblocks * ranks_on_device_), options_.min_instances,
+                     : std::clamp((processors - spare) / (nblocks * ranks_on_device_), options_.min_instances,
                                   options_.max_instances);
   u->instances = std::min(u->instances, std::max(1, resident / (nblocks * ranks_on_device_)));
   // Device channel 0 is reserved for point-to-point calls; instance i's plan channel c is

@@ -6,8 +6,9 @@
 //
 // Each computes what its CPU form computes (fused_kernels/zero_step.cpp), operation by operation,
 // in the same element order within an element: the emulated device's results equal the CPU's bit
-// for bit (neither contracts a multiply and an add), and a GPU's differ only where its square root,
-// division or pow round differently. Sums of squares are accumulated in double per thread and
+// for bit (neither contracts a multiply and an add), and a GPU's differ where nvcc contracts a
+// multiply and an add into one rounding (its default, kept for speed) and where its square root,
+// division or pow round differently: the GPU tests compare to rounding. Sums of squares are accumulated in double per thread and
 // added across the team in a fixed order, so they are deterministic on one device (not equal to
 // the CPU's, whose vector lanes add in another order).
 //
@@ -191,10 +192,26 @@ TUTTI_HD void bias_dropout_residual(const Team& team, const float* y, const floa
   team.sync();
 }
 
+// The order a LayerNorm adds a row in, so that a CPU's vector lanes can follow it: eight partial
+// sums, a thread's j-th element of the row into partial j % 8, combined as a fixed tree, then the
+// team's sum (Team::sum). With a team of one thread, element c goes to partial c % 8: a vector of
+// eight doubles (or two of four, four of two) accumulating the row in order, as the CPU form
+// (fused_kernels/epilogue_kernels.cpp) does; so the emulated device and the CPU agree bit for bit.
+TUTTI_HD double lane_tree(const double* p) {
+  return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+template <class Team, class Value>
+TUTTI_HD double row_sum(const Team& team, int64_t hidden, Value value) {
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int j = 0;
+  for (int64_t c = team.rank(); c < hidden; c += team.size(), j = (j + 1) & 7) part[j] += value(c);
+  return team.sum(lane_tree(part));
+}
+
 // "fused.bias_dropout_residual_ln": the same, then ln = LayerNorm(out) * gamma + beta per row, with
-// the CPU form's arithmetic (double sums of the row and of its squared deviations, float mean and
-// reciprocal standard deviation). Row by row, each thread reads back only what it wrote, and the
-// team adds the row's sums in its fixed order. Scalars: dropout, seed_high, seed_low, eps.
+// the CPU form's arithmetic (double sums of the row and of its squared deviations, in row_sum's
+// order; float mean and reciprocal standard deviation). Row by row, each thread reads back only
+// what it wrote. Scalars: dropout, seed_high, seed_low, eps.
 template <class Team>
 TUTTI_HD void bias_dropout_residual_ln(const Team& team, const float* y, const float* bias, const float* residual,
                                        const float* gamma, const float* beta, float* out, float* ln, int64_t n,
@@ -202,20 +219,18 @@ TUTTI_HD void bias_dropout_residual_ln(const Team& team, const float* y, const f
   const Dropout d = dropout_of(scalars);
   const auto eps = static_cast<float>(scalars[3]);
   for (int64_t row = 0; row < n; row += hidden) {
-    double sum = 0;
-    for (int64_t c = team.rank(); c < hidden; c += team.size()) {
+    const double sum = row_sum(team, hidden, [&](int64_t c) {
       const int64_t i = row + c;
       const float o = bias_dropout_add(d, y[i], bias[c], residual[i], static_cast<uint64_t>(offset + i));
       out[i] = o;
-      sum += o;
-    }
-    const float mean = static_cast<float>(team.sum(sum) / static_cast<double>(hidden));
-    double sq = 0;
-    for (int64_t c = team.rank(); c < hidden; c += team.size()) {
+      return static_cast<double>(o);
+    });
+    const float mean = static_cast<float>(sum / static_cast<double>(hidden));
+    const double sq = row_sum(team, hidden, [&](int64_t c) {
       const float dev = out[row + c] - mean;
-      sq += static_cast<double>(dev) * dev;
-    }
-    const float rstd = 1.0f / sqrtf(static_cast<float>(team.sum(sq) / static_cast<double>(hidden)) + eps);
+      return static_cast<double>(dev) * static_cast<double>(dev);
+    });
+    const float rstd = 1.0f / sqrtf(static_cast<float>(sq / static_cast<double>(hidden)) + eps);
     for (int64_t c = team.rank(); c < hidden; c += team.size())
       ln[row + c] = (out[row + c] - mean) * rstd * gamma[c] + beta[c];
   }
