@@ -162,7 +162,10 @@ BiasDropoutResidual::BiasDropoutResidual(Comm& comm, int64_t rows, int64_t hidde
   const int n = comm.size();
   TUTTI_CHECK(rows >= 1 && hidden >= 1 && rows % n == 0, InvalidArgument,
               "rank {}: BiasDropoutResidual: {} rows of {} do not split over {} ranks", comm.rank(), rows, hidden, n);
-  pieces_ = pieces > 0 ? pieces : pieces_for(rows / n, hidden * static_cast<int64_t>(sizeof(float)), 256 << 10, 256);
+  // About 512 KiB a piece: with the kernels vectorised, pieces of 256 KiB (32 per rank at GPT-2's
+  // 8192 x 768 on 2 ranks) cost the pipeline more than they hid; 8-16 pieces ran 10-25 % faster
+  // (docs/PERFORMANCE.md, "Vectorised epilogue").
+  pieces_ = pieces > 0 ? pieces : pieces_for(rows / n, hidden * static_cast<int64_t>(sizeof(float)), 512 << 10, 256);
   TUTTI_CHECK((rows / n) % pieces_ == 0, InvalidArgument,
               "rank {}: BiasDropoutResidual: {} rows per rank do not split into {} pieces", comm.rank(), rows / n, pieces_);
   TUTTI_CHECK(options.dropout >= 0 && options.dropout < 1, InvalidArgument,
