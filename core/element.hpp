@@ -15,8 +15,10 @@
 
 #if defined(__CUDACC__)
 #define TUTTI_HD __host__ __device__ __forceinline__
+#define TUTTI_UNROLL _Pragma("unroll")
 #else
 #define TUTTI_HD inline
+#define TUTTI_UNROLL
 #endif
 
 namespace tutti::element {

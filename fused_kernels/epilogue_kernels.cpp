@@ -18,12 +18,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 #if HWY_TARGET != HWY_SCALAR
 // The low 64 bits of a * b per lane, from 32 x 32 -> 64 products (Highway 1.0 has no 64-bit Mul).
 template <class D64, class V>
-HWY_INLINE V MulLow64(D64 d64, V a, V b) {
+HWY_INLINE V MulLow64(D64, V a, V b) {
   const hn::Repartition<uint32_t, D64> d32;
   const V lo_lo = hn::MulEven(hn::BitCast(d32, a), hn::BitCast(d32, b));
   const V hi_lo = hn::MulEven(hn::BitCast(d32, hn::ShiftRight<32>(a)), hn::BitCast(d32, b));
   const V lo_hi = hn::MulEven(hn::BitCast(d32, a), hn::BitCast(d32, hn::ShiftRight<32>(b)));
-  (void)d64;
   return hn::Add(lo_lo, hn::ShiftLeft<32>(hn::Add(hi_lo, lo_hi)));
 }
 

@@ -30,12 +30,6 @@ namespace tutti::device {
 
 using mem::Pack16;
 
-#if defined(__CUDACC__)
-#define TUTTI_UNROLL _Pragma("unroll")
-#else
-#define TUTTI_UNROLL
-#endif
-
 #if defined(__CUDA_ARCH__)
 struct Team {
   __device__ int rank() const { return static_cast<int>(threadIdx.x); }

@@ -8,8 +8,8 @@
 // in the same element order within an element: the emulated device's results equal the CPU's bit
 // for bit (neither contracts a multiply and an add), and a GPU's differ where nvcc contracts a
 // multiply and an add into one rounding (its default, kept for speed) and where its square root,
-// division or pow round differently: the GPU tests compare to rounding. Sums of squares are accumulated in double per thread and
-// added across the team in a fixed order, so they are deterministic on one device (not equal to
+// division or pow round differently: the GPU tests compare to rounding. Sums of squares are
+// accumulated in double per thread and added across the team in a fixed order, so they are deterministic on one device (not equal to
 // the CPU's, whose vector lanes add in another order).
 //
 // Operands are checked when the plan is flattened (device_plan.cpp, check_operands): data ranges of
@@ -18,17 +18,11 @@
 #include <cmath>
 #include <cstdint>
 
-#include "core/element.hpp"  // TUTTI_HD
+#include "core/element.hpp"  // TUTTI_HD, TUTTI_UNROLL
 #include "core/element_program.hpp"
 #include "runtime/device/abi.hpp"
 
 namespace tutti::device {
-
-#if defined(__CUDACC__)
-#define TUTTI_GEMM_UNROLL _Pragma("unroll")
-#else
-#define TUTTI_GEMM_UNROLL
-#endif
 
 TUTTI_HD bool finite_float(float x) { return x <= 3.402823466e38f && x >= -3.402823466e38f; }
 
@@ -240,8 +234,8 @@ TUTTI_HD void bias_dropout_residual_ln(const Team& team, const float* y, const f
 // --- GEMM blocks (fused_kernels/gemm_overlap.cpp) -----------------------------------------------
 
 // "fused.gemm": c (rows x n) = a (rows x k) @ b (k x n), row major; each output element a float
-// sum over k in order (the CPU form's order: OpenBLAS's, for the small exact operands the tests
-// use). Lengths are checked per call (device_executor.cpp). c must not overlap a or b.
+// sum over k in order (the CPU form, OpenBLAS, may add in another order: the tests compare them on
+// exact operands). Lengths are checked per call (device_executor.cpp). c must not overlap a or b.
 //
 // Tiled: the team loads a tile of a (`rows_per_tile` x kGemmTileK) and one of b (kGemmTileK x
 // `cols_per_tile`) into its shared scratch, and each thread keeps kGemmRowsPerThread outputs of
@@ -270,7 +264,7 @@ TUTTI_HD void gemm(const Team& team, const float* a, const float* b, float* c, i
   for (int64_t ti = 0; ti < rows; ti += tm)
     for (int64_t tj = 0; tj < n; tj += tn) {
       float acc[kGemmRowsPerThread];
-      TUTTI_GEMM_UNROLL
+      TUTTI_UNROLL
       for (int r = 0; r < kGemmRowsPerThread; ++r) acc[r] = 0.0f;
       for (int64_t tk = 0; tk < k; tk += kGemmTileK) {
         const int kk = static_cast<int>(k - tk < kGemmTileK ? k - tk : kGemmTileK);
@@ -285,12 +279,12 @@ TUTTI_HD void gemm(const Team& team, const float* a, const float* b, float* c, i
         team.sync();
         for (int q = 0; q < kk; ++q) {  // only the k that exist: no extra "+ 0 * x" terms
           const float bv = bs[q * tn + j0];
-          TUTTI_GEMM_UNROLL
+          TUTTI_UNROLL
           for (int r = 0; r < kGemmRowsPerThread; ++r) acc[r] += as[q * lda + i0 + r] * bv;
         }
         team.sync();  // the tiles are reloaded next
       }
-      TUTTI_GEMM_UNROLL
+      TUTTI_UNROLL
       for (int r = 0; r < kGemmRowsPerThread; ++r)
         if (ti + i0 + r < rows && tj + j0 < n) c[(ti + i0 + r) * n + tj + j0] = acc[r];
     }
