@@ -10,7 +10,19 @@ for n in 2 4; do
   echo "## $n processes"
   reps=1
   [ "$n" = 2 ] && reps=5
-  for _ in $(seq $reps); do run -n $n "$F" --op zero --mib 64 --iters 7; done
+  ratios=()
+  for _ in $(seq $reps); do
+    out=$(run -n $n "$F" --op zero --mib 64 --iters 7)
+    echo "$out"
+    ratios+=("$(awk '$1 == "zero" { print $4 }' <<< "$out")")
+  done
+  # The floor (issue 20: 1.3x at 2 processes) is judged on the median of the runs: on this VM one
+  # run swings by 10-20 % with where the hypervisor puts the cores.
+  if [ "$reps" -gt 1 ]; then
+    printf '%s\n' "${ratios[@]}" | sort -n |
+      awk -v n="$n" '{ r[NR] = $1 } END { m = NR % 2 ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2;
+                                          printf "zero step, %d processes: median fused/unfused ratio %.2f over %d runs\n", n, m, NR }'
+  fi
   run -n $n "$F" --op zero --mib 64 --iters 7 --shared
   run -n $n "$F" --op zero --mib 64 --iters 7 --bf16
   for flags in "" "--ln" "--sp" "--sp --ln"; do
