@@ -121,6 +121,9 @@ constexpr Variable kVariables[] = {
      "1: the first call of a collective at a size the table does not cover measures the model's best candidates and "
      "every fixed algorithm on the live communicator (a few milliseconds), and uses the fastest from then on."},
     {"TUTTI_PIPELINE_DEPTH", "", "4", "Tiles in flight per reducing receive (staging slots per block)."},
+    {"TUTTI_STREAM_EPILOGUES", "", "1",
+     "1: a kernel that follows a reducing receive in a plan (a reduction's epilogue) and has a stream form runs on "
+     "each range of the chunk as it is combined, while it is in the cache; 0: as a pass of its own."},
     {"TUTTI_NVML_LIBRARY", "", "libnvidia-ml.so.1",
      "NVIDIA's management library, loaded at run time to detect GPUs and their NVLinks (a name for dlopen or a path); "
      "empty: topology detection does not use NVML. Without it (no driver), detection goes on with hwloc alone."},

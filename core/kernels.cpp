@@ -121,6 +121,10 @@ KernelId register_kernel(KernelDef def) {
                                       def.name));
   }
   if (!def.cpu) throw InvalidArgument(fmt::format("register_kernel: kernel '{}' has no CPU implementation", def.name));
+  if (!def.stream && def.stream_state)
+    throw InvalidArgument(fmt::format("register_kernel: kernel '{}' asks for {} bytes of stream state without a stream "
+                                      "form (KernelDef::stream)",
+                                      def.name, def.stream_state));
   if (!(def.copy_cost > 0))
     throw InvalidArgument(fmt::format("register_kernel: kernel '{}': copy_cost {} is not positive", def.name,
                                       def.copy_cost));

@@ -15,13 +15,17 @@ HWY_BEFORE_NAMESPACE();
 namespace tutti::fused::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-double UnscaleSquare(float* out, const float* in, int64_t n, float scale) {
+// UnscaleSquare over a chunk given in consecutive pieces: `acc` (2 * Lanes(double) doubles, zero
+// before the first piece) carries the two accumulators from piece to piece, and every piece but the
+// last holds whole pairs of vectors, so the sum is the whole chunk's, bit for bit, wherever the cuts
+// fall. Returns it on the last piece (the scalar tail added after the lanes, as for a whole chunk).
+double UnscaleSquarePiece(float* out, const float* in, int64_t n, float scale, double* acc, bool last) {
   // Floats as many as a double vector's lanes at a time, so each widens to doubles in one step.
   const hn::ScalableTag<double> dd;
   const hn::Rebind<float, decltype(dd)> df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(dd));
   const auto vs = hn::Set(df, scale);
-  auto acc0 = hn::Zero(dd), acc1 = hn::Zero(dd);
+  auto acc0 = hn::LoadU(dd, acc), acc1 = hn::LoadU(dd, acc + N);
   int64_t i = 0;
   for (; i + 2 * N <= n; i += 2 * N) {
     const auto x0 = hn::Mul(hn::LoadU(df, in + i), vs);
@@ -32,6 +36,11 @@ double UnscaleSquare(float* out, const float* in, int64_t n, float scale) {
     acc0 = hn::MulAdd(d0, d0, acc0);
     acc1 = hn::MulAdd(d1, d1, acc1);
   }
+  if (!last) {
+    hn::StoreU(acc0, dd, acc);
+    hn::StoreU(acc1, dd, acc + N);
+    return 0;
+  }
   double sum = hn::GetLane(hn::SumOfLanes(dd, hn::Add(acc0, acc1)));
   for (; i < n; ++i) {
     const float x = in[i] * scale;
@@ -39,6 +48,14 @@ double UnscaleSquare(float* out, const float* in, int64_t n, float scale) {
     sum += static_cast<double>(x) * static_cast<double>(x);
   }
   return sum;
+}
+
+// The bytes UnscaleSquarePiece's `acc` holds on this target.
+size_t UnscaleSquareStateBytes() { return 2 * hn::Lanes(hn::ScalableTag<double>()) * sizeof(double); }
+
+double UnscaleSquare(float* out, const float* in, int64_t n, float scale) {
+  double acc[2 * HWY_MAX_BYTES / sizeof(double)] = {};
+  return UnscaleSquarePiece(out, in, n, scale, acc, true);
 }
 
 // The sum of squares of x, accumulated exactly as UnscaleSquare accumulates it (so a separate
@@ -130,6 +147,8 @@ void to_bf16(uint16_t* out, const float* in, int64_t n) {
 }
 
 HWY_EXPORT(UnscaleSquare);
+HWY_EXPORT(UnscaleSquarePiece);
+HWY_EXPORT(UnscaleSquareStateBytes);
 HWY_EXPORT(AdamwUpdate);
 HWY_EXPORT(SumSquares);
 HWY_EXPORT(ScaleCheck);
@@ -139,6 +158,12 @@ bool scale_check(float* x, int64_t n, float factor) { return HWY_DYNAMIC_DISPATC
 
 double unscale_square(float* out, const float* in, int64_t n, float scale) {
   return HWY_DYNAMIC_DISPATCH(UnscaleSquare)(out, in, n, scale);
+}
+
+size_t unscale_square_state_bytes() { return HWY_DYNAMIC_DISPATCH(UnscaleSquareStateBytes)(); }
+
+double unscale_square_piece(float* out, const float* in, int64_t n, float scale, double* acc, bool last) {
+  return HWY_DYNAMIC_DISPATCH(UnscaleSquarePiece)(out, in, n, scale, acc, last);
 }
 
 void adamw_update(const AdamwArgs& args, int64_t n) { HWY_DYNAMIC_DISPATCH(AdamwUpdate)(args, n); }

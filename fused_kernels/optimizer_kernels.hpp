@@ -3,12 +3,20 @@
 // fused ZeRO step's kernels and its unfused reference both call them, on the same pieces, so the
 // two agree bit for bit.
 
+#include <cstddef>
 #include <cstdint>
 
 namespace tutti::fused {
 
 // out = in * scale (out may be in); returns the sum of the squares of out, accumulated in double.
 double unscale_square(float* out, const float* in, int64_t n, float scale);
+
+// unscale_square over a chunk cut into consecutive pieces (a streamed epilogue, KernelDef::stream):
+// `acc` holds unscale_square_state_bytes() bytes, zero before the first piece; every piece but the
+// last is a multiple of 64 elements. Returns, on the last piece, what unscale_square returns for
+// the whole chunk, bit for bit; 0 before.
+size_t unscale_square_state_bytes();
+double unscale_square_piece(float* out, const float* in, int64_t n, float scale, double* acc, bool last);
 
 // The sum of squares of x in double, accumulated as unscale_square does (the same double for the
 // same floats): the unfused norm pass.

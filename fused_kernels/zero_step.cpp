@@ -61,6 +61,25 @@ void unscale_sumsq_acc(const KernelArgs& a) {
   *static_cast<float*>(a.outputs[1]) = static_cast<float>(static_cast<double>(before) + sum);
 }
 
+// Both as epilogues streamed over the reduce-scatter (KernelDef::stream): the unscale and the sum
+// of squares on each range of a chunk as it is combined, the sum written when the step runs.
+template <bool Acc>
+void unscale_sumsq_stream(const KernelArgs& a, void* state, int64_t from, int64_t to, bool last) {
+  constexpr bool acc = Acc;
+  const char* name = acc ? "zero.unscale_sumsq_acc" : "zero.unscale_sumsq";
+  if (from == 0) {  // the first call checks the operands
+    require_float(a, name);
+    if (acc) require_counts(a, name, {a.count, -1}, {a.count, -1});
+    else require_counts(a, name, {a.count}, {a.count, -1});
+  }
+  const double sum = unscale_square_piece(static_cast<float*>(a.outputs[0]) + from,
+                                          static_cast<const float*>(a.inputs[0]) + from, to - from,
+                                          static_cast<float>(a.scalars[0]), static_cast<double*>(state), last);
+  if (!last) return;
+  const double before = acc ? static_cast<double>(*static_cast<const float*>(a.inputs[1])) : 0.0;
+  *static_cast<float*>(a.outputs[1]) = static_cast<float>(acc ? before + sum : sum);
+}
+
 // inputs {g, m, v, p, total}, outputs {m', v', p'}: AdamW with the gradients clipped by the global
 // norm sqrt(total), as the trainer's optimizer computes it; nothing changes when total is not finite.
 void adamw(const KernelArgs& a) {
@@ -132,10 +151,16 @@ const KernelIds& ids() {
     // Mixed units: operands include a statistic (a state buffer of unit 1).
     const std::vector<std::string> adamw_scalars = {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "max_norm"};
     // Device forms (runtime/device/kernels.hpp): every ZeRO kernel.
-    out.unscale_sumsq = register_once({"zero.unscale_sumsq", {"grad_scale"}, unscale_sumsq, 1.0, 1, 2}, true,
+    auto streamed = [](KernelDef d) {
+      d.stream = d.inputs == 2 ? unscale_sumsq_stream<true> : unscale_sumsq_stream<false>;
+      d.stream_state = unscale_square_state_bytes();
+      return d;
+    };
+    out.unscale_sumsq = register_once(streamed({"zero.unscale_sumsq", {"grad_scale"}, unscale_sumsq, 1.0, 1, 2}), true,
                                       DeviceKernel::kUnscaleSumsq);
-    out.unscale_sumsq_acc = register_once({"zero.unscale_sumsq_acc", {"grad_scale"}, unscale_sumsq_acc, 1.0, 2, 2}, true,
-                                          DeviceKernel::kUnscaleSumsqAcc);
+    out.unscale_sumsq_acc =
+        register_once(streamed({"zero.unscale_sumsq_acc", {"grad_scale"}, unscale_sumsq_acc, 1.0, 2, 2}), true,
+                      DeviceKernel::kUnscaleSumsqAcc);
     out.adamw = register_once({"zero.adamw", adamw_scalars, adamw, 3.5, 5, 3}, true, DeviceKernel::kAdamw);
     out.adamw_masked = register_once(
         {"zero.adamw_masked", {"lr", "beta1", "beta2", "eps", "weight_decay", "step", "clip"}, adamw_masked, 4.0, 5, 3},

@@ -58,8 +58,56 @@ struct PendingSend {
   size_t step;
 };
 
+// A compute step's operands and scalars, as its kernel gets them.
+struct KernelCall {
+  const KernelDef* kernel = nullptr;
+  std::vector<const void*> ins;
+  std::vector<void*> outs;
+  std::vector<int64_t> counts;  // inputs, then outputs
+  std::vector<double> values;
+  KernelArgs args{};
+};
+
+// A reduction's epilogue run on the ranges of its receive as they are combined (KernelDef::stream,
+// streamed_epilogues): the receive's tiles land in order at base, so the ranges follow each other.
+// Ranges are passed on in whole multiples of 64 elements; the rest, with the statistics, waits for
+// the compute step (finish).
+class StreamedEpilogue final : public ReceiveEpilogue {
+ public:
+  plan::Dep compute{};  // the step that finishes it
+  KernelCall call;
+  bool open = false;    // the receive of this call streams it (its operands passed open_epilogue's check)
+
+  void begin(unsigned char* base, int64_t esize) {
+    base_ = base;
+    esize_ = esize;
+    written_ = done_ = 0;
+    state_.assign(call.kernel->stream_state, 0);
+    call.kernel->stream(call.args, state_.data(), 0, 0, false);
+  }
+  void written(unsigned char* data, size_t bytes) override {
+    if (data != base_ + written_ * esize_)
+      throw InternalError(fmt::format("kernel '{}' streamed over a receive: a range arrived at element {}, expected {}",
+                                      call.kernel->name, (data - base_) / esize_, written_));
+    written_ += static_cast<int64_t>(bytes) / esize_;
+    const int64_t to = written_ / 64 * 64;
+    if (to > done_) {
+      call.kernel->stream(call.args, state_.data(), done_, to, false);
+      done_ = to;
+    }
+  }
+  void finish() { call.kernel->stream(call.args, state_.data(), done_, call.args.count, true); }
+
+ private:
+  unsigned char* base_ = nullptr;
+  int64_t esize_ = 1, written_ = 0, done_ = 0;
+  std::vector<unsigned char> state_;
+};
+
 struct Run {
   const plan::Block* block = nullptr;
+  // Per step: the streamed epilogue a receive opens or a compute step finishes (streamed_epilogues).
+  std::vector<StreamedEpilogue*> epilogues;
   int worker = 0;
   size_t pc = 0;                  // steps [0, pc) are issued
   std::atomic<size_t> retired{0};  // steps [0, retired) are issued and their sends are done or owned
@@ -116,6 +164,7 @@ class BlockMachine {
     const ExecArgs& args;
     unsigned char* scratch;
     bool stream_output;  // large outputs are written around the caches
+    bool stream_epilogues;  // TUTTI_STREAM_EPILOGUES
     Run* runs;
     size_t nruns;
     int nworkers;
@@ -138,6 +187,7 @@ class BlockMachine {
         args(c.args),
         scratch(c.scratch),
         stream_output(c.stream_output),
+        stream_epilogues(c.stream_epilogues),
         runs(c.runs),
         nruns(c.nruns),
         nworkers(c.nworkers),
@@ -183,6 +233,15 @@ class BlockMachine {
                                                             : scratch;
     return base + g.offset(l.index);
   }
+  // Fills `call` for compute step `in` of block `r`: its operands' addresses and lengths, its scalars.
+  void kernel_call(const Run& r, const plan::Instruction& in, KernelCall& call) const;
+  // Opens `e` for the receive `r` is starting, if the compute step's operands are as
+  // streamed_epilogues assumed: the chunk in place, and nothing else overlapping it.
+  void open_epilogue(const Run& r, StreamedEpilogue& e);
+  static ReceiveEpilogue* epilogue_of(const Run& r) {
+    StreamedEpilogue* e = r.epilogues.empty() ? nullptr : r.epilogues[r.pc];
+    return e && e->open ? e : nullptr;
+  }
   // Large outputs are written with non-temporal stores where nothing reads them back during the
   // call: plain receives and local copies into the user's buffers (never scratch, never the landing
   // place of a tile that is forwarded from there).
@@ -206,6 +265,7 @@ class BlockMachine {
   const ExecArgs& args;
   unsigned char* const scratch;
   const bool stream_output;
+  const bool stream_epilogues;
   Run* const runs;
   const size_t nruns;
   const int nworkers;
@@ -257,27 +317,14 @@ bool BlockMachine::start(size_t b) {
       return true;
     }
     case plan::Opcode::kCompute: {
-      const KernelDef& k = kernel_def(in.kernel);
-      std::vector<const void*> ins;
-      std::vector<void*> outs;
-      for (const plan::Ref& s : in.srcs) ins.push_back(pointer(s));
-      for (const plan::Ref& w : in.writes()) outs.push_back(pointer(w));
-      std::vector<int64_t> counts;
-      for (const plan::Ref& s : in.srcs) counts.push_back(bytes_of(s) / esize);
-      for (const plan::Ref& w : in.writes()) counts.push_back(bytes_of(w) / esize);
-      std::vector<double> values;
-      for (const ScalarArg& a : in.scalars) {
-        TUTTI_CHECK(a.slot < static_cast<int>(args.scalars.size()), InvalidArgument,
-                    "rank {}: plan '{}' block {} runs kernel '{}' with per-call scalar {}, but the call passes {} "
-                    "scalar(s)",
-                    rank, p.name, r.block->id, k.name, a.slot, args.scalars.size());
-        values.push_back(a.slot >= 0 ? args.scalars[static_cast<size_t>(a.slot)] : a.value);
+      if (StreamedEpilogue* e = r.epilogues.empty() ? nullptr : r.epilogues[r.pc]; e && e->open) {
+        e->open = false;  // its receive ran the kernel on the chunk as it arrived
+        e->finish();
+        return true;
       }
-      const plan::Ref& first = in.srcs[0];
-      const int64_t unit = p.unit(first.buffer);
-      const int64_t offset = unit ? first.index * unit : g.chunk_begin(first.index);
-      k.cpu(KernelArgs{ins.data(), outs.data(), counts[0], type, values.data(), counts.data(),
-                       counts.data() + in.srcs.size(), offset, &k});
+      KernelCall call;
+      kernel_call(r, in, call);
+      call.kernel->cpu(call.args);
       return true;
     }
     default: break;
@@ -287,6 +334,7 @@ bool BlockMachine::start(size_t b) {
   if (r.shape.recv) r.rconn = &comm.connection(in.recv_peer, r.block->channel + kPlanChannelBase);
   if (r.shape.send) r.sconn = &comm.connection(in.send_peer, r.block->channel + kPlanChannelBase);
   r.local = in.srcs.empty() ? nullptr : pointer(in.srcs[0]);
+  if (stream_epilogues && !r.epilogues.empty() && r.epilogues[r.pc]) open_epilogue(r, *r.epilogues[r.pc]);
   if (in.op == plan::Opcode::kRecvReduceSend) {
     // Full-tile slots, allocated once: earlier forwards may still read them, so the buffer must
     // never move while the block runs.
@@ -302,6 +350,46 @@ bool BlockMachine::start(size_t b) {
     return true;
   }
   return false;
+}
+
+void BlockMachine::kernel_call(const Run& r, const plan::Instruction& in, KernelCall& call) const {
+  const KernelDef& k = kernel_def(in.kernel);
+  call.kernel = &k;
+  for (const plan::Ref& s : in.srcs) call.ins.push_back(pointer(s));
+  for (const plan::Ref& w : in.writes()) call.outs.push_back(pointer(w));
+  for (const plan::Ref& s : in.srcs) call.counts.push_back(bytes_of(s) / esize);
+  for (const plan::Ref& w : in.writes()) call.counts.push_back(bytes_of(w) / esize);
+  for (const ScalarArg& a : in.scalars) {
+    TUTTI_CHECK(a.slot < static_cast<int>(args.scalars.size()), InvalidArgument,
+                "rank {}: plan '{}' block {} runs kernel '{}' with per-call scalar {}, but the call passes {} "
+                "scalar(s)",
+                rank, p.name, r.block->id, k.name, a.slot, args.scalars.size());
+    call.values.push_back(a.slot >= 0 ? args.scalars[static_cast<size_t>(a.slot)] : a.value);
+  }
+  const plan::Ref& first = in.srcs[0];
+  const int64_t unit = p.unit(first.buffer);
+  const int64_t offset = unit ? first.index * unit : g.chunk_begin(first.index);
+  call.args = KernelArgs{call.ins.data(), call.outs.data(), call.counts[0], type, call.values.data(),
+                         call.counts.data(), call.counts.data() + in.srcs.size(), offset, &k};
+}
+
+void BlockMachine::open_epilogue(const Run& r, StreamedEpilogue& e) {
+  e.open = false;
+  KernelCall& call = e.call;
+  call = KernelCall{};
+  const Run& c = runs[static_cast<size_t>(e.compute.block)];
+  kernel_call(c, c.block->steps[static_cast<size_t>(e.compute.step)], call);
+  const unsigned char* begin = r.dst;
+  const unsigned char* end = r.dst + r.bytes;
+  if (call.ins[0] != begin || call.outs[0] != begin || call.counts[0] * esize != r.bytes) return;
+  const size_t nins = call.ins.size();
+  for (size_t i = 0; i < nins + call.outs.size(); ++i) {
+    if (i == 0 || i == nins) continue;
+    const auto* at = static_cast<const unsigned char*>(i < nins ? call.ins[i] : call.outs[i - nins]);
+    if (at < end && begin < at + call.counts[i] * esize) return;  // an operand inside the chunk: a pass of its own
+  }
+  e.begin(r.dst, esize);
+  e.open = true;
 }
 
 bool BlockMachine::advance(size_t b, bool& moved) {
@@ -330,9 +418,10 @@ bool BlockMachine::advance(size_t b, bool& moved) {
       r.need_end = to + r.slot_bytes;
       break;
     }
-    r.recv_tickets.push_back(r.shape.reduce_local ? r.rconn->recv_reduce(to, r.local + exec::tile_begin(t, tile), len,
-                                                                         op, type)
-                                                  : r.rconn->recv(to, len, r.stream));
+    r.recv_tickets.push_back(r.shape.reduce_local
+                                 ? r.rconn->recv_reduce(to, r.local + exec::tile_begin(t, tile), len, op, type,
+                                                        epilogue_of(r))
+                                 : r.rconn->recv(to, len, r.stream));
     ++r.recv_posted;
     moved = true;
   }
@@ -481,6 +570,7 @@ std::string BlockMachine::stall(int worker) const {
 using executor_detail::BlockMachine;
 using executor_detail::PendingSend;
 using executor_detail::Run;
+using executor_detail::StreamedEpilogue;
 
 // What run() derives from a plan once and reuses while the same plan repeats: the blocks' state
 // machines, the worker of each block, each worker's connections and engine.
@@ -491,6 +581,7 @@ struct CpuExecutor::Layout {
   int nworkers = 1;
   std::vector<std::vector<Connection*>> conns;
   std::vector<std::unique_ptr<ProgressEngine>> engines;
+  std::vector<std::unique_ptr<StreamedEpilogue>> epilogues;  // Run::epilogues point here
 };
 
 CpuExecutorOptions CpuExecutorOptions::from_env() {
@@ -498,8 +589,74 @@ CpuExecutorOptions CpuExecutorOptions::from_env() {
   o.tile_bytes = static_cast<int64_t>(env::get_size("TUTTI_TILE_SIZE"));
   o.staging_slots = static_cast<int>(env::get_int("TUTTI_PIPELINE_DEPTH"));
   o.workers = static_cast<int>(env::get_int("TUTTI_WORKERS"));
+  o.stream_epilogues = env::get_bool("TUTTI_STREAM_EPILOGUES");
   if (env::is_set("TUTTI_STREAM_THRESHOLD")) o.stream_threshold = env::get_size("TUTTI_STREAM_THRESHOLD");
   return o;
+}
+
+std::vector<StreamedEpilogueStep> streamed_epilogues(const PreparedPlan& pp, int rank) {
+  const plan::RankPlan& rp = pp.plan.ranks[static_cast<size_t>(rank)];
+  // The rank's steps as one graph: a step comes after its block's previous step and after its deps.
+  std::vector<size_t> first(rp.blocks.size() + 1, 0);
+  for (size_t b = 0; b < rp.blocks.size(); ++b) first[b + 1] = first[b] + rp.blocks[b].steps.size();
+  const size_t n = first.back();
+  auto id = [&](const plan::Dep& d) { return first[static_cast<size_t>(d.block)] + static_cast<size_t>(d.step); };
+  std::vector<std::vector<size_t>> after(n), before(n);
+  std::vector<plan::Dep> where(n);
+  for (size_t b = 0; b < rp.blocks.size(); ++b)
+    for (size_t t = 0; t < rp.blocks[b].steps.size(); ++t) {
+      const size_t i = first[b] + t;
+      where[i] = {static_cast<int64_t>(b), static_cast<int64_t>(t)};
+      if (t > 0) before[i].push_back(i - 1), after[i - 1].push_back(i);
+      for (const plan::Dep& d : rp.blocks[b].steps[t].deps) before[i].push_back(id(d)), after[id(d)].push_back(i);
+    }
+  auto step = [&](size_t i) -> const plan::Instruction& {
+    return rp.blocks[static_cast<size_t>(where[i].block)].steps[static_cast<size_t>(where[i].step)];
+  };
+  // Where a reference lives: in-place collectives alias output and input (CollectiveSpec::canonical).
+  auto overlaps = [&](const plan::Ref& a, const plan::Ref& b) {
+    const Location la = pp.spec.canonical(rank, a.buffer, static_cast<int>(a.index));
+    const Location lb = pp.spec.canonical(rank, b.buffer, static_cast<int>(b.index));
+    return la.buffer == lb.buffer && la.index < lb.index + b.count && lb.index < la.index + a.count;
+  };
+  auto reach = [&](size_t from, const std::vector<std::vector<size_t>>& edges) {
+    std::vector<char> seen(n, 0);
+    std::vector<size_t> todo = {from};
+    seen[from] = 1;
+    while (!todo.empty()) {
+      const size_t i = todo.back();
+      todo.pop_back();
+      for (size_t j : edges[i])
+        if (!seen[j]) seen[j] = 1, todo.push_back(j);
+    }
+    return seen;
+  };
+  std::vector<StreamedEpilogueStep> out;
+  for (size_t r = 0; r < n; ++r) {
+    const plan::Instruction& recv = step(r);
+    if (recv.op != plan::Opcode::kRecvReduceCopy || !recv.dst) continue;
+    const plan::Ref& chunk = *recv.dst;
+    // The compute that finishes it: a direct successor rewriting the chunk in place with a stream form.
+    std::optional<size_t> c;
+    for (size_t j : after[r]) {
+      const plan::Instruction& in = step(j);
+      if (in.op == plan::Opcode::kCompute && in.dst && !in.srcs.empty() && in.srcs[0] == chunk && *in.dst == chunk &&
+          kernel_def(in.kernel).stream)
+        c = j;
+    }
+    if (!c) continue;
+    // Every other step touching the chunk must run before the receive or after the compute.
+    const std::vector<char> later = reach(*c, after), earlier = reach(r, before);
+    bool alone = true;
+    for (size_t x = 0; x < n && alone; ++x) {
+      if (x == r || x == *c || later[x] || earlier[x]) continue;
+      const plan::Instruction& in = step(x);
+      for (const plan::Ref& s : in.srcs) alone = alone && !overlaps(s, chunk);
+      for (const plan::Ref& w : in.writes()) alone = alone && !overlaps(w, chunk);
+    }
+    if (alone) out.push_back({where[r], where[*c]});
+  }
+  return out;
 }
 
 uint64_t default_stream_threshold(int local_ranks) {
@@ -649,8 +806,18 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
     l->nworkers = std::max(1, std::min<int>(options_.workers, static_cast<int>(worker_of_channel.size())));
     int k = 0;
     for (auto& [channel, w] : worker_of_channel) w = k++ % l->nworkers;
+    for (size_t b = 0; b < rp.blocks.size(); ++b) l->runs[b].block = &rp.blocks[b];
+    for (const StreamedEpilogueStep& s : streamed_epilogues(pp, rank)) {
+      auto e = std::make_unique<StreamedEpilogue>();
+      e->compute = s.compute;
+      for (const plan::Dep& at : {s.receive, s.compute}) {
+        Run& run = l->runs[static_cast<size_t>(at.block)];
+        run.epilogues.resize(run.block->steps.size(), nullptr);
+        run.epilogues[static_cast<size_t>(at.step)] = e.get();
+      }
+      l->epilogues.push_back(std::move(e));
+    }
     for (size_t b = 0; b < rp.blocks.size(); ++b) {
-      l->runs[b].block = &rp.blocks[b];
       if (!rp.blocks[b].steps.empty()) l->runs[b].worker = worker_of_channel.at(rp.blocks[b].channel);
     }
     // Connections of each worker's channels, and an engine per worker when there are several.
@@ -691,7 +858,8 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
         staging_[b].resize(static_cast<size_t>(options_.tile_bytes * options_.staging_slots));
   Doorbell* bell = comm_.state().doorbell();
   std::atomic<bool> failed{false};
-  BlockMachine machine({comm_, pp, args, scratch_.data(), stream_output, runs, nruns, nworkers, conns, staging_,
+  BlockMachine machine({comm_, pp, args, scratch_.data(), stream_output, options_.stream_epilogues, runs, nruns,
+                        nworkers, conns, staging_,
                         options_.tile_bytes, options_.staging_slots, bell, failed});
   // A call that fails midway leaves messages posted that no later call matches: the communicator
   // fails (its peers are told), and the call does not return while a peer may still read this

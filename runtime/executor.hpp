@@ -107,12 +107,26 @@ struct CpuExecutorOptions {
   int64_t tile_bytes = 1 << 20;      // TUTTI_TILE_SIZE: transfers move in tiles this large (a multiple of 64)
   int staging_slots = 4;             // TUTTI_PIPELINE_DEPTH: tiles a forwarding reduction keeps in flight
   int workers = 0;                   // TUTTI_WORKERS: 0 picks cores / ranks on this host
+  bool stream_epilogues = true;      // TUTTI_STREAM_EPILOGUES: reductions' epilogues run as data arrives
   // TUTTI_STREAM_THRESHOLD: outputs this large are written around the caches (0: never). Unset: the
   // host's last-level cache divided by the ranks on it (default_stream_threshold).
   std::optional<uint64_t> stream_threshold;
   // Throws InvalidArgument naming a bad value.
   static CpuExecutorOptions from_env();
 };
+
+// A reducing receive whose epilogue streams (KernelDef::stream): the receive stores a chunk
+// (recv_reduce_copy) and `compute`, which follows it in its block or depends on it, runs a kernel
+// with a stream form that rewrites that chunk in place as its first input and output. The executor
+// runs the kernel on each range of the chunk as the receive combines it; the compute step only
+// finishes it (the rest of the range, the statistics).
+struct StreamedEpilogueStep {
+  plan::Dep receive, compute;
+};
+// The receives of `rank`'s part of the plan whose epilogue can stream: those where every other
+// step that touches the chunk runs before the receive or after the compute, as the plan orders
+// them, so none sees the chunk half processed.
+std::vector<StreamedEpilogueStep> streamed_epilogues(const PreparedPlan& plan, int rank);
 
 // The output size from which a rank's received and copied data go around the caches: where the
 // outputs of every rank on the host together fill the last-level cache (sysfs), since below that

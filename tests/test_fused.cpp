@@ -19,6 +19,7 @@
 #include "fused_kernels/epilogue_kernels.hpp"
 #include "fused_kernels/optimizer_kernels.hpp"
 #include "runtime/device/kernels.hpp"
+#include "runtime/executor.hpp"
 #include "tutti/fused.hpp"
 #include "support/errors.hpp"
 #include "support/ranks.hpp"
@@ -716,4 +717,34 @@ TEST(BiasDropoutResidual, VectorisedLoopIsTheDeviceFormBitForBit) {
             EXPECT_LT(kept, n * 6 / 10) << hidden;
           }
         }
+}
+
+// The reduce-scatter's unscale and sum of squares stream over its receives (KernelDef::stream):
+// every piece a rank owns, and the same floats and sum however the receive cuts the piece.
+TEST(ZeroStep, TheUnscaleStreamsOverEveryReceiveAndEqualsItsOwnPass) {
+  for (int n : {2, 4}) {
+    auto prepared = compile_plan(fused::zero_step_program(n, 8)).prepared();
+    for (int r = 0; r < n; ++r) EXPECT_EQ(streamed_epilogues(*prepared, r).size(), 8u) << n << " ranks, rank " << r;
+  }
+  std::mt19937 rng(7);
+  const int64_t count = 10000 + 37;
+  std::vector<float> in(static_cast<size_t>(count));
+  for (float& x : in) x = std::uniform_real_distribution<float>(-100, 100)(rng);
+  std::vector<float> whole(in.size());
+  const double want = fused::unscale_square(whole.data(), in.data(), count, 0.125f);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<float> out(in.size());
+    std::vector<unsigned char> state(fused::unscale_square_state_bytes(), 0);
+    auto* acc = reinterpret_cast<double*>(state.data());
+    int64_t at = 0;
+    while (true) {
+      const int64_t next = at + 64 * std::uniform_int_distribution<int64_t>(0, 40)(rng);
+      if (next >= count) break;
+      fused::unscale_square_piece(out.data() + at, in.data() + at, next - at, 0.125f, acc, false);
+      at = next;
+    }
+    const double got = fused::unscale_square_piece(out.data() + at, in.data() + at, count - at, 0.125f, acc, true);
+    EXPECT_EQ(std::bit_cast<uint64_t>(got), std::bit_cast<uint64_t>(want)) << "trial " << trial;
+    EXPECT_TRUE(same_bits(out, whole)) << "trial " << trial;
+  }
 }

@@ -3,6 +3,7 @@
 // kernels it has no implementation of.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <thread>
 
@@ -402,3 +403,127 @@ TEST(Kernels, TheDeviceInterpreterRefusesKernelsItCannotRun) {
 }
 
 }  // namespace
+
+// A reduction's epilogue streamed over its receive (KernelDef::stream): output = input * factor,
+// counting the ranges it is given before the compute step itself runs.
+std::atomic<int64_t> streamed_ranges{0};
+
+void scale_by(const KernelArgs& a) {
+  const auto* in = static_cast<const float*>(a.inputs[0]);
+  auto* out = static_cast<float*>(a.outputs[0]);
+  for (int64_t i = 0; i < a.count; ++i) out[i] = in[i] * static_cast<float>(a.scalars[0]);
+}
+
+void scale_by_stream(const KernelArgs& a, void* state, int64_t from, int64_t to, bool last) {
+  if (from == 0 && a.type != DataType::kFloat32) throw InvalidArgument("test.stream_scale: float32 only");
+  auto* seen = static_cast<int64_t*>(state);  // the carry: where the previous range ended
+  if (*seen != from) throw InternalError("test.stream_scale: ranges out of order");
+  if (!last && to % 64 != 0) throw InternalError("test.stream_scale: a range that is not whole groups of 64");
+  const auto* in = static_cast<const float*>(a.inputs[0]);
+  auto* out = static_cast<float*>(a.outputs[0]);
+  for (int64_t i = from; i < to; ++i) out[i] = in[i] * static_cast<float>(a.scalars[0]);
+  *seen = to;
+  if (!last && to > from) streamed_ranges.fetch_add(1);
+}
+
+KernelId stream_scale_id() {
+  static const KernelId id = [] {
+    KernelDef d{"test.stream_scale", {"factor"}, scale_by, 1.0};
+    d.stream = scale_by_stream;
+    d.stream_state = sizeof(int64_t);
+    return register_kernel(d);
+  }();
+  return id;
+}
+
+// Rank 0's output: (input of rank 0 + input of rank 1) * 0.5. With `peek`, rank 1's output gets
+// the sum before the kernel runs: a step between the receive and the kernel that reads the chunk.
+Program sum_then_scale(bool peek) {
+  CollectiveSpec s;
+  s.kind = Collective::kCustom;
+  s.nranks = 2;
+  s.custom_input_chunks = 1;
+  s.custom_output_chunks = 1;
+  const KernelId k = stream_scale_id();
+  Content sum = Content::of(0, 0);
+  sum.merge(Content::of(1, 0));
+  s.custom_post = [k, sum, peek](int rank, int) {
+    if (rank == 0) return std::optional<Content>(Content::apply(k, {sum}, {0.5}));
+    return peek ? std::optional<Content>(sum) : std::nullopt;
+  };
+  Program p(peek ? "sum_peek_scale" : "sum_then_scale", s);
+  auto g = p.chunk(0, Buffer::input(), 0).copy(0, Buffer::output(), 0).reduce(p.chunk(1, Buffer::input(), 0));
+  if (peek) g.copy(1, Buffer::output(), 0);
+  g.then(k, {0.5});
+  return p;
+}
+
+TEST(Kernels, AReductionsEpilogueStreamsOverItsReceiveUnlessAStepReadsTheChunkBetween) {
+  EXPECT_NE(error_of([] {
+              KernelDef d{"test.state_without_stream", {}, scale_by};
+              d.stream_state = 8;
+              register_kernel(d);
+            }).find("without a stream form"),
+            std::string::npos);
+  const int64_t count = 100003;  // several FIFO slots, and a tail that is not a multiple of 64
+  for (bool peek : {false, true})
+    for (bool streaming : {true, false}) {
+      SCOPED_TRACE(testing::Message() << (peek ? "a step reads the sum" : "nothing reads the sum")
+                                      << (streaming ? ", streaming on" : ", streaming off"));
+      auto prepared = PreparedPlan::make(plan::compile(sum_then_scale(peek)).plan);
+      const std::vector<StreamedEpilogueStep> streams = streamed_epilogues(*prepared, 0);
+      EXPECT_EQ(streams.size(), peek ? 0u : 1u);
+      EXPECT_TRUE(streamed_epilogues(*prepared, 1).empty());
+      auto comms = Communicator::create_local(2);
+      std::vector<std::unique_ptr<CpuExecutor>> ex;
+      CpuExecutorOptions o;
+      o.stream_epilogues = streaming;
+      for (auto& c : comms) ex.push_back(std::make_unique<CpuExecutor>(*c, o));
+      std::vector<std::vector<float>> in(2, std::vector<float>(count)), out(2, std::vector<float>(count, -1));
+      for (int r = 0; r < 2; ++r)
+        for (int64_t i = 0; i < count; ++i) in[r][i] = static_cast<float>((r + 1) * (i % 19) - 9);
+      const int64_t before = streamed_ranges.load();
+      ASSERT_EQ(run_two_ranks(ex, *prepared, in, out, count), "");
+      EXPECT_EQ(streamed_ranges.load() > before, streaming && !peek);
+      for (int64_t i = 0; i < count; ++i) {
+        const float sum = in[0][i] + in[1][i];
+        ASSERT_EQ(out[0][i], sum * 0.5f) << "element " << i;
+        if (peek) {
+          ASSERT_EQ(out[1][i], sum) << "rank 1 read the sum before the kernel, element " << i;
+        }
+      }
+    }
+}
+// The plan above with one more step on rank 0 that reads the chunk (a copy into scratch), in a block
+// of its own, ordered by `deps`.
+plan::Plan with_reader(std::vector<plan::Dep> deps, bool receive_waits_for_it = false) {
+  plan::Plan p = plan::compile(sum_then_scale(false)).plan;
+  plan::Instruction read;
+  read.op = plan::Opcode::kCopy;
+  read.srcs = {plan::Ref{BufferKind::kOutput, 0, 1}};
+  read.dst = plan::Ref{BufferKind::kScratch, 0, 1};
+  read.deps = std::move(deps);
+  plan::RankPlan& r0 = p.ranks[0];
+  r0.scratch_chunks = 1;
+  const int64_t id = static_cast<int64_t>(r0.blocks.size());
+  r0.blocks.push_back(plan::Block{id, 0, {read}});
+  if (receive_waits_for_it) r0.blocks[0].steps[0].deps.push_back(plan::Dep{id, 0});
+  return p;
+}
+
+TEST(Kernels, AnEpilogueStreamsOnlyWhereNoOtherStepCanSeeTheChunkHalfProcessed) {
+  // Rank 0: block 0 receives and reduces into output 0, block 1 runs the kernel on it.
+  const plan::Plan p = plan::compile(sum_then_scale(false)).plan;
+  ASSERT_EQ(p.ranks[0].blocks.size(), 2u);
+  const std::vector<StreamedEpilogueStep> plain = streamed_epilogues(*PreparedPlan::make(p), 0);
+  ASSERT_EQ(plain.size(), 1u);
+  EXPECT_EQ(plain[0].receive, (plan::Dep{0, 0}));
+  EXPECT_EQ(plain[0].compute, (plan::Dep{1, 0}));
+  // After the receive, unordered with the kernel: it could read the chunk half scaled.
+  EXPECT_TRUE(streamed_epilogues(*PreparedPlan::make(with_reader({{0, 0}})), 0).empty());
+  // After the kernel, or before the receive: it reads the chunk whole.
+  EXPECT_EQ(streamed_epilogues(*PreparedPlan::make(with_reader({{1, 0}})), 0).size(), 1u);
+  EXPECT_EQ(streamed_epilogues(*PreparedPlan::make(with_reader({}, true)), 0).size(), 1u);
+  // Unordered with both: not streamed either.
+  EXPECT_TRUE(streamed_epilogues(*PreparedPlan::make(with_reader({})), 0).empty());
+}

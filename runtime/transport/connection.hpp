@@ -14,6 +14,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstring>
@@ -31,6 +32,18 @@
 namespace tutti {
 
 using Ticket = uint64_t;
+
+// Work a reducing receive does on its destination right after combining each range of it, while
+// the range is in the nearest cache (a reduction's epilogue, KernelDef::stream). Ranges come in
+// order, each written once, and together cover the receive; the epilogue may rewrite them in
+// place. Called by whichever thread drives the connection, inside progress().
+class ReceiveEpilogue {
+ public:
+  virtual void written(unsigned char* data, size_t bytes) = 0;
+
+ protected:
+  ~ReceiveEpilogue() = default;
+};
 
 class Connection {
  public:
@@ -63,10 +76,13 @@ class Connection {
   }
   // Receives a message and stores dst = message (op) local, element-wise, as it arrives: the
   // message is reduced straight out of the transport's buffer, never copied first. dst may be
-  // local. Both must stay valid until the ticket is done.
-  Ticket recv_reduce(void* dst, const void* local, size_t bytes, RedOp op, DataType type) {
+  // local. Both must stay valid until the ticket is done. `after`, if given, runs on each range of
+  // dst once combined (and must outlive the ticket).
+  Ticket recv_reduce(void* dst, const void* local, size_t bytes, RedOp op, DataType type,
+                     ReceiveEpilogue* after = nullptr) {
     Op o{static_cast<unsigned char*>(dst), bytes, ++recvs_posted_};
     o.local = static_cast<const unsigned char*>(local);
+    o.epilogue = after;
     o.reduce = true;
     o.redop = op;
     o.type = type;
@@ -136,6 +152,7 @@ class Connection {
     const unsigned char* local = nullptr;
     bool reduce = false;
     bool stream = false;  // recv: write data with non-temporal stores
+    ReceiveEpilogue* epilogue = nullptr;  // recv_reduce: runs on each combined range
     RedOp redop = RedOp::kSum;
     DataType type = DataType::kFloat32;
     std::shared_ptr<unsigned char[]> owned;  // own(): the message's private copy
@@ -157,7 +174,19 @@ class Connection {
       copy_bytes(op.data + offset, incoming, bytes, op.stream);
       return;
     }
-    combine(op.redop, op.type, op.data + offset, incoming, op.local + offset, bytes / size_of(op.type));
+    const size_t esize = size_of(op.type);
+    if (!op.epilogue) {
+      combine(op.redop, op.type, op.data + offset, incoming, op.local + offset, bytes / esize);
+      return;
+    }
+    // A range at a time, small enough that the epilogue finds what combine wrote in L1.
+    constexpr size_t kRange = 8 << 10;
+    const auto* in = static_cast<const unsigned char*>(incoming);
+    for (size_t at = 0; at < bytes; at += kRange) {
+      const size_t len = std::min(kRange, bytes - at);
+      combine(op.redop, op.type, op.data + offset + at, in + at, op.local + offset + at, len / esize);
+      op.epilogue->written(op.data + offset + at, len);
+    }
   }
   std::string where() const;  // "rank R, connection to rank P on channel C", for messages
 
