@@ -9,6 +9,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cmath>
 
 HWY_BEFORE_NAMESPACE();
@@ -54,7 +55,8 @@ double UnscaleSquarePiece(float* out, const float* in, int64_t n, float scale, d
 size_t UnscaleSquareStateBytes() { return 2 * hn::Lanes(hn::ScalableTag<double>()) * sizeof(double); }
 
 double UnscaleSquare(float* out, const float* in, int64_t n, float scale) {
-  double acc[2 * HWY_MAX_BYTES / sizeof(double)] = {};
+  double acc[2 * HWY_MAX_BYTES / sizeof(double)];
+  std::fill_n(acc, 2 * hn::Lanes(hn::ScalableTag<double>()), 0.0);
   return UnscaleSquarePiece(out, in, n, scale, acc, true);
 }
 
@@ -131,7 +133,11 @@ void AdamwUpdate(const AdamwArgs& a, int64_t n) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <fmt/format.h>
+
 #include <cstring>
+
+#include "core/error.hpp"
 
 namespace tutti::fused {
 
@@ -163,6 +169,10 @@ double unscale_square(float* out, const float* in, int64_t n, float scale) {
 size_t unscale_square_state_bytes() { return HWY_DYNAMIC_DISPATCH(UnscaleSquareStateBytes)(); }
 
 double unscale_square_piece(float* out, const float* in, int64_t n, float scale, double* acc, bool last) {
+  // A piece that is not whole pairs of vectors would leave elements out of the sum (and unscaled).
+  static const int64_t group = static_cast<int64_t>(unscale_square_state_bytes() / sizeof(double));
+  if (!last && n % group != 0)
+    throw InternalError(fmt::format("unscale_square_piece: a piece of {} elements, not a multiple of {}", n, group));
   return HWY_DYNAMIC_DISPATCH(UnscaleSquarePiece)(out, in, n, scale, acc, last);
 }
 

@@ -747,4 +747,11 @@ TEST(ZeroStep, TheUnscaleStreamsOverEveryReceiveAndEqualsItsOwnPass) {
     EXPECT_EQ(std::bit_cast<uint64_t>(got), std::bit_cast<uint64_t>(want)) << "trial " << trial;
     EXPECT_TRUE(same_bits(out, whole)) << "trial " << trial;
   }
+  // A piece before the last that is not whole groups would leave elements out: refused.
+  std::vector<unsigned char> state(fused::unscale_square_state_bytes(), 0);
+  std::vector<float> out(in.size());
+  EXPECT_NE(error_of([&] {
+              fused::unscale_square_piece(out.data(), in.data(), 63, 0.125f, reinterpret_cast<double*>(state.data()), false);
+            }).find("not a multiple of"),
+            std::string::npos);
 }

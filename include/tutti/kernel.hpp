@@ -176,20 +176,25 @@ struct KernelDef {
   // A user kernel's device form, and its CPU form when `cpu` is null: register_kernel checks it
   // against inputs, outputs and scalars and sets `device` to kElementwise.
   ElementProgram element{};
-  // Optional: the CPU form as an epilogue streamed over a reduction (ChunkRef::then after a reduce
-  // that receives). The CPU executor then runs it on each range of the chunk right after a
-  // reducing receive has combined it, while the range is in the cache, so the epilogue costs no
-  // pass over the chunk of its own. Only for kernels that rewrite input 0 in place as output 0,
-  // element by element in order, and whose other operands are statistics or constants.
+  // Optional: the CPU form as an epilogue streamed over a reduction's receive. Where a plan has a
+  // reducing receive that stores a chunk (recv_reduce_copy) and, right after it (in its block or by
+  // a dependency), a compute step of this kernel rewriting that chunk in place as its first input
+  // and output, the CPU executor runs the kernel on each range of the chunk right after the receive
+  // has combined it, while the range is in L1, so the epilogue costs no pass over the chunk of its
+  // own; the compute step then only finishes it. Only for kernels that rewrite input 0 in place as
+  // output 0, element by element in order, and whose other operands are statistics or constants.
   //
-  // For one chunk: a first call with the empty range [0, 0), before anything arrives (check the
-  // operands there: a throw fails the step cleanly); then ranges [from, to) in order, each `to` a
-  // multiple of 64 elements; then, when the compute step itself runs (its dependencies met), one
-  // call with `last` and the rest of the chunk, [from, count), possibly empty: only that call may
-  // read or write any operand other than the chunk's range. `state` holds `stream_state` bytes,
-  // zeroed before the first call and kept across the calls (a running sum, a carry). `a` is the
-  // step's arguments as `cpu` gets them. The results must equal `cpu`'s, bit for bit, however the
-  // chunk is cut: the CPU executor chooses (TUTTI_STREAM_EPILOGUES=0 turns it off).
+  // For one chunk, in this order: a first call with the empty range [0, 0) when the receive starts
+  // (check the operands there: a throw fails the call, as one from `cpu` does, but is reported at
+  // the receive); then ranges [from, to), each `to` a multiple of 64 elements, from inside the
+  // transport's progress on the thread that drives the receive's connection (these calls must not
+  // throw: an error there reads as a broken connection); then, when the compute step itself runs
+  // (its dependencies met, possibly on another worker thread, after the receive is done), one call
+  // with `last` and the rest of the chunk, [from, count), possibly empty. Only that call may read
+  // or write any operand other than the chunk's range. `state` holds `stream_state` bytes, zeroed
+  // before the first call and kept across the calls (a running sum, a carry). `a` is the step's
+  // arguments as `cpu` gets them. The results must equal `cpu`'s, bit for bit, however the chunk is
+  // cut: the executor decides where to stream (TUTTI_STREAM_EPILOGUES=0 turns it off).
   void (*stream)(const KernelArgs& a, void* state, int64_t from, int64_t to, bool last) = nullptr;
   size_t stream_state = 0;
 };
