@@ -18,6 +18,7 @@
 #include "runtime/instruction_semantics.hpp"
 #include "support/env.hpp"
 #include "support/ranks.hpp"
+#include "support/sanitizers.hpp"
 
 using namespace tutti;
 using namespace tutti::device;
@@ -212,6 +213,9 @@ TEST(DeviceExecutor, SharedMscclPlansRunAtTheirRankCounts) {
     plan::certify(loaded);
     Prepared p = PreparedPlan::make(std::move(loaded));
     for (int32_t proto : {kProtoSimple, kProtoLL}) {
+      // Under ThreadSanitizer (half of its job's time went here) each plan runs one protocol, the
+      // plans taking turns, so both protocols still run at many rank counts.
+      if (test_support::kThreadSanitizer && (proto == kProtoLL) != (seen % 2 == 1)) continue;
       Options o;
       o.protocol = proto;
       o.slot_bytes = 64 << 10;

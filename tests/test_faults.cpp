@@ -18,23 +18,13 @@
 #include "runtime/rendezvous.hpp"
 #include "runtime/unique_id.hpp"
 #include "tests/support/env.hpp"
+#include "tests/support/sanitizers.hpp"
 #include "tests/support/spawn.hpp"
 
 namespace tutti {
 namespace {
 
-#if defined(__SANITIZE_THREAD__)
-#define TUTTI_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TUTTI_TEST_TSAN 1
-#endif
-#endif
-#ifdef TUTTI_TEST_TSAN
-constexpr bool kThreadSanitizer = true;
-#else
-constexpr bool kThreadSanitizer = false;
-#endif
+using test_support::kThreadSanitizer;
 
 constexpr double kTimeout = 2;  // TUTTI_TIMEOUT of every run here
 // Faults that break a link or a message are seen at once (milliseconds); the bound only absorbs a
