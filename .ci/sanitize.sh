@@ -1,7 +1,7 @@
 #!/bin/bash
 # The sanitizer jobs and fuzz smoke runs of `make test` (so CI runs them):
 #   1. AddressSanitizer + UndefinedBehaviorSanitizer (clang): the in-process test programs below
-#      and the five libFuzzer targets (tests/fuzz/), each fuzzed for TUTTI_FUZZ_SECONDS (default 20)
+#      and the five libFuzzer targets (tests/fuzz/), each fuzzed for TUTTI_FUZZ_SECONDS (default 12)
 #      from its seed corpus. The library is built with -fsanitize=fuzzer-no-link too, so one build
 #      serves both.
 #   2. ThreadSanitizer (clang): the programs whose ranks are threads of one process, where a data
@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-all}
 JOBS=${JOBS:-$(nproc)}
-export TUTTI_FUZZ_SECONDS=${TUTTI_FUZZ_SECONDS:-20}
+export TUTTI_FUZZ_SECONDS=${TUTTI_FUZZ_SECONDS:-12}
 asan_tests=(test_datatype test_reduce test_env test_dsl test_kernels test_compiler test_msccl_xml test_topology
             test_simulate test_executor test_oneshot test_fused test_device_fused test_schedule test_bootstrap
             test_cpp_api)

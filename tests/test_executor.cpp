@@ -113,9 +113,9 @@ TEST(Executor, EveryBuiltinProducesTheReferenceResult) {
         if (b.name.find("broadcast") != std::string::npos || b.name == "tree_reduce") prm["root"] = n - 1;
         plan::Plan pl = plan::compile(b.build(n, algorithms::resolve(b, n, prm))).plan;
         for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{300001}}) {
-          // Under ThreadSanitizer (most of its time for this program went here) the large count,
+          // Under a sanitizer (most of its time for this program went here) the large count,
           // several tiles a transfer, runs at 2 and 4 ranks only.
-          if (test_support::kThreadSanitizer && count > 1000 && n != 2 && n != 4) continue;
+          if (test_support::kSanitizer && count > 1000 && n != 2 && n != 4) continue;
           SCOPED_TRACE(fmt::format("{} n={} inplace={} count={}", b.name, n, inplace, count));
           ASSERT_NO_FATAL_FAILURE(run_and_check(pl, count));
         }
