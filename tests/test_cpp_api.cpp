@@ -1,6 +1,7 @@
 // The public C++ API (include/tutti/tutti.hpp), used the way a program outside the tree uses it:
 // only public headers here.
 #include <gtest/gtest.h>
+#include <sys/statvfs.h>
 
 #include <numeric>
 #include <string>
@@ -88,6 +89,25 @@ TEST(CppApi, BadArgumentsAreRefusedAtTheCallNamingWhatIsWrong) {
   EXPECT_THROW(tutti::load_plan("/nonexistent/plan.json"), tutti::InvalidArgument);
   EXPECT_THROW(tutti::CommId::parse("not an id"), tutti::InvalidArgument);
   EXPECT_STRNE(tutti::version(), "");
+}
+
+// Shared memory the host cannot back is refused when it is asked for, naming the size: tmpfs grants
+// any size to a sparse segment and would raise SIGBUS at the first write past what /dev/shm holds.
+TEST(CppApi, SharedMemoryLargerThanDevShmIsRefusedAtAllocation) {
+  struct statvfs fs {};
+  ASSERT_EQ(statvfs("/dev/shm", &fs), 0);
+  const size_t too_big = static_cast<size_t>(fs.f_blocks) * fs.f_frsize + (size_t{1} << 30);
+  try {
+    void* p = tutti::alloc_shared(too_big);
+    tutti::free_shared(p);
+    FAIL() << "alloc_shared handed out " << too_big << " bytes, more than /dev/shm holds";
+  } catch (const tutti::SystemError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(too_big)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/dev/shm"), std::string::npos) << e.what();
+  }
+  void* small = tutti::alloc_shared(4096);  // and a size that fits still works
+  static_cast<char*>(small)[4095] = 1;
+  tutti::free_shared(small);
 }
 
 TEST(CppApi, LoadedPlansAreVerifiedAndUsed) {
