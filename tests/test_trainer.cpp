@@ -658,27 +658,6 @@ TEST(Gpt, BackwardHandsOverEachGroupAsSoonAsItIsComplete) {
   EXPECT_EQ(snapshot, std::vector<float>(m.grads() + last.offset, m.grads() + last.offset + last.size));
 }
 
-// The model's parameters and gradients live in memory peers read in place (Ops::alloc_shared). A
-// discarded range of it must read as zero afterwards, as private memory does: unmapping the pages of
-// a shared segment (MADV_DONTNEED) would leave its old data there, which ZeRO-2 and 3 would then
-// accumulate into.
-TEST(Ops, SharedMemoryStartsZeroAndDiscardedRangesReadAsZero) {
-  auto ops = make_cpu_ops(1);
-  constexpr int64_t n = 1 << 20;  // 4 MiB: many whole pages inside the discarded range
-  float* p = ops->alloc_shared(n);
-  ASSERT_NE(p, nullptr);
-  EXPECT_EQ(std::count(p, p + n, 0.0f), n);
-  std::fill(p, p + n, 1.5f);
-  const int64_t from = 100, to = n - 100;  // partial pages at both edges
-  ops->discard(p + from, to - from);
-  EXPECT_EQ(std::count(p, p + from, 1.5f), from);
-  EXPECT_EQ(std::count(p + from, p + to, 0.0f), to - from);
-  EXPECT_EQ(std::count(p + to, p + n, 1.5f), n - to);
-  std::fill(p + from, p + to, 2.5f);  // the discarded pages take data again
-  EXPECT_EQ(std::count(p + from, p + to, 2.5f), to - from);
-  ops->release(p);
-}
-
 // --- data ----------------------------------------------------------------------------------------
 
 std::string write_bin(const std::string& name, int32_t magic, int32_t version, int32_t count,

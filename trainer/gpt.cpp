@@ -73,9 +73,8 @@ Gpt::Gpt(const ModelConfig& model, const Layout& layout, int tp_rank, int pp_ran
   Vl_ = model.vocab / P;
   v0_ = tp_rank * Vl_;
 
-  // The data-parallel collectives move these every step; peers read them in place.
-  params_ = alloc(layout_.size(), true);
-  grads_ = alloc(layout_.size(), true);
+  params_ = alloc(layout_.size());
+  grads_ = alloc(layout_.size());
   p_ = bind(layout_, params_);
   g_ = bind(layout_, grads_);
   const int64_t C = model.channels;
@@ -101,8 +100,8 @@ Gpt::~Gpt() {
   }
 }
 
-float* Gpt::alloc(int64_t n, bool shared) {
-  owned_.push_back(shared ? ops_.alloc_shared(std::max<int64_t>(n, 1)) : ops_.alloc(std::max<int64_t>(n, 1)));
+float* Gpt::alloc(int64_t n) {
+  owned_.push_back(ops_.alloc(std::max<int64_t>(n, 1)));
   return owned_.back();
 }
 

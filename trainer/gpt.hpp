@@ -128,7 +128,7 @@ class Gpt {
   // rank's heads, channels of its heads, vocabulary slice.
   int64_t N_, Nl_, row0_, t0_, heads_, head_size_, Cl_, Vl_, v0_;
   std::vector<float*> owned_;  // every buffer, released at the end
-  float* alloc(int64_t n, bool shared = false);  // shared: Ops::alloc_shared
+  float* alloc(int64_t n);
   std::vector<std::unique_ptr<Acts>> slots_;
   std::vector<int> free_slots_;
   int last_slot_ = 0;  // forward()'s

@@ -18,12 +18,6 @@ class Ops {
   virtual const char* name() const = 0;
 
   virtual float* alloc(int64_t n) = 0;  // zero-filled
-  // Zero-filled memory that the collectives' peers on this host read where it is (tutti::alloc_shared,
-  // NCCL's ncclMemAlloc): a reduction or gather between processes then makes one pass over the data
-  // instead of two through the FIFO. For the model's parameters and gradients, which the data-parallel
-  // collectives move every step. Where the backend has no such memory, or the host refuses it (a
-  // small /dev/shm), it is alloc's. Freed with release.
-  virtual float* alloc_shared(int64_t n) { return alloc(n); }
   virtual void release(float* p) = 0;
   virtual void upload(float* dst, const float* host, int64_t n) = 0;
   virtual void download(float* host, const float* src, int64_t n) = 0;

@@ -9,16 +9,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <limits>
-#include <map>
-#include <mutex>
-#include <new>
 #include <stdexcept>
+#include <new>
 
 #include "trainer/ops.hpp"
 #include "tutti/fused.hpp"
-#include "tutti/tutti.hpp"
 #include "tutti/types.hpp"
 
 extern "C" void openblas_set_num_threads(int);
@@ -44,27 +40,7 @@ class CpuOps final : public Ops {
     std::memset(p, 0, static_cast<size_t>(n) * sizeof(float));
     return p;
   }
-  float* alloc_shared(int64_t n) override {
-    try {
-      // A fresh segment reads as zero, and its pages are reserved (a full /dev/shm throws here).
-      auto* p = static_cast<float*>(tutti::alloc_shared(round64(n * sizeof(float))));
-      std::lock_guard lock(shared_mutex_);
-      shared_.emplace(p, n);
-      return p;
-    } catch (const tutti::Error&) {
-      return alloc(n);  // private memory: the collectives copy through the FIFO instead
-    }
-  }
-  void release(float* p) override {
-    {
-      std::lock_guard lock(shared_mutex_);
-      if (shared_.erase(p)) {
-        tutti::free_shared(p);
-        return;
-      }
-    }
-    std::free(p);
-  }
+  void release(float* p) override { std::free(p); }
   void upload(float* dst, const float* host, int64_t n) override { copy(dst, host, n); }
   void download(float* host, const float* src, int64_t n) override { copy(host, src, n); }
   void zero(float* p, int64_t n) override {
@@ -75,11 +51,10 @@ class CpuOps final : public Ops {
     const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     const auto begin = reinterpret_cast<uintptr_t>(p), end = reinterpret_cast<uintptr_t>(p + n);
     const uintptr_t inner_begin = (begin + page - 1) / page * page, inner_end = end / page * page;
-    // Private anonymous pages read as zero after MADV_DONTNEED, pages of a shared segment after
-    // MADV_REMOVE (DONTNEED would only unmap them: they would read back their data); the partial
-    // pages at the edges are shared with neighbouring data and are zeroed instead.
+    // Private anonymous pages read as zero after MADV_DONTNEED; the partial pages at the edges are
+    // shared with neighbouring data and are zeroed instead.
     if (inner_end > inner_begin && madvise(reinterpret_cast<void*>(inner_begin), inner_end - inner_begin,
-                                           in_shared(p) ? MADV_REMOVE : MADV_DONTNEED) == 0) {
+                                           MADV_DONTNEED) == 0) {
       zero(p, static_cast<int64_t>((inner_begin - begin) / sizeof(float)));
       zero(reinterpret_cast<float*>(inner_end), static_cast<int64_t>((end - inner_end) / sizeof(float)));
       return;
@@ -412,16 +387,7 @@ class CpuOps final : public Ops {
       throw std::length_error("a matrix dimension does not fit OpenBLAS's 32-bit sizes");
     return static_cast<blasint>(n);
   }
-  // Whether p lies in memory alloc_shared returned.
-  bool in_shared(const float* p) {
-    std::lock_guard lock(shared_mutex_);
-    auto it = shared_.upper_bound(p);
-    return it != shared_.begin() && p < std::prev(it)->first + std::prev(it)->second;
-  }
-
   int threads_;
-  std::mutex shared_mutex_;
-  std::map<const float*, int64_t> shared_;  // alloc_shared's blocks: start -> floats
 };
 
 }  // namespace

@@ -20,8 +20,8 @@ for n in 2 4; do
   reps=1
   [ "$n" = 2 ] && reps=5
   # Plain buffers (malloc, like a framework's allocator) and shared ones (tutti::alloc_shared, NCCL's
-  # ncclMemAlloc: peers read them in place; the trainer keeps its parameters and gradients there),
-  # taking turns; both forms of the step get the same buffers.
+  # ncclMemAlloc: peers read them in place), taking turns; both forms of the step get the same
+  # buffers.
   plain=() shared=()
   for _ in $(seq $reps); do
     for kind in plain shared; do
