@@ -201,56 +201,91 @@ TEST(SharedSegments, AreOwnerOnlyUnguessableAndForeignOnesAreRefused) {
 
 // The FIFO/single-copy choice between processes (runtime/transport/single_copy_choice.hpp), fed
 // with costs as the connection measures them (ns per MiB).
-TEST(SingleCopyChoice, FollowsTheMeasuredCostsAndTriesTheLoserNowAndThen) {
-  const uint64_t slot = 256 << 10;
-  SingleCopyChoice near(slot, 64 << 20, true);
-  // Nothing measured yet: the FIFO, which measures itself.
-  EXPECT_FALSE(near.single_copy(1 << 20, 0, 0));
-  near.sent(slot, 45'000.0 / 4);  // 45 us per MiB
-  EXPECT_DOUBLE_EQ(near.send_ns_per_mib(), 45'000);
-  // The FIFO measured, single copy not: tried at the 8th, 16th and 24th messages that qualify (a
-  // median to start from), then seldom.
-  int tried = 0, first = 0;
-  for (int m = 2; m <= 300; ++m)
-    if (near.single_copy(1 << 20, 40'000, 0)) {
-      ++tried;
-      if (!first) first = m;
+namespace {
+// Costs measured on one direction only (the other direction carries nothing).
+PairCosts one_way(double send, double recv, double cma) { return PairCosts{send, recv, cma, 0, 0, 0}; }
+// What the other end of the connection reads: the same figures, its out being our in.
+PairCosts mirrored(const PairCosts& c) { return PairCosts{c.send_in, c.recv_in, c.cma_in, c.send_out, c.recv_out, c.cma_out}; }
+// Of `messages` decisions, those that took single copy; `first`: the first one's number (from 1).
+int count_single(SingleCopyChoice& c, const PairCosts& costs, int messages, int* first = nullptr) {
+  int n = 0;
+  for (int m = 1; m <= messages; ++m)
+    if (c.single_copy(1 << 20, costs)) {
+      if (first && n == 0) *first = m;
+      ++n;
     }
+  return n;
+}
+constexpr int kBurst = SingleCopyChoice::kBurst;
+}  // namespace
+
+TEST(SingleCopyChoice, FollowsTheMeasuredCostsAndTriesTheLoserInBursts) {
+  const uint64_t slot = 256 << 10;
+  // Nothing measured yet: the FIFO, which measures itself.
+  SingleCopyChoice near(slot, 64 << 20, true);
+  EXPECT_EQ(count_single(near, PairCosts{}, 100), 0);
+  // The FIFO measured, single copy not: one burst from the kFirstProbe-th message that qualifies on,
+  // and while the receiver publishes no figure for it, a burst every kProbeCma.
+  SingleCopyChoice fresh(slot, 64 << 20, true);
+  int first = 0;
+  EXPECT_EQ(count_single(fresh, one_way(45'000, 40'000, 0), 100, &first), kBurst);
   EXPECT_EQ(first, static_cast<int>(SingleCopyChoice::kFirstProbe));
-  EXPECT_EQ(tried, 4);  // the 8th, 16th, 24th and 256th
+  EXPECT_EQ(count_single(fresh, one_way(45'000, 40'000, 0), static_cast<int>(SingleCopyChoice::kProbeCma)), kBurst);
   // Cores near each other: the FIFO's two copies (85 us per MiB) beat single copy (240): single copy
-  // only once in kProbeCma messages.
-  int cma = 0;
-  for (int m = 0; m < 1024; ++m) cma += near.single_copy(1 << 20, 40'000, 240'000);
-  EXPECT_EQ(cma, 1024 / static_cast<int>(SingleCopyChoice::kProbeCma));
+  // only in a burst every kProbeCma messages.
+  SingleCopyChoice nearby(slot, 64 << 20, true);
+  const int rounds = 4, messages = rounds * static_cast<int>(SingleCopyChoice::kProbeCma) + kBurst - 1;
+  EXPECT_EQ(count_single(nearby, one_way(45'000, 40'000, 240'000), messages), rounds * kBurst);
   // Cores far apart: the sender's copy into slots the receiver's cache holds slows to 140 us per MiB;
-  // single copy wins (95 against 205) and the FIFO is tried once in kProbeFifo.
+  // single copy wins (95 against 205) and the FIFO gets a burst every kProbeFifo messages.
   SingleCopyChoice far(slot, 64 << 20, true);
-  for (int s = 0; s < 16; ++s) far.sent(slot, 140'000.0 / 4);
-  EXPECT_NEAR(far.send_ns_per_mib(), 140'000, 1);
-  int fifo = 0;
-  for (int m = 0; m < 1024; ++m) fifo += !far.single_copy(1 << 20, 65'000, 95'000);
-  EXPECT_EQ(fifo, 1024 / static_cast<int>(SingleCopyChoice::kProbeFifo));
+  const int far_messages = rounds * static_cast<int>(SingleCopyChoice::kProbeFifo) + kBurst - 1;
+  EXPECT_EQ(far_messages - count_single(far, one_way(140'000, 65'000, 95'000), far_messages), rounds * kBurst);
   // A near-tie stays with the FIFO (single copy must win by 10 %).
-  int tie = 0;
-  for (int m = 0; m < 100; ++m) tie += far.single_copy(1 << 20, 65'000, 190'000);
-  EXPECT_LE(tie, 1);
+  SingleCopyChoice tie(slot, 64 << 20, true);
+  EXPECT_LE(count_single(tie, one_way(140'000, 65'000, 190'000), 200), kBurst);
+}
+
+// An exchange with one direction by FIFO and the other by single copy is slower than either, so
+// both ends weigh both directions and decide alike, message by message, bursts included: here the
+// first direction alone would take single copy (70 against 85) and the second the FIFO (200 against
+// 85); together the FIFO wins (170 against 270) on both ends.
+TEST(SingleCopyChoice, BothEndsOfAConnectionChooseAlike) {
+  const uint64_t slot = 256 << 10;
+  const PairCosts a{45'000, 40'000, 70'000, 45'000, 40'000, 200'000};
+  EXPECT_TRUE(SingleCopyChoice::prefers_single_copy(one_way(45'000, 40'000, 70'000)));
+  EXPECT_FALSE(SingleCopyChoice::prefers_single_copy(a));
+  EXPECT_FALSE(SingleCopyChoice::prefers_single_copy(mirrored(a)));
+  SingleCopyChoice here(slot, 64 << 20, true), there(slot, 64 << 20, true);
+  int single = 0;
+  const int rounds = 8, messages = rounds * static_cast<int>(SingleCopyChoice::kProbeCma) + kBurst - 1;
+  for (int m = 0; m < messages; ++m) {
+    const bool x = here.single_copy(1 << 20, a), y = there.single_copy(1 << 20, mirrored(a));
+    ASSERT_EQ(x, y) << "message " << m;
+    single += x;
+  }
+  EXPECT_EQ(single, rounds * kBurst);
+  // Where both directions favour single copy, both ends take it.
+  const PairCosts b{140'000, 65'000, 95'000, 130'000, 60'000, 100'000};
+  SingleCopyChoice p(slot, 64 << 20, true), q(slot, 64 << 20, true);
+  for (int m = 0; m < 100; ++m) ASSERT_EQ(p.single_copy(1 << 20, b), q.single_copy(1 << 20, mirrored(b)));
+  EXPECT_TRUE(p.single_copy(1 << 20, b));
 }
 
 TEST(SingleCopyChoice, ThresholdAndSlotBoundTheMeasuredChoice) {
   const uint64_t slot = 256 << 10;
   SingleCopyChoice c(slot, 8 << 20, true);
-  c.sent(slot, 100'000);  // a very slow FIFO: single copy wins wherever the rates decide
+  const PairCosts slow_fifo = one_way(100'000, 400'000, 1'000);  // single copy wins wherever the rates decide
   for (int m = 0; m < 100; ++m) {
-    EXPECT_FALSE(c.single_copy(slot - 1, 400'000, 1'000)) << "below one slot: always the FIFO";
-    EXPECT_TRUE(c.single_copy(8 << 20, 1, 1'000'000)) << "at the threshold: always single copy";
+    EXPECT_FALSE(c.single_copy(slot - 1, slow_fifo)) << "below one slot: always the FIFO";
+    EXPECT_TRUE(c.single_copy(8 << 20, one_way(1, 1, 1'000'000))) << "at the threshold: always single copy";
   }
   // Adaptation off (TUTTI_SHM_CMA_ADAPTIVE=0 or a threshold the user set): the threshold alone.
   c.set_adaptive(false);
-  for (int m = 0; m < 100; ++m) EXPECT_FALSE(c.single_copy(1 << 20, 400'000, 1'000));
-  EXPECT_TRUE(c.single_copy(8 << 20, 400'000, 1'000));
+  for (int m = 0; m < 100; ++m) EXPECT_FALSE(c.single_copy(1 << 20, slow_fifo));
+  EXPECT_TRUE(c.single_copy(8 << 20, slow_fifo));
   c.set_threshold(512 << 10);
-  EXPECT_TRUE(c.single_copy(1 << 20, 0, 0));
+  EXPECT_TRUE(c.single_copy(1 << 20, PairCosts{}));
 }
 
 TEST(SingleCopyChoice, TheUsersThresholdTurnsTheMeasuredChoiceOff) {

@@ -36,6 +36,7 @@ void init_fifo(void* at, const FifoLayout& layout, bool cma_ok) {
   f->slot_size = layout.slot_size;
   f->recv_cost.store(0);
   f->cma_cost.store(0);
+  f->send_cost.store(0);
 }
 
 namespace {
@@ -220,6 +221,12 @@ bool ShmConnection::relieve() {
   return false;
 }
 
+PairCosts ShmConnection::pair_costs() const {
+  const FifoControl *out = ep_.out, *in = ep_.in;
+  return {cost_of(out->send_cost), cost_of(out->recv_cost), cost_of(out->cma_cost),
+          cost_of(in->send_cost),  cost_of(in->recv_cost),  cost_of(in->cma_cost)};
+}
+
 bool ShmConnection::progress_send() {
   FifoControl* f = ep_.out;
   const uint64_t slots = f->slots, slot_size = f->slot_size;
@@ -254,7 +261,7 @@ bool ShmConnection::progress_send() {
     }
     if (h.mode == SlotMode::kInline && !op.started && cma_ && op.bytes > 0 &&
         (ep_.same_process ? op.bytes >= ep_.cma_threshold
-                          : choice_.single_copy(op.bytes, cost_of(f->recv_cost), cost_of(f->cma_cost)))) {
+                          : choice_.single_copy(op.bytes, pair_costs()))) {
       h.mode = SlotMode::kAddress;
       h.source_address = reinterpret_cast<uint64_t>(op.data);
     }
@@ -268,6 +275,7 @@ bool ShmConnection::progress_send() {
         const auto t0 = Clock::now();
         std::memcpy(s + sizeof(SlotHeader), op.data + op.offset, h.fragment_bytes);
         choice_.sent(h.fragment_bytes, ns_since(t0));
+        f->send_cost.store(std::bit_cast<uint64_t>(choice_.send_ns_per_mib()), std::memory_order_relaxed);
       } else if (h.fragment_bytes) {
         std::memcpy(s + sizeof(SlotHeader), op.data + op.offset, h.fragment_bytes);
       }

@@ -60,11 +60,13 @@ struct alignas(64) FifoControl {
   alignas(64) uint32_t cma_ok;                 // receiver can read the sender's memory (set at setup)
   uint32_t slots;
   uint64_t slot_size;
-  // The receiver's costs, ns per MiB as double bits (0: not measured), which the sender reads to
-  // choose between the FIFO and single copy (single_copy_choice.hpp): its plain copies out of full
-  // slots, and its single-copy reads. Relaxed: a stale value only delays a choice.
+  // Costs, ns per MiB as double bits (0: not measured), which both ends read to choose between the
+  // FIFO and single copy (single_copy_choice.hpp): the receiver's plain copies out of full slots and
+  // its single-copy reads, the sender's copies into full slots. Relaxed: a stale value only delays a
+  // choice.
   alignas(64) std::atomic<uint64_t> recv_cost;
   std::atomic<uint64_t> cma_cost;
+  std::atomic<uint64_t> send_cost;
 };
 
 // How a slot carries its fragment.
@@ -148,6 +150,8 @@ class ShmConnection : public Connection {
  private:
   bool progress_send();
   bool progress_recv();
+  // Both directions' measured costs, as both ends read them (single_copy_choice.hpp).
+  PairCosts pair_costs() const;
   bool pull_ahead();
   // Reads slot `index`'s header and checks its checksum.
   SlotHeader read_header(const unsigned char* slot) const;

@@ -12,14 +12,29 @@
 // copy for such sizes, did not notice. A calibration taken in one placement chose the wrong one
 // in the other.
 //
-// What is measured (nanoseconds per MiB, moving averages): the sender's copy into full FIFO slots,
-// the receiver's copy out of them (plain copies, not reductions), and the receiver's single-copy
-// reads. The receiver publishes its two in the FIFO's control block; the sender decides. Per byte,
-// the FIFO costs each core both copies (a core of an exchange sends and receives), single copy one.
-// Single copy is first tried three times, a few messages apart, once the FIFO is measured; then the
-// current loser is tried now and then so that a move of the cores is noticed: single copy every
-// `kProbeCma` eligible messages while the FIFO wins, the FIFO every `kProbeFifo` while single copy
-// wins. Messages below one FIFO slot always use the FIFO; messages of at least the fixed threshold
+// What is measured (nanoseconds per MiB, each the median of its last three samples): the sender's
+// copy into full FIFO slots, the receiver's copy out of them (plain copies, not reductions), and the
+// receiver's single-copy reads. Each side publishes its own in the control block of the FIFO it
+// sends or receives on, so both ends of a connection see all six figures.
+//
+// Both directions choose alike. In an exchange (every rank of a ring or an all-gather sends and
+// receives at once) one direction by FIFO and the other by single copy is slower than either: one
+// core makes two copies per byte (its send into the FIFO and its single-copy read) while the other
+// makes one, and a 16 MiB all-gather took 2.3-3.6 ms mixed against 1.3-1.7 FIFO both ways and
+// 1.8-2.2 single copy both ways. So each sender weighs the
+// same sums: the FIFO's send and receive costs of both directions against both single-copy reads,
+// and, with the same figures on both sides, both make the same choice. A direction with nothing
+// measured yet (traffic one way only) leaves the other to decide alone.
+//
+// The loser is measured in bursts of kBurst messages: single copy first once the FIFO is measured,
+// then every kProbeCma eligible messages while the FIFO wins, the FIFO every kProbeFifo while
+// single copy wins, so that a move of the cores is noticed. A burst, not one message: single copy's
+// first reads after a stretch of FIFO traffic run slower than later ones (200-280 us per MiB, falling
+// to about 90 over a few dozen MiB in a run of single copies only; the cause was not pinned down),
+// and a lone probe's figure kept a connection on the FIFO where single copy was the faster; the
+// median of a burst's last three reads comes closer to the rate single copy would keep. Both sides
+// count their own messages, so in an exchange their bursts coincide.
+// Messages below one FIFO slot always use the FIFO; messages of at least the fixed threshold
 // (TUTTI_SHM_CMA_THRESHOLD, the calibration's) always use single copy; with adaptation off
 // (TUTTI_SHM_CMA_ADAPTIVE=0, or the threshold set by the user) only the threshold decides.
 
@@ -28,9 +43,9 @@
 
 namespace tutti {
 
-// A moving average of a cost per MiB; 0 means nothing measured yet. It averages the median of the
-// last three samples, so one copy that the scheduler interrupted (a sample 100 times too slow) does
-// not swing the choice, while a lasting change passes after two.
+// A cost per MiB: the median of the last three samples (0: nothing measured yet), so one copy that
+// the scheduler interrupted (a sample 100 times too slow) does not swing the choice, while a lasting
+// change passes after two.
 class RateAverage {
  public:
   void add(uint64_t bytes, double ns) {
@@ -38,8 +53,7 @@ class RateAverage {
     const double x = ns * static_cast<double>(1u << 20) / static_cast<double>(bytes);
     last_[seen_++ % 3] = x;
     const double a = last_[0], b = last_[1], c = last_[2];
-    const double mid = seen_ < 3 ? x : std::max(std::min(a, b), std::min(std::max(a, b), c));
-    value_ = value_ == 0 ? mid : value_ + (mid - value_) / 4;
+    value_ = seen_ < 3 ? x : std::max(std::min(a, b), std::min(std::max(a, b), c));
   }
   double ns_per_mib() const { return value_; }
 
@@ -49,12 +63,20 @@ class RateAverage {
   uint64_t seen_ = 0;
 };
 
+// What both ends of a connection have measured, ns per MiB, 0 where unknown. `out`: this side's
+// sends (its copy into the FIFO, the peer's copy out, the peer's single-copy reads); `in`: the
+// peer's sends to this side, the same three.
+struct PairCosts {
+  double send_out = 0, recv_out = 0, cma_out = 0;
+  double send_in = 0, recv_in = 0, cma_in = 0;
+};
+
 class SingleCopyChoice {
  public:
-  static constexpr uint64_t kProbeCma = 256;  // while the FIFO wins: one message in this many by single copy
-  static constexpr uint64_t kProbeFifo = 64;  // while single copy wins: one in this many through the FIFO
-  static constexpr uint64_t kFirstProbe = 8;  // single copy's first tries: every this many messages, three times
-  static constexpr int kFirstProbes = 3;
+  static constexpr uint64_t kProbeCma = 256;    // while the FIFO wins: a burst by single copy every this many
+  static constexpr uint64_t kProbeFifo = 256;   // while single copy wins: a burst through the FIFO every this many
+  static constexpr uint64_t kFirstProbe = 8;    // single copy's first burst, once the FIFO is measured
+  static constexpr int kBurst = 6;              // messages of a burst
 
   // min_bytes: the smallest message the choice applies to (a FIFO slot); threshold: from this size
   // on always single copy; adaptive: whether the measured rates decide below the threshold.
@@ -65,23 +87,32 @@ class SingleCopyChoice {
   void set_adaptive(bool on) { adaptive_ = on; }
   bool adaptive() const { return adaptive_; }
 
-  // The decision for one message of `bytes`, given the receiver's published costs (0: unknown).
-  bool single_copy(uint64_t bytes, double recv_ns_per_mib, double cma_ns_per_mib) {
+  // The decision for one message of `bytes`.
+  bool single_copy(uint64_t bytes, const PairCosts& c) {
     if (bytes >= threshold_) return true;
     if (!adaptive_ || bytes < min_bytes_) return false;
     ++eligible_;
-    const double send = sent_.ns_per_mib();
-    if (send == 0 || recv_ns_per_mib == 0) return false;  // the FIFO not measured yet: measure it first
-    // Then single copy three times, a few messages apart, so its average starts from a median: a
-    // first read into pages never touched pays their faults and looks several times slower.
-    if (first_probes_ < kFirstProbes && eligible_ >= kFirstProbe * static_cast<uint64_t>(first_probes_ + 1)) {
-      ++first_probes_;
-      return true;
+    if (c.send_out == 0 || c.recv_out == 0) return false;  // the FIFO not measured yet: measure it first
+    if (burst_left_ > 0) {
+      --burst_left_;
+      return burst_cma_;
     }
-    if (cma_ns_per_mib == 0) return eligible_ % kProbeCma == 0;  // the receiver does not measure it
-    // Single copy must win by 10 %: near-ties stay with the FIFO, whose sends complete eagerly.
-    const bool prefer = cma_ns_per_mib < 0.9 * (send + recv_ns_per_mib);
-    return prefer ? eligible_ % kProbeFifo != 0 : eligible_ % kProbeCma == 0;
+    // Single copy unmeasured: its first burst, then (a receiver that does not measure it) as a loser.
+    const bool prefer = c.cma_out > 0 && prefers_single_copy(c);
+    const bool probe = c.cma_out == 0 && !tried_ ? eligible_ >= kFirstProbe
+                                                  : eligible_ % (prefer ? kProbeFifo : kProbeCma) == 0;
+    if (!probe) return prefer;
+    tried_ = true;
+    burst_cma_ = !prefer;
+    burst_left_ = kBurst - 1;
+    return burst_cma_;
+  }
+  // Single copy must win by 10 %: near-ties stay with the FIFO, whose sends complete eagerly.
+  static bool prefers_single_copy(const PairCosts& c) {
+    const bool both = c.send_in > 0 && c.recv_in > 0 && c.cma_in > 0;
+    const double fifo = c.send_out + c.recv_out + (both ? c.send_in + c.recv_in : 0);
+    const double single = c.cma_out + (both ? c.cma_in : 0);
+    return single < 0.9 * fifo;
   }
   // The sender's copy of `bytes` into a FIFO slot took `ns`.
   void sent(uint64_t bytes, double ns) { sent_.add(bytes, ns); }
@@ -91,7 +122,9 @@ class SingleCopyChoice {
   uint64_t min_bytes_, threshold_;
   bool adaptive_;
   uint64_t eligible_ = 0;  // messages the measured choice applied to
-  int first_probes_ = 0;
+  int burst_left_ = 0;     // messages left in the current burst
+  bool burst_cma_ = false;
+  bool tried_ = false;     // single copy's first burst is done
   RateAverage sent_;
 };
 
