@@ -108,6 +108,7 @@ struct Run {
   const plan::Block* block = nullptr;
   // Per step: the streamed epilogue a receive opens or a compute step finishes (streamed_epilogues).
   std::vector<StreamedEpilogue*> epilogues;
+  StreamedEpilogue* epilogue_at_pc() const { return epilogues.empty() ? nullptr : epilogues[pc]; }
   int worker = 0;
   size_t pc = 0;                  // steps [0, pc) are issued
   std::atomic<size_t> retired{0};  // steps [0, retired) are issued and their sends are done or owned
@@ -239,7 +240,7 @@ class BlockMachine {
   // streamed_epilogues assumed: the chunk in place, and nothing else overlapping it.
   void open_epilogue(const Run& r, StreamedEpilogue& e);
   static ReceiveEpilogue* epilogue_of(const Run& r) {
-    StreamedEpilogue* e = r.epilogues.empty() ? nullptr : r.epilogues[r.pc];
+    StreamedEpilogue* e = r.epilogue_at_pc();
     return e && e->open ? e : nullptr;
   }
   // Large outputs are written with non-temporal stores where nothing reads them back during the
@@ -317,7 +318,7 @@ bool BlockMachine::start(size_t b) {
       return true;
     }
     case plan::Opcode::kCompute: {
-      if (StreamedEpilogue* e = r.epilogues.empty() ? nullptr : r.epilogues[r.pc]; e && e->open) {
+      if (StreamedEpilogue* e = r.epilogue_at_pc(); e && e->open) {
         e->open = false;  // its receive ran the kernel on the chunk as it arrived
         e->finish();
         return true;
@@ -334,7 +335,7 @@ bool BlockMachine::start(size_t b) {
   if (r.shape.recv) r.rconn = &comm.connection(in.recv_peer, r.block->channel + kPlanChannelBase);
   if (r.shape.send) r.sconn = &comm.connection(in.send_peer, r.block->channel + kPlanChannelBase);
   r.local = in.srcs.empty() ? nullptr : pointer(in.srcs[0]);
-  if (stream_epilogues && !r.epilogues.empty() && r.epilogues[r.pc]) open_epilogue(r, *r.epilogues[r.pc]);
+  if (StreamedEpilogue* e = r.epilogue_at_pc(); stream_epilogues && e) open_epilogue(r, *e);
   if (in.op == plan::Opcode::kRecvReduceSend) {
     // Full-tile slots, allocated once: earlier forwards may still read them, so the buffer must
     // never move while the block runs.
