@@ -78,7 +78,10 @@ ShmSegment ShmSegment::create(const std::string& what, size_t bytes) {
   // The pages are reserved now: tmpfs grants a size without backing it, and a write to a page that
   // then finds /dev/shm full is a SIGBUS in the middle of a collective (a container's /dev/shm is
   // often 64 MiB). Filesystems without fallocate keep the sparse segment.
-  if (int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0 && err != EOPNOTSUPP && err != EINVAL) {
+  int err = 0;
+  do err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  while (err == EINTR);  // a signal during a large reservation
+  if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
     ::close(fd);
     shm_unlink(s.name_.c_str());
     throw SystemError(fmt::format("shared segment {} of {} bytes does not fit in /dev/shm", s.name_, bytes), err);

@@ -21,9 +21,9 @@
 // receives at once) one direction by FIFO and the other by single copy is slower than either: one
 // core makes two copies per byte (its send into the FIFO and its single-copy read) while the other
 // makes one, and a 16 MiB all-gather took 2.3-3.6 ms mixed against 1.3-1.7 FIFO both ways and
-// 1.8-2.2 single copy both ways. So each sender weighs the
-// same sums: the FIFO's send and receive costs of both directions against both single-copy reads,
-// and, with the same figures on both sides, both make the same choice. A direction with nothing
+// 1.8-2.2 single copy both ways. So each sender weighs the same sums: the FIFO's send and receive
+// costs of both directions against both single-copy reads, and, with the same figures on both
+// sides, both make the same choice. A direction with nothing
 // measured yet (traffic one way only) leaves the other to decide alone.
 //
 // The loser is measured in bursts of kBurst messages: single copy first once the FIFO is measured,
