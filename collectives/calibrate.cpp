@@ -319,7 +319,7 @@ void measure_oneshot(Communicator& comm, Calibration& c) {
       if (count == 0) continue;
       if (!oneshot_fits(*mb, coll, static_cast<int64_t>(count), 4)) break;
       sizes.push_back(s);
-      cands.push_back({Candidate{kOneShot, {}}, Candidate{default_algorithm(coll, s, n), {}}});
+      cands.push_back({Candidate{kOneShot, {}}, Candidate{default_algorithm(coll, s, n, comm.crowded_host()), {}}});
       iters.push_back(s <= (4u << 10) ? 100 : 20);
     }
     if (sizes.empty()) continue;

@@ -291,7 +291,7 @@ std::shared_ptr<const PreparedPlan> Dispatcher::builtin(const std::string& name,
   return prepared;
 }
 
-std::string default_algorithm(Collective c, uint64_t bytes, int n) {
+std::string default_algorithm(Collective c, uint64_t bytes, int n, bool crowded) {
   switch (c) {
     case Collective::kAllReduce:
       // One shot while latency dominates (one message each way per peer), then halving-doubling,
@@ -301,7 +301,11 @@ std::string default_algorithm(Collective c, uint64_t bytes, int n) {
                                               : "rhd_allreduce";
     case Collective::kAllGather: return bytes <= (32u << 10) && n > 2 ? "bruck_allgather" : "ring_allgather";
     case Collective::kReduceScatter: return "ring_reducescatter";
-    case Collective::kBroadcast: return bytes <= (64u << 10) ? "tree_broadcast" : "chain_broadcast";
+    case Collective::kBroadcast:
+      // The chain pipelines chunks through every rank, which pays only while every rank runs: 4
+      // processes on 2 cores took 2x longer from 128 KiB to 4 MiB than with the tree (log n
+      // steps), whose every receiver also forwards less (docs/PERFORMANCE.md).
+      return bytes <= (64u << 10) || crowded ? "tree_broadcast" : "chain_broadcast";
     case Collective::kReduce: return "tree_reduce";
     case Collective::kAllToAll: return "pairwise_alltoall";
     default: throw InvalidArgument(fmt::format("no built-in algorithm for {}", to_string(c)));
@@ -399,7 +403,7 @@ const Choice& Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int
   if (auto ch = tuned(c, bytes, from_table)) return remember(ch);
   // Small calls on one host: the one-shot mailbox, while it beats the plans (see PERFORMANCE.md).
   if (fits && bytes <= oneshot_threshold(c)) return remember(Choice::one_shot());
-  const std::string name = default_algorithm(c, bytes, n);
+  const std::string name = default_algorithm(c, bytes, n, comm_.crowded_host());
   auto pp = try_builtin(name);
   TUTTI_CHECK(pp != nullptr, InternalError, "built-in {} does not apply to {} ranks", name, n);
   return remember(pp);

@@ -57,8 +57,10 @@ inline constexpr uint64_t kDefaultOneshotThreshold = 8 << 10;
 // The built-in plan the dispatcher runs for host memory where no table, plan file or forced
 // algorithm decides and the call does not take the one-shot path: latency-bound sizes want few
 // steps, bandwidth-bound ones want every byte to cross each link once. (The calibration measures
-// the one-shot path against it.)
-std::string default_algorithm(Collective c, uint64_t bytes, int nranks);
+// the one-shot path against it.) `crowded`: every rank is on one host with more ranks than cores
+// (Communicator::crowded_host), where a pipeline whose stages wait for ranks that are not running
+// loses to fewer, longer steps.
+std::string default_algorithm(Collective c, uint64_t bytes, int nranks, bool crowded = false);
 
 struct DispatcherOptions {
   std::optional<std::string> algo;         // a forced algorithm

@@ -16,27 +16,59 @@ HWY_BEFORE_NAMESPACE();
 namespace tutti::fused::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The sum of squares is taken over groups of kGroup elements counted from the chunk's start: each
+// group's squares are summed in float vectors (a lane adds at most kGroup / Lanes(float) of them),
+// and the group's sum is added to the double accumulators. Summing the squares in double element by
+// element cost twice the instructions, and the pass runs on a chunk still in cache, where
+// instructions, not memory, are its time. A chunk cut into pieces of whole groups gives the same
+// sum, bit for bit, wherever the cuts fall.
+constexpr int64_t kGroup = kSquareGroup;
+static_assert(kGroup % (4 * HWY_MAX_BYTES / sizeof(float)) == 0, "a group is whole sets of four float vectors on every target");
+
+// Adds the squares of one group x[0, kGroup) to acc0 and acc1 (after out = x * scale when Scale).
+template <bool Scale, class DD, class DF>
+HWY_INLINE void SquareGroup(DD dd, DF df, float* out, const float* in, hn::Vec<DF> vs, hn::Vec<DD>& acc0,
+                            hn::Vec<DD>& acc1) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  // Four independent sums: one chain of multiply-adds would wait out its latency on every vector.
+  auto sq0 = hn::Zero(df), sq1 = hn::Zero(df), sq2 = hn::Zero(df), sq3 = hn::Zero(df);
+  auto square = [&](int64_t j, hn::Vec<DF>& sq) {
+    auto x = hn::LoadU(df, in + j);
+    if constexpr (Scale) {
+      x = hn::Mul(x, vs);
+      hn::StoreU(x, df, out + j);
+    }
+    sq = hn::MulAdd(x, x, sq);
+  };
+  for (int64_t j = 0; j < kGroup; j += 4 * N) {
+    square(j, sq0);
+    square(j + N, sq1);
+    square(j + 2 * N, sq2);
+    square(j + 3 * N, sq3);
+  }
+  const auto sum = hn::Add(hn::Add(sq0, sq1), hn::Add(sq2, sq3));
+#if HWY_TARGET == HWY_SCALAR  // one lane: nothing to split
+  (void)acc1;
+  acc0 = hn::Add(acc0, hn::PromoteTo(dd, sum));
+#else
+  const hn::Half<DF> dh;
+  acc0 = hn::Add(acc0, hn::PromoteTo(dd, hn::LowerHalf(dh, sum)));
+  acc1 = hn::Add(acc1, hn::PromoteTo(dd, hn::UpperHalf(dh, sum)));
+#endif
+}
+
 // UnscaleSquare over a chunk given in consecutive pieces: `acc` (2 * Lanes(double) doubles, zero
-// before the first piece) carries the two accumulators from piece to piece, and every piece but the
-// last holds whole pairs of vectors, so the sum is the whole chunk's, bit for bit, wherever the cuts
-// fall. Returns it on the last piece (the scalar tail added after the lanes, as for a whole chunk).
+// before the first piece) carries the double accumulators from piece to piece, and every piece but
+// the last holds whole groups. Returns the sum on the last piece (the elements after the last whole
+// group added one by one after the lanes, as for a whole chunk).
 double UnscaleSquarePiece(float* out, const float* in, int64_t n, float scale, double* acc, bool last) {
-  // Floats as many as a double vector's lanes at a time, so each widens to doubles in one step.
-  const hn::ScalableTag<double> dd;
-  const hn::Rebind<float, decltype(dd)> df;
+  const hn::ScalableTag<float> df;
+  const hn::Repartition<double, decltype(df)> dd;
   const int64_t N = static_cast<int64_t>(hn::Lanes(dd));
   const auto vs = hn::Set(df, scale);
   auto acc0 = hn::LoadU(dd, acc), acc1 = hn::LoadU(dd, acc + N);
   int64_t i = 0;
-  for (; i + 2 * N <= n; i += 2 * N) {
-    const auto x0 = hn::Mul(hn::LoadU(df, in + i), vs);
-    const auto x1 = hn::Mul(hn::LoadU(df, in + i + N), vs);
-    hn::StoreU(x0, df, out + i);
-    hn::StoreU(x1, df, out + i + N);
-    const auto d0 = hn::PromoteTo(dd, x0), d1 = hn::PromoteTo(dd, x1);
-    acc0 = hn::MulAdd(d0, d0, acc0);
-    acc1 = hn::MulAdd(d1, d1, acc1);
-  }
+  for (; i + kGroup <= n; i += kGroup) SquareGroup<true>(dd, df, out + i, in + i, vs, acc0, acc1);
   if (!last) {
     hn::StoreU(acc0, dd, acc);
     hn::StoreU(acc1, dd, acc + N);
@@ -63,16 +95,11 @@ double UnscaleSquare(float* out, const float* in, int64_t n, float scale) {
 // The sum of squares of x, accumulated exactly as UnscaleSquare accumulates it (so a separate
 // norm pass over unscaled data gives the same double).
 double SumSquares(const float* in, int64_t n) {
-  const hn::ScalableTag<double> dd;
-  const hn::Rebind<float, decltype(dd)> df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(dd));
+  const hn::ScalableTag<float> df;
+  const hn::Repartition<double, decltype(df)> dd;
   auto acc0 = hn::Zero(dd), acc1 = hn::Zero(dd);
   int64_t i = 0;
-  for (; i + 2 * N <= n; i += 2 * N) {
-    const auto d0 = hn::PromoteTo(dd, hn::LoadU(df, in + i)), d1 = hn::PromoteTo(dd, hn::LoadU(df, in + i + N));
-    acc0 = hn::MulAdd(d0, d0, acc0);
-    acc1 = hn::MulAdd(d1, d1, acc1);
-  }
+  for (; i + kGroup <= n; i += kGroup) SquareGroup<false>(dd, df, nullptr, in + i, hn::Zero(df), acc0, acc1);
   double sum = hn::GetLane(hn::SumOfLanes(dd, hn::Add(acc0, acc1)));
   for (; i < n; ++i) sum += static_cast<double>(in[i]) * static_cast<double>(in[i]);
   return sum;
@@ -169,10 +196,9 @@ double unscale_square(float* out, const float* in, int64_t n, float scale) {
 size_t unscale_square_state_bytes() { return HWY_DYNAMIC_DISPATCH(UnscaleSquareStateBytes)(); }
 
 double unscale_square_piece(float* out, const float* in, int64_t n, float scale, double* acc, bool last) {
-  // A piece that is not whole pairs of vectors would leave elements out of the sum (and unscaled).
-  static const int64_t group = static_cast<int64_t>(unscale_square_state_bytes() / sizeof(double));
-  if (!last && n % group != 0)
-    throw InternalError(fmt::format("unscale_square_piece: a piece of {} elements, not a multiple of {}", n, group));
+  // A piece that is not whole groups would leave elements out of the sum (and unscaled).
+  if (!last && n % kSquareGroup != 0)
+    throw InternalError(fmt::format("unscale_square_piece: a piece of {} elements, not a multiple of {}", n, kSquareGroup));
   return HWY_DYNAMIC_DISPATCH(UnscaleSquarePiece)(out, in, n, scale, acc, last);
 }
 

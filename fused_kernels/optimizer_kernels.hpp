@@ -13,8 +13,9 @@ double unscale_square(float* out, const float* in, int64_t n, float scale);
 
 // unscale_square over a chunk cut into consecutive pieces (a streamed epilogue, KernelDef::stream):
 // `acc` holds unscale_square_state_bytes() bytes, zero before the first piece; every piece but the
-// last is a multiple of 64 elements. Returns, on the last piece, what unscale_square returns for
+// last is a multiple of kSquareGroup elements. Returns, on the last piece, what unscale_square returns for
 // the whole chunk, bit for bit; 0 before.
+inline constexpr int64_t kSquareGroup = 64;
 size_t unscale_square_state_bytes();
 double unscale_square_piece(float* out, const float* in, int64_t n, float scale, double* acc, bool last);
 

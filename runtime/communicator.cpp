@@ -179,6 +179,7 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
     if (p != rank && bootstrap_->peer(p).host_hash == self.host_hash) ++local;
   local_ranks_ = local;
   bool oversubscribed = local > static_cast<int>(std::thread::hardware_concurrency());
+  crowded_host_ = oversubscribed && local == nranks;
   engine_ = std::make_unique<ProgressEngine>(state_, options_.timeout_s, options_.spin, oversubscribed);
   // The FIFO/single-copy choice times copies; with more ranks than cores a copy's time includes
   // other ranks' turns on the core, and single copy's sends wait for a receiver that may not be

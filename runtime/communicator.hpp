@@ -69,6 +69,9 @@ class Communicator {
   Connection& connection(int peer, int channel = 0);
   const char* transport_to(int peer) const;  // the name of the transport that carries it, or "self"
   int local_ranks() const { return local_ranks_; }  // ranks of this communicator on this host
+  // Every rank on this host, and more of them than it has cores: the same on every rank (so choices
+  // made from it agree), false whenever a rank is elsewhere.
+  bool crowded_host() const { return crowded_host_; }
   const PeerInfo& peer_info(int peer) const { return bootstrap_->peer(peer); }
 
   // Blocking point-to-point helpers over channel `channel`.
@@ -120,6 +123,7 @@ class Communicator {
   std::vector<Transport*> peer_transport_;  // by rank: the first transport that can connect the pair
   std::vector<std::vector<std::unique_ptr<Connection>>> connections_;  // [channel][rank]
   int local_ranks_ = 1;
+  bool crowded_host_ = false;
   std::unique_ptr<Mailbox> mailbox_;
   std::unique_ptr<FaultInjector> faults_;
   static constexpr uint8_t kInjectedDrop = 1, kInjectedCorrupt = 2;

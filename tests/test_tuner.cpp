@@ -198,6 +198,38 @@ TEST(Tuner, DispatcherFollowsTheTuningFile) {
   }
 }
 
+// Without a table: a broadcast past the tree's sizes is a chain, unless every rank shares one host
+// with fewer cores than ranks, where the chain's stages wait for ranks that are not running.
+TEST(Dispatcher, LargeBroadcastIsAChainUnlessTheHostIsCrowded) {
+  const int n = 4;
+  const bool crowded = n > static_cast<int>(std::thread::hardware_concurrency());
+  auto comms = Communicator::create_local(n);
+  std::vector<std::string> plans(n);
+  std::vector<int> wrong(n, 0);
+  on_ranks(comms, [&](int rank, Communicator& comm) {
+    EXPECT_EQ(comm.crowded_host(), crowded) << "rank " << rank;
+    Dispatcher d(comm);
+    const int64_t count = (1 << 20) / 4;  // 1 MiB
+    std::vector<float> buf(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) buf[static_cast<size_t>(i)] = rank == 2 ? static_cast<float>(i % 1000) : -1.f;
+    CollectiveCall call;
+    call.collective = Collective::kBroadcast;
+    call.input = call.output = buf.data();
+    call.count = count;
+    call.root = 2;
+    d.run(call);
+    plans[rank] = d.last_plan();
+    for (int64_t i = 0; i < count; ++i) wrong[rank] += buf[static_cast<size_t>(i)] != static_cast<float>(i % 1000);
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(wrong[r], 0) << "rank " << r;
+    EXPECT_NE(plans[r].find(crowded ? "tree_broadcast" : "chain_broadcast"), std::string::npos) << plans[r];
+  }
+  EXPECT_EQ(default_algorithm(Collective::kBroadcast, 1 << 20, n, true), "tree_broadcast");
+  EXPECT_EQ(default_algorithm(Collective::kBroadcast, 1 << 20, n, false), "chain_broadcast");
+  EXPECT_EQ(default_algorithm(Collective::kBroadcast, 4 << 10, n, false), "tree_broadcast");
+}
+
 // tutti-tune --compare runs every configuration on one set of resources: a plan that two of them
 // choose is compiled once and runs on the same executor memory.
 TEST(Tuner, DispatchersOfOneCommunicatorShareResources) {

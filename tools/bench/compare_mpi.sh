@@ -60,16 +60,20 @@ work=$(mktemp -d)
 # tutti-perf's alltoall is nccl-tests' (grouped sends and receives) unless -A 1 asks for the
 # collective (ncclAlltoAll), which is what MPI_Alltoall is.
 perf_flags() { [[ $1 == alltoall ]] && echo "-A 1"; true; }
+# The time column to compare: MPI_Bcast has one buffer (the root's is sent, the others' receive),
+# which is ncclBroadcast in place (column 10); an out-of-place broadcast also copies the root's input
+# to its output. The other MPI calls the benchmark makes take two buffers (column 6).
+time_column() { [[ $1 == broadcast ]] && echo 10 || echo 6; }
 for np in ${PROCS:-2 4 8}; do
   for coll in ${COLLS:-all_reduce all_gather reduce_scatter broadcast alltoall}; do
     for ((k = 0; k < rounds; ++k)); do
       # Where the VM has put the cores this round (their distance decides FIFO against single copy).
       "$build/bin/tutti-core-distance" | awk '{print $(NF-1)}' >> "$work/distance"
       "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll $(perf_flags $coll) -b $min -e $max \
-        -f $factor -n $iters -w $warmup -c 0 | awk '/^ +[0-9]/ {print $1, $6}' > "$work/t$k"
+        -f $factor -n $iters -w $warmup -c 0 | awk -v col="$(time_column $coll)" '/^ +[0-9]/ {print $1, $col}' > "$work/t$k"
       mpirun $mpirun_flags $np "$bench" $coll $min $max $factor $iters $warmup > "$work/m$k"
       "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll $(perf_flags $coll) -b $min -e $max \
-        -f $factor -n $iters -w $warmup -c 0 -R 1 | awk '/^ +[0-9]/ {print $1, $6}' > "$work/r$k"
+        -f $factor -n $iters -w $warmup -c 0 -R 1 | awk -v col="$(time_column $coll)" '/^ +[0-9]/ {print $1, $col}' > "$work/r$k"
       # What no all-gather can beat: writing the 16 MiB outputs at all (tools/bench/write_bound.cpp).
       if [[ $coll == all_gather ]]; then
         "$build/bin/tutti-write-bound" --threads $np --bytes 16M --iters $iters | awk '{print $6}' > "$work/b$k"
