@@ -315,7 +315,8 @@ std::string default_algorithm(Collective c, uint64_t bytes, int n, bool crowded)
 uint64_t Dispatcher::oneshot_threshold(Collective c) const {
   if (oneshot_threshold_) return *oneshot_threshold_;
   auto it = calibrated_oneshot_.find(c);
-  return it != calibrated_oneshot_.end() ? it->second : kDefaultOneshotThreshold;
+  if (it != calibrated_oneshot_.end()) return it->second;
+  return comm_.crowded_host() ? kCrowdedOneshotThreshold : kDefaultOneshotThreshold;
 }
 
 const Choice& Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,

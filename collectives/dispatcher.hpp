@@ -53,6 +53,11 @@ struct Choice {
 // reads TUTTI_ALGO/NCCL_ALGO, TUTTI_TUNING_FILE, TUTTI_TUNE, TUTTI_ONESHOT_THRESHOLD, TUTTI_CHECK
 // and the CPU executor's variables (CpuExecutorOptions::from_env).
 inline constexpr uint64_t kDefaultOneshotThreshold = 8 << 10;
+// The same where every rank is on one host with more ranks than cores (Communicator::crowded_host):
+// there the mailbox, where each rank runs once per call, beats the plans, where each step waits for
+// a rank to be scheduled, up to 128 KiB for every collective (4 processes on 2 cores: 16-32 KiB
+// calls 1.5-4x faster; docs/PERFORMANCE.md), which is also what the calibration chose on such hosts.
+inline constexpr uint64_t kCrowdedOneshotThreshold = 128 << 10;
 
 // The built-in plan the dispatcher runs for host memory where no table, plan file or forced
 // algorithm decides and the call does not take the one-shot path: latency-bound sizes want few
@@ -67,7 +72,8 @@ struct DispatcherOptions {
   std::optional<std::string> tuning_file;  // decision table to load (and save, when tuning)
   bool tune = false;
   // Largest call (nccl-tests' size) for the one-shot mailbox. Unset: per collective, what
-  // tutti-tune --calibrate measured for this machine and rank count, else kDefaultOneshotThreshold.
+  // tutti-tune --calibrate measured for this machine and rank count, else kDefaultOneshotThreshold
+  // (kCrowdedOneshotThreshold on a crowded host).
   std::optional<uint64_t> oneshot_threshold;
   bool check = false;  // compare every call's arguments across ranks first
   CpuExecutorOptions executor;

@@ -198,9 +198,10 @@ TEST(Tuner, DispatcherFollowsTheTuningFile) {
   }
 }
 
-// Without a table: a broadcast past the tree's sizes is a chain, unless every rank shares one host
-// with fewer cores than ranks, where the chain's stages wait for ranks that are not running.
-TEST(Dispatcher, LargeBroadcastIsAChainUnlessTheHostIsCrowded) {
+// Without a table: a broadcast past the tree's sizes is a chain and a 32 KiB call runs a plan, unless
+// every rank shares one host with fewer cores than ranks, where a plan's stages wait for ranks that
+// are not running: then the tree, and the mailbox up to 128 KiB.
+TEST(Dispatcher, CrowdedHostsTakeTheMailboxFurtherAndBroadcastByTree) {
   const int n = 4;
   const bool crowded = n > static_cast<int>(std::thread::hardware_concurrency());
   auto comms = Communicator::create_local(n);
@@ -226,6 +227,13 @@ TEST(Dispatcher, LargeBroadcastIsAChainUnlessTheHostIsCrowded) {
     EXPECT_NE(plans[r].find(crowded ? "tree_broadcast" : "chain_broadcast"), std::string::npos) << plans[r];
   }
   EXPECT_EQ(default_algorithm(Collective::kBroadcast, 1 << 20, n, true), "tree_broadcast");
+  // Small enough for the mailbox: one shot up to kCrowdedOneshotThreshold on a crowded host.
+  std::vector<std::string> mid(n);
+  on_ranks(comms, [&](int rank, Communicator& comm) {
+    Dispatcher d(comm);
+    mid[rank] = allreduce(d, (32 << 10) / 4);
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(mid[r] == tuning::kOneShot, crowded) << "rank " << r << ": " << mid[r];
   EXPECT_EQ(default_algorithm(Collective::kBroadcast, 1 << 20, n, false), "chain_broadcast");
   EXPECT_EQ(default_algorithm(Collective::kBroadcast, 4 << 10, n, false), "tree_broadcast");
 }
