@@ -23,7 +23,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // instructions, not memory, are its time. A chunk cut into pieces of whole groups gives the same
 // sum, bit for bit, wherever the cuts fall.
 constexpr int64_t kGroup = kSquareGroup;
-static_assert(kGroup % (4 * HWY_MAX_BYTES / sizeof(float)) == 0, "a group is whole sets of four float vectors on every target");
+static_assert(kGroup % (HWY_MAX_BYTES / sizeof(float)) == 0, "a group is whole float vectors on every target");
 
 // Adds the squares of one group x[0, kGroup) to acc0 and acc1 (after out = x * scale when Scale).
 template <bool Scale, class DD, class DF>
@@ -40,11 +40,15 @@ HWY_INLINE void SquareGroup(DD dd, DF df, float* out, const float* in, hn::Vec<D
     }
     sq = hn::MulAdd(x, x, sq);
   };
-  for (int64_t j = 0; j < kGroup; j += 4 * N) {
-    square(j, sq0);
-    square(j + N, sq1);
-    square(j + 2 * N, sq2);
-    square(j + 3 * N, sq3);
+  if (4 * N <= kGroup) {
+    for (int64_t j = 0; j < kGroup; j += 4 * N) {
+      square(j, sq0);
+      square(j + N, sq1);
+      square(j + 2 * N, sq2);
+      square(j + 3 * N, sq3);
+    }
+  } else {  // vectors wider than a quarter of a group (long SVE or RVV): one sum
+    for (int64_t j = 0; j < kGroup; j += N) square(j, sq0);
   }
   const auto sum = hn::Add(hn::Add(sq0, sq1), hn::Add(sq2, sq3));
 #if HWY_TARGET == HWY_SCALAR  // one lane: nothing to split

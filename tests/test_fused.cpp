@@ -732,6 +732,12 @@ TEST(ZeroStep, TheUnscaleStreamsOverEveryReceiveAndEqualsItsOwnPass) {
   for (float& x : in) x = std::uniform_real_distribution<float>(-100, 100)(rng);
   std::vector<float> whole(in.size());
   const double want = fused::unscale_square(whole.data(), in.data(), count, 0.125f);
+  // Squares are summed in float within each group of 64 and in double across groups: close to the
+  // exact sum, and the unfused norm pass gives the same double.
+  long double exact = 0;
+  for (float x : whole) exact += static_cast<long double>(x) * x;
+  EXPECT_NEAR(want, static_cast<double>(exact), 1e-6 * static_cast<double>(exact));
+  EXPECT_EQ(std::bit_cast<uint64_t>(fused::sum_squares(whole.data(), count)), std::bit_cast<uint64_t>(want));
   for (int trial = 0; trial < 20; ++trial) {
     std::vector<float> out(in.size());
     std::vector<unsigned char> state(fused::unscale_square_state_bytes(), 0);
