@@ -65,7 +65,7 @@ inline constexpr uint64_t kCrowdedOneshotThreshold = 128 << 10;
 // the one-shot path against it.) `crowded`: every rank is on one host with more ranks than cores
 // (Communicator::crowded_host), where a pipeline whose stages wait for ranks that are not running
 // loses to fewer, longer steps.
-std::string default_algorithm(Collective c, uint64_t bytes, int nranks, bool crowded = false);
+std::string default_algorithm(Collective c, uint64_t bytes, int nranks, bool crowded);
 
 struct DispatcherOptions {
   std::optional<std::string> algo;         // a forced algorithm
