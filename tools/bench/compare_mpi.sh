@@ -62,6 +62,9 @@ fi
 cores=$(nproc)
 mpirun_flags() { echo "--allow-run-as-root --oversubscribe --bind-to $( (( $1 <= cores )) && echo core || echo none) -np $1"; }
 floor_every=${FLOOR_EVERY:-0.95} floor_mean=${FLOOR_MEAN:-1.3}
+for v in "$floor_every" "$floor_mean"; do
+  [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "compare_mpi.sh: FLOOR_EVERY and FLOOR_MEAN must be numbers (got '$v')" >&2; exit 2; }
+done
 held=0 checked=0
 min=8 max=$((64 << 20)) factor=2
 printf "%-15s %5s %10s %12s %12s %12s %9s %9s %9s %9s\n" collective procs size tutti_us tutti_R_us mpi_us \
@@ -105,17 +108,20 @@ for np in ${PROCS:-2 4 8}; do
         'BEGIN { printf "%-15s %5d %10d %12.2f %12.2f %12.2f %9.2f %9.2f %9.2f %9.2f\n", c, p, s, t, r, m, t / m, m / t, r / m, m / r }'
     done
     # The figure issue 23 asks for: the geometric mean over sizes of MPI time / tutti time, and the worst size.
-    paste -d" " "$work/t" "$work/m" | awk -v c=$coll -v p=$np -v fe=$floor_every -v fm=$floor_mean '
+    # (awk's exit status says whether the floor held)
+    checked=$((checked + 1))
+    if paste -d" " "$work/t" "$work/m" | awk -v c=$coll -v p=$np -v fe=$floor_every -v fm=$floor_mean '
       { r = $3 / $2; s += log(r); n++
         if (n == 1 || r < worst) { worst = r; at = $1 }
         if (r < fe) below = below " " $1 }
-      END { if (!n) exit
+      END { if (!n) exit 1
         printf "  %s %d procs: tutti is %.2fx Open MPI (geometric mean over %d sizes); worst %.2fx at %d B\n", c, p, exp(s / n), n, worst, at
         ok = exp(s / n) >= fm && below == ""
         printf "  %s %d procs: floor (>= %.2fx at every size, geometric mean >= %.2fx) %s%s\n", c, p, fe, fm,
-               ok ? "held" : "not held", below == "" ? "" : "; below at" below " B" }' | tee "$work/floor"
-    checked=$((checked + 1))
-    grep -q ') held' "$work/floor" && held=$((held + 1))
+               ok ? "held" : "not held", below == "" ? "" : "; below at" below " B"
+        exit !ok }'; then
+      held=$((held + 1))
+    fi
     if [[ $coll == all_gather ]]; then
       bound=$(cat "$work"/b* | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}')
       paste -d" " "$work/t" "$work/m" | awk -v p=$np -v b="$bound" '$1 == 16777216 {
