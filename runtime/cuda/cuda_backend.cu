@@ -23,15 +23,30 @@ void check(cudaError_t rc, const char* what) {
   }
 }
 
-struct RunBlock {
-  const LaunchArgs& a;
+// One interpreter kernel per element type, picked on the host, rather than one kernel that
+// switches on the type: ptxas allocates registers for a kernel as a whole, so the one-kernel form
+// took every type's worst case, and compiling its single huge body took ptxas 7 minutes of the
+// build (about 1 minute as twelve kernels).
+template <class E>
+__global__ void __launch_bounds__(kMaxBlockThreads) interpret(LaunchArgs a) {
+  run_block<E>(a, static_cast<int32_t>(blockIdx.x));
+}
+
+using InterpretKernel = void (*)(LaunchArgs);
+
+struct PickInterpreter {
+  InterpretKernel kernel = nullptr;
   template <class E>
-  __device__ void operator()() {
-    run_block<E>(a, static_cast<int32_t>(blockIdx.x));
+  void operator()() {
+    kernel = &interpret<E>;
   }
 };
 
-__global__ void __launch_bounds__(kMaxBlockThreads) interpret(LaunchArgs a) { with_elem(a.type, RunBlock{a}); }
+InterpretKernel interpreter_for(int32_t type) {
+  PickInterpreter pick;
+  with_elem(type, pick);
+  return pick.kernel;
+}
 
 // One thread holds the stream until the host's flag reaches the target (host staging's proxy).
 __global__ void wait_flag_kernel(const uint64_t* flag, uint64_t target, const volatile int32_t* abort) {
@@ -173,8 +188,9 @@ class Cuda final : public Backend {
   }
   void launch(const LaunchArgs& args, int threads, void* stream) override {
     OnDevice on(dev_);
-    interpret<<<static_cast<unsigned>(args.nblocks * args.instances), static_cast<unsigned>(threads), 0,
-                static_cast<cudaStream_t>(stream)>>>(args);
+    InterpretKernel kernel = interpreter_for(args.type);
+    kernel<<<static_cast<unsigned>(args.nblocks * args.instances), static_cast<unsigned>(threads), 0,
+             static_cast<cudaStream_t>(stream)>>>(args);
     check(cudaGetLastError(), "launching the plan interpreter");
   }
   void launch_group(const std::vector<LaunchArgs>& launches, const std::vector<int>& lanes, int threads,
@@ -267,9 +283,14 @@ class Cuda final : public Backend {
     return st != cudaStreamCaptureStatusNone;
   }
   int resident_blocks(int threads) override {
-    int per_sm = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, interpret, threads, 0), "occupancy");
-    return per_sm * sms_;
+    // The fewest over the types: every block of a launch must be resident at once, whatever its type.
+    int fewest = 0;
+    for (int t = 0; t < kNumDataTypes; ++t) {
+      int per_sm = 0;
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, interpreter_for(t), threads, 0), "occupancy");
+      fewest = t == 0 ? per_sm : std::min(fewest, per_sm);
+    }
+    return fewest * sms_;
   }
   int processors() override { return sms_; }
 
@@ -288,7 +309,7 @@ class Cuda final : public Backend {
     std::call_once(once, [] {
       cudaFuncAttributes attr;
       auto load = [&](const void* f) { check(cudaFuncGetAttributes(&attr, f), "loading the kernels"); };
-      load(reinterpret_cast<const void*>(&interpret));
+      for (int t = 0; t < kNumDataTypes; ++t) load(reinterpret_cast<const void*>(interpreter_for(t)));
       load(reinterpret_cast<const void*>(&wait_flag_kernel));
       auto native = [&](auto t) {
         using T = decltype(t);
