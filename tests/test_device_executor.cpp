@@ -169,7 +169,11 @@ TEST_P(EveryBuiltin, ProducesTheReferenceResultAtEveryRankCount) {
         } catch (const InvalidArgument&) {
           continue;  // not offered at this rank count
         }
-        ASSERT_NO_FATAL_FAILURE(run_and_check({builtin(b.name, n, prm)}, {0, 1, 7, 1000, 30001}, o));
+        // Under ThreadSanitizer (a third of its job's time went here) the large count, many slots a
+        // transfer, runs at 2 and 4 ranks only.
+        std::vector<int64_t> counts = {0, 1, 7, 1000};
+        if (!test_support::kThreadSanitizer || n == 2 || n == 4) counts.push_back(30001);
+        ASSERT_NO_FATAL_FAILURE(run_and_check({builtin(b.name, n, prm)}, counts, o));
       }
 }
 
