@@ -26,7 +26,7 @@ void check(cudaError_t rc, const char* what) {
 // One interpreter kernel per element type, picked on the host, rather than one kernel that
 // switches on the type: ptxas allocates registers for a kernel as a whole, so the one-kernel form
 // took every type's worst case, and compiling its single huge body took ptxas 7 minutes of the
-// build (about 1 minute as twelve kernels).
+// build (2 minutes as twelve kernels).
 template <class E>
 __global__ void __launch_bounds__(kMaxBlockThreads) interpret(LaunchArgs a) {
   run_block<E>(a, static_cast<int32_t>(blockIdx.x));
