@@ -507,10 +507,12 @@ std::function<void()> Dispatcher::start(const CollectiveCall& call) {
   const Collective c = call.collective;
   const Choice& choice = choose_for(call);
   if (!choice.oneshot) return whole;
+  Mailbox& mb = *comm_.mailbox();
+  // A root far ahead of its receivers would wait for room: that wait belongs on the worker.
+  if (!mb.has_room()) return whole;
   last_plan_ = tuning::kOneShot;
   last_run_ = &choice;
   if (FaultInjector* f = comm_.faults()) f->begin_call(comm_);
-  Mailbox& mb = *comm_.mailbox();
   auto finish = [call, &mb, n, rank] {
     finish_oneshot(mb, call.collective, call.input, call.output, call.count, call.reduction, call.root);
     if (call.reduction.op == RedOp::kAvg && (call.collective != Collective::kReduce || rank == call.root))

@@ -31,6 +31,7 @@ struct CallHeader {
 };
 static_assert(sizeof(CallHeader) == kOneshotHeaderBytes);
 constexpr size_t kHeader = kOneshotHeaderBytes;
+static_assert(kHeader == Mailbox::kStampBytes, "the call header is the mailbox's stamp");
 
 bool reduces(Collective c) {
   return c == Collective::kAllReduce || c == Collective::kReduce || c == Collective::kReduceScatter;
@@ -54,6 +55,27 @@ std::string describe(const CallHeader& h) {
   return s;
 }
 
+std::string describe_stamp(const unsigned char* stamp) {
+  CallHeader h;
+  std::memcpy(&h, stamp, kHeader);
+  return describe(h);
+}
+
+// Whom this rank reads in the call, and who reads this rank's record.
+Mailbox::Call flow_of(Collective c, int rank, int root) {
+  Mailbox::Call f;
+  f.what = to_string(c);
+  f.describe = describe_stamp;
+  if (c == Collective::kBroadcast) {
+    f.reads = rank == root ? Mailbox::kNobody : root;
+    f.read_by = rank == root ? Mailbox::kEvery : Mailbox::kNobody;
+  } else if (c == Collective::kReduce) {
+    f.reads = rank == root ? Mailbox::kEvery : Mailbox::kNobody;
+    f.read_by = rank == root ? Mailbox::kNobody : root;
+  }
+  return f;
+}
+
 }  // namespace
 
 bool oneshot_fits(const Mailbox& mailbox, Collective c, int64_t count, int64_t esize) {
@@ -75,13 +97,16 @@ bool start_oneshot(Mailbox& mb, Collective c, const void* input, int64_t count, 
   TUTTI_CHECK(oneshot_fits(mb, c, count, esize), InvalidArgument,
               "rank {}: {} of {} elements does not fit the one-shot mailbox ({} bytes)", rank, to_string(c), count,
               mb.capacity());
-  // Broadcast: only the root has something to say; the others publish to keep the calls in step.
-  const bool publishes = c != Collective::kBroadcast || rank == root;
+  // Broadcast: only the root has something to say; the others publish their stamp, which the root
+  // checks later. Reduce: the root publishes its stamp only.
+  const bool publishes = c == Collective::kBroadcast ? rank == root : c != Collective::kReduce || rank != root;
   const size_t bytes = publishes ? static_cast<size_t>(published_bytes(c, count, esize, n)) : 0;
   const CallHeader h = header_of(c, count, red, root);
-  std::memcpy(mb.outbox(), &h, kHeader);
-  if (bytes) std::memcpy(mb.outbox() + kHeader, input, bytes);
-  mb.publish(to_string(c));
+  unsigned char* out = mb.open(to_string(c));
+  std::memcpy(out, &h, kHeader);
+  if (bytes) std::memcpy(out + kHeader, input, bytes);
+  const Mailbox::Call f = flow_of(c, rank, root);
+  mb.publish(f.what, f.reads, f.read_by, f.describe);
   return mb.arrived();
 }
 
@@ -98,24 +123,10 @@ void finish_oneshot(Mailbox& mb, Collective c, const void* input, void* output, 
   const size_t piece = static_cast<size_t>(count * esize);
   const auto* in = static_cast<const unsigned char*>(input);
   auto* out = static_cast<unsigned char*>(output);
-  mb.wait(to_string(c));
-  // Every rank compares every peer's call with its own, so all of them fail, naming both calls.
-  const CallHeader mine = header_of(c, count, red, root);
-  for (int r = 0; r < n; ++r) {
-    CallHeader theirs;
-    std::memcpy(&theirs, mb.data(r), kHeader);
-    if (r == rank && std::memcmp(&theirs, &mine, kHeader) != 0)
-      throw RemoteError(fmt::format("rank {}: its own published call header reads {} instead of {}: the outbox was "
-                                    "damaged",
-                                    rank, describe(theirs), describe(mine)));
-    if (std::memcmp(&theirs, &mine, kHeader) != 0)
-      throw InvalidArgument(fmt::format("rank {} calls {} but rank {} calls {}: every rank must make the same call "
-                                        "(collective, count, datatype, op, root)",
-                                        rank, describe(mine), r, describe(theirs)));
-  }
+  mb.wait();  // checks every stamp it reads against this rank's call
   // Own contributions are read from the user's input, which is still intact: in-place calls write
   // their output only below, and combine_n allows dst to alias a source exactly.
-  auto from = [&](int r) { return r == rank ? in : mb.data(r) + kHeader; };
+  auto from = [&](int r) { return r == rank ? in : mb.data(r); };
   auto reduce_at = [&](unsigned char* dst, size_t offset) {
     if (n == 2) {
       combine(red.op, red.type, dst, from(0) + offset, from(1) + offset, static_cast<size_t>(count));
@@ -126,33 +137,33 @@ void finish_oneshot(Mailbox& mb, Collective c, const void* input, void* output, 
     for (int r = 0; r < n; ++r) srcs[static_cast<size_t>(r)] = from(r) + offset;
     combine_n(red.op, red.type, dst, srcs, static_cast<size_t>(count));
   };
-  if (count == 0) return;
-  switch (c) {
-    case Collective::kAllReduce: reduce_at(out, 0); break;
-    case Collective::kReduce:
-      if (rank == root) reduce_at(out, 0);
-      break;
-    case Collective::kReduceScatter: reduce_at(out, static_cast<size_t>(rank) * piece); break;
-    case Collective::kBroadcast:
-      if (out != from(root)) std::memcpy(out, from(root), piece);
-      break;
-    case Collective::kAllGather:
-      for (int r = 0; r < n; ++r) {
-        unsigned char* dst = out + static_cast<size_t>(r) * piece;
-        if (dst != from(r)) std::memcpy(dst, from(r), piece);
-      }
-      break;
-    case Collective::kAllToAll:
-      // In place, out == in: the own piece stays; peers' pieces come from their outboxes, and our
-      // other pieces are no longer needed here (peers read our outbox).
-      for (int r = 0; r < n; ++r) {
-        unsigned char* dst = out + static_cast<size_t>(r) * piece;
-        const unsigned char* src = from(r) + static_cast<size_t>(rank) * piece;
-        if (dst != src) std::memcpy(dst, src, piece);
-      }
-      break;
-    default: throw InternalError(fmt::format("one-shot {}", to_string(c)));
-  }
+  if (count > 0) switch (c) {
+      case Collective::kAllReduce: reduce_at(out, 0); break;
+      case Collective::kReduce:
+        if (rank == root) reduce_at(out, 0);
+        break;
+      case Collective::kReduceScatter: reduce_at(out, static_cast<size_t>(rank) * piece); break;
+      case Collective::kBroadcast:
+        if (out != from(root)) std::memcpy(out, from(root), piece);
+        break;
+      case Collective::kAllGather:
+        for (int r = 0; r < n; ++r) {
+          unsigned char* dst = out + static_cast<size_t>(r) * piece;
+          if (dst != from(r)) std::memcpy(dst, from(r), piece);
+        }
+        break;
+      case Collective::kAllToAll:
+        // In place, out == in: the own piece stays; peers' pieces come from their outboxes, and our
+        // other pieces are no longer needed here (peers read our outbox).
+        for (int r = 0; r < n; ++r) {
+          unsigned char* dst = out + static_cast<size_t>(r) * piece;
+          const unsigned char* src = from(r) + static_cast<size_t>(rank) * piece;
+          if (dst != src) std::memcpy(dst, src, piece);
+        }
+        break;
+      default: throw InternalError(fmt::format("one-shot {}", to_string(c)));
+    }
+  mb.complete();  // the records read here may now be reused; throws a mismatch found in an earlier call
 }
 
 }  // namespace tutti

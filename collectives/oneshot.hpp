@@ -4,6 +4,11 @@
 // needs of every peer's: the data movement of the all-pairs plans (allpairs_allreduce and friends),
 // without the plan interpreter, whose bookkeeping is most of the time of an 8-byte call.
 //
+// Who waits for whom follows the data: a broadcast's receivers wait for the root only and the root
+// for nobody; a reduce's root waits for every rank and the others for nobody. So a loop of small
+// broadcasts or reduces runs as a pipeline (up to Mailbox::kRecords calls deep), as MPI's eager
+// sends do, instead of in lock step.
+//
 // Reductions fold the contributions in rank order 0, 1, ..., n-1 on every rank, so every rank gets
 // the same bits whatever the type and op. avg and premulsum are handled by the caller as for plans
 // (the input is pre-scaled, the output divided): here they combine as sum.
@@ -17,8 +22,9 @@
 namespace tutti {
 
 // Whether a call of `collective` with NCCL's `count` of `esize`-byte elements fits the mailbox.
-// Bytes of every outbox the call itself takes: the collective, datatype, op, root and count each rank
-// was called with, compared on every rank after the exchange (mismatches fail on all of them).
+// Bytes of every record the call itself takes (the mailbox's stamp): the collective, datatype, op,
+// root and count each rank was called with, compared by every rank with its own (mismatches fail
+// on every rank: in the call where it reads the other rank, else at a later call; mailbox.hpp).
 inline constexpr size_t kOneshotHeaderBytes = 16;
 bool oneshot_fits(const Mailbox& mailbox, Collective collective, int64_t count, int64_t esize);
 

@@ -3,7 +3,9 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstring>
 #include <new>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -12,22 +14,30 @@ namespace {
 
 constexpr size_t kLine = 64;
 constexpr size_t kWord = sizeof(uint64_t);
-static_assert(sizeof(Doorbell) == kLine, "the outbox starts on the line after the doorbell");
+constexpr size_t kRecordHead = 2 * kWord;  // the sequence word, then the writer's `done`
+constexpr size_t kHead = 2 * kLine;  // the doorbell, then the acknowledgement line
+static_assert(sizeof(Doorbell) == kLine, "the acknowledgement line follows the doorbell");
+constexpr uint64_t K = Mailbox::kRecords;
 
-size_t record_bytes(uint64_t capacity) { return (kWord + capacity + kLine - 1) / kLine * kLine; }
+size_t record_bytes(uint64_t capacity) { return (kRecordHead + capacity + kLine - 1) / kLine * kLine; }
 
 }  // namespace
 
-size_t Mailbox::segment_bytes(uint64_t capacity) { return sizeof(Doorbell) + 2 * record_bytes(capacity); }
+size_t Mailbox::segment_bytes(uint64_t capacity) { return kHead + K * record_bytes(capacity); }
 
 uint64_t Mailbox::capacity_of(size_t bytes) {
-  if (bytes < sizeof(Doorbell) + 2 * kLine) return 0;
-  return (bytes - sizeof(Doorbell)) / 2 - kWord;
+  if (bytes < kHead + K * kLine) return 0;
+  return (bytes - kHead) / K / kLine * kLine - kRecordHead;
 }
 
 void Mailbox::init(void* segment, uint64_t capacity) {
-  auto* base = static_cast<unsigned char*>(segment) + sizeof(Doorbell);
-  for (int p = 0; p < 2; ++p) new (base + p * record_bytes(capacity)) std::atomic<uint64_t>(0);
+  auto* base = static_cast<unsigned char*>(segment);
+  new (base + kLine) std::atomic<uint64_t>(0);
+  for (uint64_t k = 0; k < K; ++k) {
+    unsigned char* rec = base + kHead + k * record_bytes(capacity);
+    new (rec) std::atomic<uint64_t>(0);
+    new (rec + kWord) std::atomic<uint64_t>(0);
+  }
 }
 
 Mailbox::Mailbox(int rank, std::vector<Segment> segments, ProgressEngine& engine, CommState& state, bool oversubscribed)
@@ -35,39 +45,185 @@ Mailbox::Mailbox(int rank, std::vector<Segment> segments, ProgressEngine& engine
   capacity_ = UINT64_MAX;
   for (const Segment& s : segments) capacity_ = std::min(capacity_, capacity_of(s.bytes));
   for (const Segment& s : segments) {
-    // Each segment's own layout: its capacity decides where parity 1 starts.
-    const size_t record = record_bytes(capacity_of(s.bytes));
+    // Each segment's own layout: its capacity decides the records' stride.
     auto* base = static_cast<unsigned char*>(s.base);
-    Box b;
-    b.bell = reinterpret_cast<Doorbell*>(base);
-    for (int p = 0; p < 2; ++p) {
-      unsigned char* rec = base + sizeof(Doorbell) + p * record;
-      b.word[p] = reinterpret_cast<std::atomic<uint64_t>*>(rec);
-      b.data[p] = rec + kWord;
-    }
-    boxes_.push_back(b);
+    boxes_.push_back({reinterpret_cast<std::atomic<uint64_t>*>(base + kLine), base + kHead,
+                      record_bytes(capacity_of(s.bytes)), reinterpret_cast<Doorbell*>(base)});
+  }
+  checked_.assign(segments.size(), 0);
+  peer_done_.assign(segments.size(), 0);
+}
+
+std::atomic<uint64_t>& Mailbox::word(int r, uint64_t call) const {
+  const Box& b = boxes_[static_cast<size_t>(r)];
+  return *reinterpret_cast<std::atomic<uint64_t>*>(b.records + (call % K) * b.stride);
+}
+
+std::atomic<uint64_t>& Mailbox::done_word(int r, uint64_t call) const {
+  const Box& b = boxes_[static_cast<size_t>(r)];
+  return *reinterpret_cast<std::atomic<uint64_t>*>(b.records + (call % K) * b.stride + kWord);
+}
+
+unsigned char* Mailbox::record_data(int r, uint64_t call) const {
+  const Box& b = boxes_[static_cast<size_t>(r)];
+  return b.records + (call % K) * b.stride + kRecordHead;
+}
+
+void Mailbox::learn_done(int r, uint64_t call) {
+  uint64_t& d = peer_done_[static_cast<size_t>(r)];
+  d = std::max(d, done_word(r, call).load(std::memory_order_relaxed));
+}
+
+const unsigned char* Mailbox::data(int r) const { return record_data(r, seq_) + kStampBytes; }
+
+uint64_t Mailbox::done_now() const {
+  uint64_t d = seq_;
+  for (int r = 0; r < size(); ++r)
+    if (r != rank_) d = std::min(d, checked_[static_cast<size_t>(r)]);
+  return d;
+}
+
+std::string Mailbox::compare(int r, uint64_t t) const {
+  const unsigned char* mine = stamps_[t % K].data();
+  const unsigned char* theirs = record_data(r, t);
+  if (std::memcmp(mine, theirs, kStampBytes) == 0) return {};
+  auto text = [&](const unsigned char* s) { return call_.describe ? call_.describe(s) : std::string("a call"); };
+  std::string where = t == seq_ && in_call_ ? std::string() : fmt::format(" (one-shot call {}, found at call {})", t, seq_);
+  return fmt::format("rank {} calls {} but rank {} calls {}{}: every rank must make the same call (collective, count, "
+                     "datatype, op, root)",
+                     rank_, text(mine), r, text(theirs), where);
+}
+
+void Mailbox::check_published(int r, uint64_t last) {
+  uint64_t& c = checked_[static_cast<size_t>(r)];
+  while (c < last) {
+    const uint64_t t = c + 1;
+    // Record t is still there: the peer rewrites it only after our `done` reaches t.
+    if (word(r, t).load(std::memory_order_acquire) != t) return;
+    learn_done(r, t);
+    if (std::string e = compare(r, t); !e.empty() && deferred_.empty()) deferred_ = std::move(e);
+    c = t;
   }
 }
 
-unsigned char* Mailbox::outbox() { return boxes_[rank_].data[(seq_ + 1) & 1]; }
+void Mailbox::check_all_published() {
+  // In a call, the records of this call stay unacknowledged until complete(): they may be read.
+  const uint64_t last = in_call_ ? seq_ - 1 : seq_;
+  for (int r = 0; r < size(); ++r)
+    if (r != rank_) check_published(r, last);
+}
 
-const unsigned char* Mailbox::data(int r) const { return boxes_[r].data[seq_ & 1]; }
+void Mailbox::acknowledge() {
+  const uint64_t d = done_now();
+  if (d <= acked_) return;
+  boxes_[static_cast<size_t>(rank_)].done->store(d, std::memory_order_release);
+  acked_ = d;
+  for (int r = 0; r < size(); ++r)
+    if (r != rank_) ring(*boxes_[static_cast<size_t>(r)].bell);
+}
 
-void Mailbox::publish(const char* what) {
+bool Mailbox::has_room() {
+  const uint64_t s = seq_ + 1;
+  if (s <= K) return true;
+  const uint64_t need = s - K;
+  // Our own stamp of call `need` is overwritten too: every peer's must have been checked.
+  if (done_now() < need) {
+    check_all_published();
+    if (done_now() < need) return false;
+  }
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank_) continue;
+    uint64_t& d = peer_done_[static_cast<size_t>(r)];
+    if (d >= need) continue;
+    // Its records carry its `done`; one that sleeps has published the exact value on its line.
+    check_published(r, seq_);
+    if (d < need) d = std::max(d, boxes_[static_cast<size_t>(r)].done->load(std::memory_order_acquire));
+    if (d < need) return false;
+  }
+  return true;
+}
+
+void Mailbox::fail_departed(int peer, const std::string& waiting_for) {
+  std::string message = fmt::format("rank {}: {} (one-shot mailbox call {}): rank {} left the communicator "
+                                    "(destroyed it) {}",
+                                    rank_, call_.what, seq_, peer, waiting_for);
+  state_.fail(ErrorKind::kRemote, message);
+  throw RemoteError(message);
+}
+
+unsigned char* Mailbox::open(const char* what) {
+  if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", what));
+  if (!has_room()) {
+    bool room = false;
+    if (!oversubscribed_)
+      for (int i = 0; i < 1024 && !room; ++i) {
+        cpu_relax();
+        room = has_room();
+      }
+    const uint64_t need = seq_ + 1 - K;
+    // The first rank whose acknowledgement (or whose record, for our own) is missing.
+    auto blocker = [&] {
+      for (int r = 0; r < size(); ++r)
+        if (r != rank_ && (checked_[static_cast<size_t>(r)] < need || peer_done_[static_cast<size_t>(r)] < need))
+          return r;
+      return rank_;
+    };
+    if (!room)
+      engine_.wait(
+          [&] {
+            // Peers may be waiting for our acknowledgement as we wait for theirs.
+            check_all_published();
+            acknowledge();
+            if (has_room()) return true;
+            if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", what));
+            if (int b = blocker(); b != rank_ && state_.departed(b) && !has_room()) {
+              call_.what = what;
+              fail_departed(b, fmt::format("before reading call {}", need));
+            }
+            return false;
+          },
+          [&] {
+            return fmt::format("rank {}: {} (one-shot mailbox call {}): waiting for rank {} to read call {} (the "
+                               "outboxes hold {} calls)",
+                               rank_, what, seq_ + 1, blocker(), need, K);
+          });
+  }
+  return record_data(rank_, seq_ + 1);
+}
+
+void Mailbox::publish(const char* what, int reads, int read_by, Describe describe) {
   if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", what));
   const uint64_t s = ++seq_;
-  if (corrupt_ && capacity_ > 8) boxes_[rank_].data[s & 1][8] ^= 1u << 3, corrupt_ = false;
-  if (!drop_) boxes_[rank_].word[s & 1]->store(s, std::memory_order_release);
-  for (int r = 0; r < size(); ++r)
-    if (r != rank_) ring(*boxes_[r].bell);
-  next_ = rank_ == 0 ? 1 : 0;
+  call_.what = what;
+  call_.reads = reads;
+  call_.read_by = read_by;
+  call_.describe = describe;
+  in_call_ = true;
+  unsigned char* rec = record_data(rank_, s);
+  std::memcpy(stamps_[s % K].data(), rec, kStampBytes);
+  done_word(rank_, s).store(done_now(), std::memory_order_relaxed);  // published by the release below
+  if (corrupt_ && capacity_ > 8) rec[8] ^= 1u << 3, corrupt_ = false;
+  // Checked here, while the line is ours: once a peer has read it, reading it back is a miss.
+  damaged_ = std::memcmp(rec, stamps_[s % K].data(), kStampBytes) != 0;
+  if (!drop_) word(rank_, s).store(s, std::memory_order_release);
+  // Only the peers that read this record in this call wait for it.
+  if (read_by == kEvery) {
+    for (int r = 0; r < size(); ++r)
+      if (r != rank_) ring(*boxes_[static_cast<size_t>(r)].bell);
+  } else if (read_by >= 0 && read_by != rank_) {
+    ring(*boxes_[static_cast<size_t>(read_by)].bell);
+  }
+  next_ = reads >= 0 ? reads : (rank_ == 0 ? 1 : 0);
 }
 
 bool Mailbox::seen() {
+  const uint64_t s = seq_;
+  if (call_.reads == kNobody || call_.reads == rank_) return true;
+  if (call_.reads >= 0) return word(call_.reads, s).load(std::memory_order_acquire) == s;
   // Peers still to be seen, lowest first; each is looked at until it arrives.
-  const int parity = static_cast<int>(seq_ & 1), n = size();
+  const int n = size();
   while (next_ < n) {
-    if (boxes_[next_].word[parity]->load(std::memory_order_acquire) != seq_) return false;
+    if (word(next_, s).load(std::memory_order_acquire) != s) return false;
     ++next_;
     if (next_ == rank_) ++next_;
   }
@@ -85,34 +241,64 @@ bool Mailbox::arrived() {
   return seen();
 }
 
-void Mailbox::wait(const char* what) {
-  if (arrived()) return;
-  engine_.wait(
-      [&] {
-        if (seen()) return true;
-        // A peer that destroyed its communicator will never publish: fail now, not at the timeout.
-        // A failure it told us of first (an abort says so, then goodbye) is the better message.
-        if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", what));
-        // (Seen again after the departure: it published before its goodbye, so a publish that
-        // raced with the first look is seen now.)
-        if (state_.departed(next_) && !seen()) {
-          std::string message = fmt::format("rank {}: {} (one-shot mailbox call {}): rank {} left the communicator "
-                                            "(destroyed it) without making this call",
-                                            rank_, what, seq_, next_);
-          state_.fail(ErrorKind::kRemote, message);
-          throw RemoteError(message);
-        }
-        return false;
-      },
-      [&] {
-    return fmt::format("rank {}: {} (one-shot mailbox call {}): waiting for rank {} to publish", rank_, what, seq_,
-                       next_);
-  });
+void Mailbox::wait() {
+  if (!arrived()) {
+    // About to sleep: acknowledge exactly what is checked, so no peer waits for us in turn.
+    check_all_published();
+    acknowledge();
+    engine_.wait(
+        [&] {
+          if (seen()) return true;
+          // A peer that destroyed its communicator will never publish: fail now, not at the timeout.
+          // A failure it told us of first (an abort says so, then goodbye) is the better message.
+          if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", call_.what));
+          // (Seen again after the departure: it published before its goodbye, so a publish that
+          // raced with the first look is seen now.)
+          if (state_.departed(next_) && !seen()) fail_departed(next_, "without making this call");
+          return false;
+        },
+        [&] {
+          return fmt::format("rank {}: {} (one-shot mailbox call {}): waiting for rank {} to publish", rank_, call_.what,
+                             seq_, next_);
+        });
+  }
+  // Every rank compares every stamp it reads with its own, so all of them fail, naming both calls.
+  const uint64_t s = seq_;
+  std::string mismatch, damage;
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank_) {
+      if (damaged_ && call_.describe)
+        damage = fmt::format("rank {}: its own published call header reads {} instead of {}: the outbox was damaged",
+                             rank_, call_.describe(record_data(rank_, s)), call_.describe(stamps_[s % K].data()));
+    } else if (call_.reads == kEvery || call_.reads == r) {
+      check_published(r, s - 1);  // calls it did not read: published before this one
+      learn_done(r, s);
+      if (mismatch.empty()) mismatch = compare(r, s);
+    }
+  }
+  if (mismatch.empty() && damage.empty()) return;
+  complete_call();
+  if (!damage.empty()) throw RemoteError(damage);
+  throw InvalidArgument(mismatch);
 }
 
-void Mailbox::exchange(const char* what) {
-  publish(what);
-  wait(what);
+void Mailbox::complete_call() {
+  const uint64_t s = seq_;
+  if (call_.reads == kEvery) {
+    for (int r = 0; r < size(); ++r)
+      if (r != rank_) checked_[static_cast<size_t>(r)] = s;
+  } else if (call_.reads >= 0 && call_.reads != rank_) {
+    checked_[static_cast<size_t>(call_.reads)] = s;
+    // A receiver of rooted calls: the root's next record is likely written already; fetch it now.
+    __builtin_prefetch(&word(call_.reads, s + 1));
+  }
+  in_call_ = false;
+  if (done_now() + kCheckBatch < s) check_all_published();
+}
+
+void Mailbox::complete() {
+  complete_call();
+  if (!deferred_.empty()) throw InvalidArgument(std::exchange(deferred_, std::string()));
 }
 
 }  // namespace tutti

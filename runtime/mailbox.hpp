@@ -2,31 +2,53 @@
 // The mailbox: one-shot exchange of small messages between the ranks of a communicator that all
 // share memory (one host, shm transport). Each rank owns an outbox in its control segment, which
 // every peer maps; a call writes the rank's data into its outbox and publishes the call's sequence
-// number, then reads every peer's outbox once that peer has published the same number. No FIFO, no
-// ticket, no plan interpreter: a small all-reduce costs one copy in, one cache-line handoff per
-// peer and one reduction, which is what makes 8 B calls sub-microsecond.
+// number, then reads the outboxes of the peers it needs once they have published the same number.
+// No FIFO, no ticket, no plan interpreter: a small all-reduce costs one copy in, one cache-line
+// handoff per peer and one reduction, which is what makes 8 B calls sub-microsecond.
 //
-// Layout of an outbox: two parities (calls alternate between them), each a 64-byte-aligned record
-// of an 8-byte sequence word followed by `capacity` data bytes, so a message of up to 56 bytes
-// shares the sequence word's cache line and costs the reader one miss.
+// Layout of an outbox: an acknowledgement line, then kRecords records used in turn (call s takes
+// record s mod kRecords). A record is a 64-byte-aligned sequence word, the writer's `done` (below),
+// then `capacity` data bytes, so a message of up to 32 bytes shares the sequence word's cache line
+// and costs the reader one miss. The first kStampBytes of the data are the call's stamp: what every
+// rank must agree on (the one-shot layer packs collective, type, op, root and count there).
 //
-// Memory ordering. The writer stores its data, then the sequence word with release, then rings
-// every peer's doorbell (doorbell.hpp: a fence and a load unless the peer sleeps). A reader that
-// loads the sequence word with acquire and sees the call's number sees the data.
+// Who waits for whom. A call names the peers it reads: every peer (an all-reduce), one (a
+// broadcast's receivers read the root), or none (a broadcast's root, a reduce's senders). A rank
+// waits only for the records it reads, so a broadcast's root and a reduce's senders run ahead of
+// the others by up to kRecords calls, as an MPI root that sends eagerly does. On a crowded host
+// this is what lets a root's calls go on while its receivers wait for a core.
 //
-// Reuse without acknowledgements. Every rank publishes at every call, even where it has nothing to
-// send (a broadcast's non-roots publish zero bytes), and every rank waits for every peer's word at
-// every call. A rank writes parity p at call s + 2 only after it has seen every peer's word of
-// call s + 1, which each peer published only after it finished reading call s: so nobody can still
-// be reading what is overwritten. All ranks must therefore take the mailbox for the same calls in
-// the same order, which holds because the choice depends only on arguments NCCL requires to agree.
+// Reuse. Every rank still writes a record at every call (the stamp at least), and checks every
+// peer's stamp of every call: in the call for the peers it reads, later for the others (every
+// kCheckBatch calls, and whenever it waits), while their records are still there. A rank's `done`
+// is the last call through which it has checked and read every peer's records. A rank writes
+// record s mod kRecords for call s only once every rank's `done` (its own included) has reached
+// s - kRecords, so no record is overwritten while someone may still read it. `done` travels in
+// every record its rank writes, so the peers that read the record learn it for free; a rank about
+// to sleep also stores it on its acknowledgement line, so no rank ever waits for an acknowledgement
+// that a sleeping peer holds back.
 //
-// Waiting spins briefly on the peers' words, then sleeps on this rank's doorbell through the
-// progress engine, which honours abort, peer failure and TUTTI_TIMEOUT.
+// Mismatched calls. A stamp that differs from this rank's stamp of the same call fails: in the call
+// (InvalidArgument naming both calls) where this rank reads that peer, otherwise at the end of the
+// first later call that checks it (at the latest the next call that reads that peer). Either way
+// every rank that made one of the two calls reports it, once, and the communicator goes on working
+// for matching calls.
+//
+// Memory ordering. The writer stores its data, then the sequence word with release, then rings the
+// doorbells of the peers that read it in this call (doorbell.hpp: a fence and a load unless the
+// peer sleeps). A reader that loads the sequence word with acquire and sees the call's number sees
+// the data and the writer's `done`. `done` is written (in a record, or on the acknowledgement line
+// with release) after the reads it acknowledges, and read with acquire before the record it frees
+// is overwritten.
+//
+// Waiting spins briefly, then sleeps on this rank's doorbell through the progress engine, which
+// honours abort, peer failure and TUTTI_TIMEOUT.
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/comm_state.hpp"
@@ -37,6 +59,14 @@ namespace tutti {
 
 class Mailbox {
  public:
+  // Records per outbox: how many calls a rank may run ahead of a peer that has not read them.
+  static constexpr int kRecords = 16;
+  // Stamps of peers this rank does not read are checked every kCheckBatch calls (or when it waits).
+  static constexpr int kCheckBatch = 4;
+  static constexpr size_t kStampBytes = 16;
+  // Text for a stamp, for error messages (the one-shot layer's call header).
+  using Describe = std::string (*)(const unsigned char* stamp);
+
   // Bytes of a control segment that holds a doorbell and an outbox of `capacity` data bytes.
   static size_t segment_bytes(uint64_t capacity);
   // The data capacity of a control segment of `bytes`.
@@ -51,46 +81,84 @@ class Mailbox {
   };
   Mailbox(int rank, std::vector<Segment> segments, ProgressEngine& engine, CommState& state, bool oversubscribed);
 
-  // Data bytes every rank's outbox holds (the smallest of them): what one call may publish.
+  // Data bytes every rank's record holds (the smallest of them), stamp included: what one call may
+  // publish.
   uint64_t capacity() const { return capacity_; }
   int size() const { return static_cast<int>(boxes_.size()); }
   int rank() const { return rank_; }
 
-  // This rank's outbox for the next call: write up to capacity() bytes, then publish().
-  unsigned char* outbox();
-  // Publishes the outbox and waits until every peer has published this call. Throws the
-  // communicator's error (Aborted, RemoteError, Timeout) naming `what`.
-  void exchange(const char* what);
-  // The same in two halves, so a caller that must not block can publish, look, and leave the wait
-  // to someone else: publish() makes the outbox this call's; arrived() says (without waiting, after
-  // a short spin) whether every peer has published it; wait() blocks like exchange().
-  void publish(const char* what);
+  // Whose records a call reads, and who reads this rank's: kEvery, kNobody or one rank.
+  static constexpr int kEvery = -1, kNobody = -2;
+  struct Call {
+    const char* what = "";  // the collective, for messages
+    int reads = kEvery;
+    int read_by = kEvery;
+    Describe describe = nullptr;
+  };
+
+  // Whether open() can return without waiting (every rank has acknowledged the record it reuses).
+  bool has_room();
+  // This rank's record for the next call, once it may be overwritten (waits for room): write the
+  // stamp and up to capacity() - kStampBytes bytes after it, then publish().
+  unsigned char* open(const char* what);
+  // Makes the record this call's and tells the peers that read it (`reads`, `read_by`: Call's).
+  void publish(const char* what, int reads, int read_by, Describe describe);
+  // Whether every peer this call reads has published it (without waiting, after a short spin).
   bool arrived();
-  void wait(const char* what);
-  // After exchange(): rank r's data of this call (our own outbox for r == rank).
+  // Blocks until they have, and checks their stamps: InvalidArgument naming both calls where one
+  // differs, RemoteError where this rank's own record was damaged, and the communicator's error
+  // (Aborted, RemoteError, Timeout) naming the call.
+  void wait();
+  // After wait(): rank r's data of this call, after its stamp (our own record for r == rank).
   const unsigned char* data(int r) const;
+  // Ends the call once its data is read: acknowledges, checks what peers published since, and
+  // throws InvalidArgument for a mismatch found in an earlier call's stamps.
+  void complete();
   uint64_t calls() const { return seq_; }
   // Fault injection (runtime/fault.hpp). drop: from now on publish() announces nothing, so peers
-  // wait in vain. corrupt: the next publish() flips bit 3 of outbox byte 8 (the count of a one-shot
+  // wait in vain. corrupt: the next publish() flips bit 3 of stamp byte 8 (the count of a one-shot
   // call's header, which every peer compares with its own).
   void inject_drop() { drop_ = true; }
   void inject_corrupt() { corrupt_ = true; }
 
  private:
-  bool seen();  // arrived() without the spin
   struct Box {
-    std::atomic<uint64_t>* word[2];
-    unsigned char* data[2];
+    std::atomic<uint64_t>* done;
+    unsigned char* records;  // record k at records + k * stride
+    size_t stride;
     Doorbell* bell;
   };
+  std::atomic<uint64_t>& word(int r, uint64_t call) const;
+  std::atomic<uint64_t>& done_word(int r, uint64_t call) const;
+  void learn_done(int r, uint64_t call);  // from rank r's published record of `call`
+  unsigned char* record_data(int r, uint64_t call) const;
+  bool seen();                // arrived() without the spin
+  uint64_t done_now() const;  // the lowest call checked of any peer
+  // Checks peer r's stamps up to `last` where they are published; false at the first that is not.
+  void check_published(int r, uint64_t last);
+  void check_all_published();
+  // Compares peer r's stamp of call t with ours; a mismatch is kept for complete() (or thrown now).
+  std::string compare(int r, uint64_t t) const;
+  void acknowledge();  // publishes `done` on the acknowledgement line, before a sleep
+  void complete_call();  // complete() without throwing what an earlier call's check found
+  [[noreturn]] void fail_departed(int peer, const std::string& waiting_for);
+
   int rank_;
   uint64_t capacity_ = 0;
   std::vector<Box> boxes_;
   ProgressEngine& engine_;
   CommState& state_;
   bool oversubscribed_;
-  uint64_t seq_ = 0;  // calls published so far
-  int next_ = 0;      // the lowest peer not yet seen publishing call seq_
+  uint64_t seq_ = 0;           // calls published so far
+  Call call_;                  // the call in progress (between publish and complete)
+  bool in_call_ = false;
+  bool damaged_ = false;       // our record of this call differs from what the caller wrote
+  int next_ = 0;               // the lowest peer not yet seen publishing call seq_
+  std::vector<uint64_t> checked_;    // per peer: the last call whose stamp this rank has checked
+  std::vector<uint64_t> peer_done_;  // per peer: its `done` as last read
+  uint64_t acked_ = 0;               // our `done` as last published
+  std::array<std::array<unsigned char, kStampBytes>, kRecords> stamps_{};  // ours, by call mod kRecords
+  std::string deferred_;       // a mismatch found outside its call, thrown by complete()
   bool drop_ = false, corrupt_ = false;
 };
 

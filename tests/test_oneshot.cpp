@@ -3,6 +3,7 @@
 // and when the dispatcher picks it.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -143,6 +144,30 @@ TEST(OneShot, OutboxesAreReusedSafelyOverManyCallsOfMixedSizes) {
       call_and_check(rank, comm, c, count, root, k, false);
     }
   });
+}
+
+// A broadcast's root waits for no receiver and a reduce's senders wait for no root: each makes up
+// to Mailbox::kRecords calls before the ranks that read them make any, then waits for room. Were
+// they in lock step, the first call would wait for ranks that start only after it returns, and
+// the timeout would fail the test.
+TEST(OneShot, RootedCallsRunAheadOfTheRanksThatRead) {
+  for (Collective c : {Collective::kBroadcast, Collective::kReduce}) {
+    CommOptions opts = CommOptions::from_env();
+    opts.timeout_s = 60;
+    auto comms = Communicator::create_local(3, opts);
+    constexpr int kRoot = 1, kAhead = Mailbox::kRecords;
+    const int leaders = c == Collective::kBroadcast ? 1 : 2;  // the ranks that read nobody
+    std::atomic<int> ahead{0};
+    on_ranks(comms, [&](int rank, Communicator& comm) {
+      const bool leads = c == Collective::kBroadcast ? rank == kRoot : rank != kRoot;
+      if (!leads)
+        while (ahead.load() < leaders) std::this_thread::yield();  // a flag, not a timing guess
+      for (int k = 0; k < 3 * kAhead; ++k) {
+        if (leads && k == kAhead) ahead.fetch_add(1);
+        call_and_check(rank, comm, c, 1 + k % 9, kRoot, k, false);
+      }
+    });
+  }
 }
 
 TEST(OneShot, PreMulSumAvgAndEveryTypeMatchThePlans) {
