@@ -539,8 +539,6 @@ void Dispatcher::run(const CollectiveCall& call, Executor& ex) {
   const unsigned char* in = static_cast<const unsigned char*>(call.input);
   unsigned char* out = static_cast<unsigned char*>(call.output);
   bool inplace = is_inplace(c, in, out, rank, call.count * esize);
-  // Reduce: non-roots keep their receive buffer untouched (NCCL does not use it there).
-  if (c == Collective::kReduce && rank != call.root) out = static_cast<unsigned char*>(ex.temp(1, out_bytes, stream));
   // premulsum: the scaled contribution replaces the input.
   const unsigned char* scaled = nullptr;
   if (call.reduction.op == RedOp::kPreMulSum) {
@@ -568,6 +566,9 @@ void Dispatcher::run(const CollectiveCall& call, Executor& ex) {
     finish();
     return;
   }
+  // Reduce: non-roots keep their receive buffer untouched (NCCL does not use it there; the mailbox
+  // does not write it).
+  if (c == Collective::kReduce && rank != call.root) out = static_cast<unsigned char*>(ex.temp(1, out_bytes, stream));
   const auto& pp = choice.plan;
   ExecArgs args;
   args.count = call.count;

@@ -526,10 +526,15 @@ ncclResult_t submit(const Use& use, PendingOp&& op) {
 }
 
 ncclResult_t collective(const Use& use, const char* fn, const CollectiveCall& call, cudaStream_t stream) {
-  PendingOp op{PendingOp::kCollective, use.get(), call};
-  op.call.device = on_device(use.get(), {call.input, call.output}, fn);
-  op.call.stream = stream;
-  return submit(use, std::move(op));
+  CollectiveCall c = call;
+  c.device = on_device(use.get(), {call.input, call.output}, fn);
+  c.stream = stream;
+  // A lone blocking collective (what submit() would do, without building a pending operation).
+  if (t_group_depth == 0 && use->blocking && !use->worker && !use->revoked.load()) {
+    run_collective(use.get(), c);
+    return ncclSuccess;
+  }
+  return submit(use, PendingOp{PendingOp::kCollective, use.get(), c});
 }
 
 size_t read_config_int(const ncclConfig_t* cfg, size_t offset, int* out) {

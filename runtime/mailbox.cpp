@@ -76,11 +76,15 @@ void Mailbox::learn_done(int r, uint64_t call) {
 
 const unsigned char* Mailbox::data(int r) const { return record_data(r, seq_) + kStampBytes; }
 
-uint64_t Mailbox::done_now() const {
-  uint64_t d = seq_;
+void Mailbox::refresh() {
+  uint64_t d = UINT64_MAX, p = UINT64_MAX;
   for (int r = 0; r < size(); ++r)
-    if (r != rank_) d = std::min(d, checked_[static_cast<size_t>(r)]);
-  return d;
+    if (r != rank_) {
+      d = std::min(d, checked_[static_cast<size_t>(r)]);
+      p = std::min(p, peer_done_[static_cast<size_t>(r)]);
+    }
+  done_ = d == UINT64_MAX ? seq_ : d;
+  peers_done_ = p == UINT64_MAX ? seq_ : p;
 }
 
 std::string Mailbox::compare(int r, uint64_t t) const {
@@ -111,10 +115,11 @@ void Mailbox::check_all_published() {
   const uint64_t last = in_call_ ? seq_ - 1 : seq_;
   for (int r = 0; r < size(); ++r)
     if (r != rank_) check_published(r, last);
+  refresh();
 }
 
 void Mailbox::acknowledge() {
-  const uint64_t d = done_now();
+  const uint64_t d = done_;
   if (d <= acked_) return;
   boxes_[static_cast<size_t>(rank_)].done->store(d, std::memory_order_release);
   acked_ = d;
@@ -126,10 +131,11 @@ bool Mailbox::has_room() {
   const uint64_t s = seq_ + 1;
   if (s <= K) return true;
   const uint64_t need = s - K;
+  if (done_ >= need && peers_done_ >= need) return true;
   // Our own stamp of call `need` is overwritten too: every peer's must have been checked.
-  if (done_now() < need) {
+  if (done_ < need) {
     check_all_published();
-    if (done_now() < need) return false;
+    if (done_ < need) return false;
   }
   for (int r = 0; r < size(); ++r) {
     if (r == rank_) continue;
@@ -140,6 +146,7 @@ bool Mailbox::has_room() {
     if (d < need) d = std::max(d, boxes_[static_cast<size_t>(r)].done->load(std::memory_order_acquire));
     if (d < need) return false;
   }
+  refresh();
   return true;
 }
 
@@ -188,10 +195,10 @@ unsigned char* Mailbox::open(const char* what) {
                                rank_, what, seq_ + 1, blocker(), need, K);
           });
   }
-  return record_data(rank_, seq_ + 1);
+  return record_data(rank_, seq_ + 1) + kStampBytes;
 }
 
-void Mailbox::publish(const char* what, int reads, int read_by, Describe describe) {
+void Mailbox::publish(const unsigned char* stamp, const char* what, int reads, int read_by, Describe describe) {
   if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", what));
   const uint64_t s = ++seq_;
   call_.what = what;
@@ -200,11 +207,13 @@ void Mailbox::publish(const char* what, int reads, int read_by, Describe describ
   call_.describe = describe;
   in_call_ = true;
   unsigned char* rec = record_data(rank_, s);
-  std::memcpy(stamps_[s % K].data(), rec, kStampBytes);
-  done_word(rank_, s).store(done_now(), std::memory_order_relaxed);  // published by the release below
-  if (corrupt_ && capacity_ > 8) rec[8] ^= 1u << 3, corrupt_ = false;
-  // Checked here, while the line is ours: once a peer has read it, reading it back is a miss.
-  damaged_ = std::memcmp(rec, stamps_[s % K].data(), kStampBytes) != 0;
+  // From the caller's copy: reading the record back would wait for the line's ownership (a peer
+  // read it kRecords calls ago), as a load cannot take its bytes from two smaller pending stores.
+  std::memcpy(stamps_[s % K].data(), stamp, kStampBytes);
+  std::memcpy(rec, stamp, kStampBytes);
+  done_word(rank_, s).store(done_, std::memory_order_relaxed);  // published by the release below
+  damaged_ = false;
+  if (corrupt_ && capacity_ > 8) rec[8] ^= 1u << 3, corrupt_ = false, damaged_ = true;
   if (!drop_) word(rank_, s).store(s, std::memory_order_release);
   // Only the peers that read this record in this call wait for it.
   if (read_by == kEvery) {
@@ -293,7 +302,8 @@ void Mailbox::complete_call() {
     __builtin_prefetch(&word(call_.reads, s + 1));
   }
   in_call_ = false;
-  if (done_now() + kCheckBatch < s) check_all_published();
+  refresh();
+  if (done_ + kCheckBatch < s) check_all_published();
 }
 
 void Mailbox::complete() {

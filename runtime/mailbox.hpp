@@ -98,11 +98,12 @@ class Mailbox {
 
   // Whether open() can return without waiting (every rank has acknowledged the record it reuses).
   bool has_room();
-  // This rank's record for the next call, once it may be overwritten (waits for room): write the
-  // stamp and up to capacity() - kStampBytes bytes after it, then publish().
+  // Where this rank's data for the next call goes, once its record may be overwritten (waits for
+  // room): up to capacity() - kStampBytes bytes; then publish().
   unsigned char* open(const char* what);
-  // Makes the record this call's and tells the peers that read it (`reads`, `read_by`: Call's).
-  void publish(const char* what, int reads, int read_by, Describe describe);
+  // Writes the call's stamp (kStampBytes), makes the record this call's and tells the peers that
+  // read it (`reads`, `read_by`: Call's).
+  void publish(const unsigned char* stamp, const char* what, int reads, int read_by, Describe describe);
   // Whether every peer this call reads has published it (without waiting, after a short spin).
   bool arrived();
   // Blocks until they have, and checks their stamps: InvalidArgument naming both calls where one
@@ -133,7 +134,7 @@ class Mailbox {
   void learn_done(int r, uint64_t call);  // from rank r's published record of `call`
   unsigned char* record_data(int r, uint64_t call) const;
   bool seen();                // arrived() without the spin
-  uint64_t done_now() const;  // the lowest call checked of any peer
+  void refresh();  // done_ and peers_done_ from checked_ and peer_done_
   // Checks peer r's stamps up to `last` where they are published; false at the first that is not.
   void check_published(int r, uint64_t last);
   void check_all_published();
@@ -157,6 +158,8 @@ class Mailbox {
   std::vector<uint64_t> checked_;    // per peer: the last call whose stamp this rank has checked
   std::vector<uint64_t> peer_done_;  // per peer: its `done` as last read
   uint64_t acked_ = 0;               // our `done` as last published
+  uint64_t done_ = 0;                // our `done`: the lowest of checked_
+  uint64_t peers_done_ = 0;          // the lowest of peer_done_
   std::array<std::array<unsigned char, kStampBytes>, kRecords> stamps_{};  // ours, by call mod kRecords
   std::string deferred_;       // a mismatch found outside its call, thrown by complete()
   bool drop_ = false, corrupt_ = false;
