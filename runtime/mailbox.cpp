@@ -127,11 +127,13 @@ void Mailbox::acknowledge() {
     if (r != rank_) ring(*boxes_[static_cast<size_t>(r)].bell);
 }
 
-bool Mailbox::has_room() {
+bool Mailbox::has_room() { return room(0); }
+
+bool Mailbox::room(uint64_t margin) {
   const uint64_t s = seq_ + 1;
   if (s <= K) return true;
   const uint64_t need = s - K;
-  if (done_ >= need && peers_done_ >= need) return true;
+  if (done_ >= need && peers_done_ >= need + margin) return true;
   // Our own stamp of call `need` is overwritten too: every peer's must have been checked.
   if (done_ < need) {
     check_all_published();
@@ -140,11 +142,11 @@ bool Mailbox::has_room() {
   for (int r = 0; r < size(); ++r) {
     if (r == rank_) continue;
     uint64_t& d = peer_done_[static_cast<size_t>(r)];
-    if (d >= need) continue;
+    if (d >= need + margin) continue;
     // Its records carry its `done`; one that sleeps has published the exact value on its line.
     check_published(r, seq_);
-    if (d < need) d = std::max(d, boxes_[static_cast<size_t>(r)].done->load(std::memory_order_acquire));
-    if (d < need) return false;
+    if (d < need + margin) d = std::max(d, boxes_[static_cast<size_t>(r)].done->load(std::memory_order_acquire));
+    if (d < need + margin) return false;
   }
   refresh();
   return true;
@@ -161,17 +163,22 @@ void Mailbox::fail_departed(int peer, const std::string& waiting_for) {
 unsigned char* Mailbox::open(const char* what) {
   if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", what));
   if (!has_room()) {
+    // Once out of room, wait for a few records more: a root that went on the moment one record
+    // freed up would read its receivers' newest records (a miss each) at every call. A receiver's
+    // `done` can reach the last call we published, so the margin (under kRecords) always comes.
+    constexpr uint64_t kMargin = kCheckBatch;
+    static_assert(kMargin < K);
     bool room = false;
     if (!oversubscribed_)
       for (int i = 0; i < 1024 && !room; ++i) {
         cpu_relax();
-        room = has_room();
+        room = this->room(kMargin);
       }
     const uint64_t need = seq_ + 1 - K;
     // The first rank whose acknowledgement (or whose record, for our own) is missing.
     auto blocker = [&] {
       for (int r = 0; r < size(); ++r)
-        if (r != rank_ && (checked_[static_cast<size_t>(r)] < need || peer_done_[static_cast<size_t>(r)] < need))
+        if (r != rank_ && (checked_[static_cast<size_t>(r)] < need || peer_done_[static_cast<size_t>(r)] < need + kMargin))
           return r;
       return rank_;
     };
@@ -181,9 +188,9 @@ unsigned char* Mailbox::open(const char* what) {
             // Peers may be waiting for our acknowledgement as we wait for theirs.
             check_all_published();
             acknowledge();
-            if (has_room()) return true;
+            if (this->room(kMargin)) return true;
             if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", what));
-            if (int b = blocker(); b != rank_ && state_.departed(b) && !has_room()) {
+            if (int b = blocker(); b != rank_ && state_.departed(b) && !this->room(kMargin)) {
               call_.what = what;
               fail_departed(b, fmt::format("before reading call {}", need));
             }
@@ -298,8 +305,6 @@ void Mailbox::complete_call() {
       if (r != rank_) checked_[static_cast<size_t>(r)] = s;
   } else if (call_.reads >= 0 && call_.reads != rank_) {
     checked_[static_cast<size_t>(call_.reads)] = s;
-    // A receiver of rooted calls: the root's next record is likely written already; fetch it now.
-    __builtin_prefetch(&word(call_.reads, s + 1));
   }
   in_call_ = false;
   refresh();

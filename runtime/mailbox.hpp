@@ -134,6 +134,7 @@ class Mailbox {
   void learn_done(int r, uint64_t call);  // from rank r's published record of `call`
   unsigned char* record_data(int r, uint64_t call) const;
   bool seen();                // arrived() without the spin
+  bool room(uint64_t margin);  // has_room() with `margin` more records acknowledged by every peer
   void refresh();  // done_ and peers_done_ from checked_ and peer_done_
   // Checks peer r's stamps up to `last` where they are published; false at the first that is not.
   void check_published(int r, uint64_t last);

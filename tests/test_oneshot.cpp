@@ -129,7 +129,8 @@ TEST(OneShot, EveryCollectiveMatchesTheReferenceInAndOutOfPlace) {
 }
 
 TEST(OneShot, OutboxesAreReusedSafelyOverManyCallsOfMixedSizes) {
-  // Ranks drift apart by varying amounts of local work between calls; the double-buffered outboxes
+  // Ranks drift apart by varying amounts of local work between calls (rooted calls let some run
+  // ahead by up to Mailbox::kRecords calls); the outboxes' records
   // must never be overwritten while a peer still reads them (mailbox.hpp's argument).
   auto comms = Communicator::create_local(4);
   on_ranks(comms, [&](int rank, Communicator& comm) {

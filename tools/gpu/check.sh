@@ -157,6 +157,14 @@ done
 # registered, Open MPI, 8 B - 64 MiB), so 5 collectives x 3 rounds is about 2 minutes a process
 # count, more at 8: a device command may run 600 s, so run `HOST_PROCS="2 4"` and `HOST_PROCS=8` as
 # two calls (BUDGET=560).
+# Host buffers where a GPU is visible: every call asks CUDA what kind of memory its buffers are
+# (cudaPointerGetAttributes, twice a call). What that costs small calls, against the GPU hidden.
+want host && for vis in visible hidden; do
+  hide=(); [ $vis = hidden ] && hide=(CUDA_VISIBLE_DEVICES=)
+  check "host_gpu_$vis" 60 env "${hide[@]}" \
+    "$pack/bin/tutti-run" -n 2 "$pack/bin/tutti-perf" all_reduce -b 8 -e 1K -f 8 -n 100000 -w 1000 -c 0
+  echo "## small host all_reduce, GPU $vis"; grep -E '^ +[0-9]' "$logs/host_gpu_$vis.log" | sed 's/^/  /'
+done
 want host && rm -f "$logs"/host_np*.log
 want host && for n in ${HOST_PROCS:-2 4 8}; do
   check "host_np$n" 590 env MPI_HOME=/tmp/ompi MPI_BENCH="$pack/bin/mpi_bench" PROCS=$n \
