@@ -265,6 +265,10 @@ void Mailbox::wait() {
     engine_.wait(
         [&] {
           if (seen()) return true;
+          // Woken (or on the engine's timer) while a rank ahead of us may wait for our `done`: our
+          // checks of what peers published since we slept move it on.
+          check_all_published();
+          acknowledge();
           // A peer that destroyed its communicator will never publish: fail now, not at the timeout.
           // A failure it told us of first (an abort says so, then goodbye) is the better message.
           if (state_.interrupted()) state_.check_data(fmt::format("{} (one-shot mailbox)", call_.what));
