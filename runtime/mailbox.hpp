@@ -112,8 +112,9 @@ class Mailbox {
   void wait();
   // After wait(): rank r's data of this call, after its stamp (our own record for r == rank).
   const unsigned char* data(int r) const;
-  // Ends the call once its data is read: acknowledges, checks what peers published since, and
-  // throws InvalidArgument for a mismatch found in an earlier call's stamps.
+  // Ends the call once its data is read (the records it read may be reused from now on); every
+  // kCheckBatch calls checks what peers published since; throws InvalidArgument for a mismatch
+  // found in an earlier call's stamps.
   void complete();
   uint64_t calls() const { return seq_; }
   // Fault injection (runtime/fault.hpp). drop: from now on publish() announces nothing, so peers
@@ -136,10 +137,10 @@ class Mailbox {
   bool seen();                // arrived() without the spin
   bool room(uint64_t margin);  // has_room() with `margin` more records acknowledged by every peer
   void refresh();  // done_ and peers_done_ from checked_ and peer_done_
-  // Checks peer r's stamps up to `last` where they are published; false at the first that is not.
+  // Checks peer r's stamps up to `last`, stopping at the first record it has not published.
   void check_published(int r, uint64_t last);
   void check_all_published();
-  // Compares peer r's stamp of call t with ours; a mismatch is kept for complete() (or thrown now).
+  // Compares peer r's stamp of call t with ours: the error's text, or empty where they agree.
   std::string compare(int r, uint64_t t) const;
   void acknowledge();  // publishes `done` on the acknowledgement line, before a sleep
   void complete_call();  // complete() without throwing what an earlier call's check found
