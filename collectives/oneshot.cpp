@@ -102,8 +102,8 @@ bool start_oneshot(Mailbox& mb, Collective c, const void* input, int64_t count, 
   const bool publishes = c == Collective::kBroadcast ? rank == root : c != Collective::kReduce || rank != root;
   const size_t bytes = publishes ? static_cast<size_t>(published_bytes(c, count, esize, n)) : 0;
   const CallHeader h = header_of(c, count, red, root);
-  if (bytes) std::memcpy(mb.open(to_string(c)), input, bytes);
-  else mb.open(to_string(c));
+  unsigned char* data = mb.open(to_string(c));  // waits for room where this rank is far ahead
+  if (bytes) std::memcpy(data, input, bytes);
   const Mailbox::Call f = flow_of(c, rank, root);
   mb.publish(reinterpret_cast<const unsigned char*>(&h), f.what, f.reads, f.read_by, f.describe);
   return mb.arrived();
