@@ -336,7 +336,8 @@ class Rank {
         rank_(rank),
         mem_(mem),
         send_(s.opt.max_bytes + 64, s.opt.registered, s.opt.device, comm),
-        recv_(s.opt.max_bytes + 64, s.opt.registered, s.opt.device, comm) {}
+        recv_(s.opt.max_bytes + 64, s.opt.registered, s.opt.device, comm),
+        sync_(64, false, s.opt.device, comm) {}
 
   // One size, one type, one op, one root; returns per-rank (time us, wrong) for out-of-place and in-place.
   void run_case(uint64_t bytes, DataType t, int op_index, int root, double times[2], long wrong[2]) {
@@ -417,6 +418,20 @@ class Rank {
         CHECK_NCCL(st);
       }
     };
+    // Every rank starts its timed calls together, as nccl-tests (Barrier) and MPI benchmarks
+    // (MPI_Barrier) do: without it a rank that finished the warm-up early, such as a broadcast's
+    // root that runs ahead of its readers, counts the others' lateness as its own time. An
+    // all-reduce is a barrier: no rank leaves it before every rank has entered.
+    auto barrier = [&] {
+      CHECK_NCCL(ncclAllReduce(sync_.data(), sync_.data(), 1, ncclFloat, ncclSum, comm, stream));
+      if (!o.blocking) {
+        ncclResult_t st;
+        do CHECK_NCCL(ncclCommGetAsyncError(comm, &st));
+        while (st == ncclInProgress);
+        CHECK_NCCL(st);
+      }
+      mem_.wait();
+    };
     if (o.check) expected();
     for (int place = 0; place < 2; ++place) {
       bool inplace = place == 1;
@@ -443,6 +458,7 @@ class Rank {
         reset();
       }
       // Timed: consecutive calls; the data is checked on a separate, fresh call.
+      barrier();
       double t0 = now();
       for (int it = 0; it < o.iters; ++it) call(sb, rb);
       mem_.wait();
@@ -473,6 +489,7 @@ class Rank {
   int rank_;
   Memory mem_;
   Buffer send_, recv_;
+  Buffer sync_;  // the barrier's all-reduce, apart from the data
 };
 
 }  // namespace
