@@ -39,7 +39,7 @@ void Mailbox::init(void* segment, uint64_t capacity) {
     new (rec) std::atomic<uint64_t>(0);
     new (rec + kWord) std::atomic<uint64_t>(0);
     // The pages small calls use, allocated now: otherwise the first calls of each size fault in a
-    // page per record (every record of the ring on fresh pages: a 20-iteration benchmark of 4 KiB
+    // page per record (16 records, each ring turn on fresh pages: a 20-iteration benchmark of 4 KiB
     // calls paid a fault at nearly every call).
     std::memset(rec + kRecordHead, 0, std::min<uint64_t>(capacity, kPrefaultBytes));
   }

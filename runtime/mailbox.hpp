@@ -60,7 +60,7 @@ namespace tutti {
 class Mailbox {
  public:
   // Records per outbox: how many calls a rank may run ahead of a peer that has not read them.
-  static constexpr int kRecords = 64;
+  static constexpr int kRecords = 16;
   // Stamps of peers this rank does not read are checked every kCheckBatch calls (or when it waits).
   static constexpr int kCheckBatch = 4;
   static constexpr size_t kStampBytes = 16;
