@@ -385,6 +385,14 @@ class Rank {
       }
       if (op_index == 4) divide(t, expect.data(), expect.data(), static_cast<uint64_t>(n), out_elems);
     };
+    // A non-blocking communicator (-z 1) returns ncclInProgress: wait for the call to be issued.
+    auto settle = [&] {
+      if (o.blocking) return;
+      ncclResult_t st;
+      do CHECK_NCCL(ncclCommGetAsyncError(comm, &st));
+      while (st == ncclInProgress);
+      CHECK_NCCL(st);
+    };
     auto call = [&](const void* sb, void* rb) {
       switch (o.coll) {
         case Coll::kAllReduce: CHECK_NCCL(ncclAllReduce(sb, rb, count, (ncclDataType_t)t, op, comm, stream)); break;
@@ -411,12 +419,7 @@ class Rank {
           CHECK_NCCL(ncclGroupEnd());
           break;
       }
-      if (!o.blocking) {
-        ncclResult_t st;
-        do CHECK_NCCL(ncclCommGetAsyncError(comm, &st));
-        while (st == ncclInProgress);
-        CHECK_NCCL(st);
-      }
+      settle();
     };
     // Every rank starts its timed calls together, as nccl-tests (Barrier) and MPI benchmarks
     // (MPI_Barrier) do: without it a rank that finished the warm-up early, such as a broadcast's
@@ -424,12 +427,7 @@ class Rank {
     // all-reduce is a barrier: no rank leaves it before every rank has entered.
     auto barrier = [&] {
       CHECK_NCCL(ncclAllReduce(sync_.data(), sync_.data(), 1, ncclFloat, ncclSum, comm, stream));
-      if (!o.blocking) {
-        ncclResult_t st;
-        do CHECK_NCCL(ncclCommGetAsyncError(comm, &st));
-        while (st == ncclInProgress);
-        CHECK_NCCL(st);
-      }
+      settle();
       mem_.wait();
     };
     if (o.check) expected();
