@@ -1,4 +1,5 @@
 #include "runtime/executor.hpp"
+#include "runtime/huge_pages.hpp"
 
 #include "tutti/kernel.hpp"
 
@@ -591,6 +592,7 @@ CpuExecutorOptions CpuExecutorOptions::from_env() {
   o.staging_slots = static_cast<int>(env::get_int("TUTTI_PIPELINE_DEPTH"));
   o.workers = static_cast<int>(env::get_int("TUTTI_WORKERS"));
   o.stream_epilogues = env::get_bool("TUTTI_STREAM_EPILOGUES");
+  o.huge_pages = env::get_bool("TUTTI_HUGE_PAGES");
   if (env::is_set("TUTTI_STREAM_THRESHOLD")) o.stream_threshold = env::get_size("TUTTI_STREAM_THRESHOLD");
   return o;
 }
@@ -791,6 +793,11 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   int64_t output_bytes = g.bytes(0, pp.spec.output_chunks());
   for (const plan::StateBuffer& sb : p.states)
     if (sb.unit == 0 && sb.chunks > 0) output_bytes += g.bytes(0, sb.chunks);
+  // Large buffers go onto huge pages (runtime/huge_pages.hpp); below two huge pages a buffer may hold none.
+  if (options_.huge_pages && static_cast<uint64_t>(output_bytes) >= 2 * kHugePageBytes) {
+    back_with_huge_pages(args.output, static_cast<size_t>(output_bytes));
+    if (args.input != args.output) back_with_huge_pages(args.input, static_cast<size_t>(g.bytes(0, pp.spec.input_chunks())));
+  }
   const bool stream_output =
       *options_.stream_threshold > 0 && static_cast<uint64_t>(output_bytes) >= *options_.stream_threshold;
 

@@ -108,6 +108,7 @@ struct CpuExecutorOptions {
   int staging_slots = 4;             // TUTTI_PIPELINE_DEPTH: tiles a forwarding reduction keeps in flight
   int workers = 0;                   // TUTTI_WORKERS: 0 picks cores / ranks on this host
   bool stream_epilogues = true;      // TUTTI_STREAM_EPILOGUES: reductions' epilogues run as data arrives
+  bool huge_pages = true;            // TUTTI_HUGE_PAGES: large buffers are moved onto huge pages
   // TUTTI_STREAM_THRESHOLD: outputs this large are written around the caches (0: never). Unset: the
   // host's last-level cache divided by the ranks on it (default_stream_threshold).
   std::optional<uint64_t> stream_threshold;
