@@ -125,7 +125,7 @@ constexpr Variable kVariables[] = {
      "1: a kernel that follows a reducing receive in a plan (a reduction's epilogue) and has a stream form runs on "
      "each range of the chunk as it is combined, while it is in the cache; 0: as a pass of its own."},
     {"TUTTI_HUGE_PAGES", "", "1",
-     "1: the host buffers of a call of 4 MiB or more are moved onto 2 MiB transparent huge pages (MADV_COLLAPSE, "
+     "1: host buffers of 4 MiB or more that a call reads or writes are moved onto 2 MiB transparent huge pages (MADV_COLLAPSE, "
      "Linux 6.1) on first use, which saves TLB misses and speeds single-copy reads 2-3x; 0: left as they are "
      "(runtime/huge_pages.hpp)."},
     {"TUTTI_NVML_LIBRARY", "", "libnvidia-ml.so.1",

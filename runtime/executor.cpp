@@ -794,9 +794,11 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   for (const plan::StateBuffer& sb : p.states)
     if (sb.unit == 0 && sb.chunks > 0) output_bytes += g.bytes(0, sb.chunks);
   // Large buffers go onto huge pages (runtime/huge_pages.hpp); below two huge pages a buffer may hold none.
-  if (options_.huge_pages && static_cast<uint64_t>(output_bytes) >= 2 * kHugePageBytes) {
-    back_with_huge_pages(args.output, static_cast<size_t>(output_bytes));
-    if (args.input != args.output) back_with_huge_pages(args.input, static_cast<size_t>(g.bytes(0, pp.spec.input_chunks())));
+  if (options_.huge_pages) {
+    const auto large = [](int64_t bytes) { return static_cast<uint64_t>(bytes) >= 2 * kHugePageBytes; };
+    const int64_t out = g.bytes(0, pp.spec.output_chunks()), in = g.bytes(0, pp.spec.input_chunks());
+    if (large(out)) back_with_huge_pages(args.output, static_cast<size_t>(out));
+    if (args.input != args.output && large(in)) back_with_huge_pages(args.input, static_cast<size_t>(in));
   }
   const bool stream_output =
       *options_.stream_threshold > 0 && static_cast<uint64_t>(output_bytes) >= *options_.stream_threshold;
