@@ -1,5 +1,4 @@
 #include "runtime/executor.hpp"
-#include "runtime/huge_pages.hpp"
 
 #include "tutti/kernel.hpp"
 
@@ -17,6 +16,7 @@
 #include "core/element.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
+#include "runtime/huge_pages.hpp"
 #include "runtime/instruction_semantics.hpp"
 #include "runtime/trace.hpp"
 
@@ -797,8 +797,8 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   if (options_.huge_pages) {
     const auto large = [](int64_t bytes) { return static_cast<uint64_t>(bytes) >= 2 * kHugePageBytes; };
     const int64_t out = g.bytes(0, pp.spec.output_chunks()), in = g.bytes(0, pp.spec.input_chunks());
-    if (large(out)) back_with_huge_pages(args.output, static_cast<size_t>(out));
-    if (args.input != args.output && large(in)) back_with_huge_pages(args.input, static_cast<size_t>(in));
+    if (args.output && large(out)) back_with_huge_pages(args.output, static_cast<size_t>(out));
+    if (args.input && args.input != args.output && large(in)) back_with_huge_pages(args.input, static_cast<size_t>(in));
   }
   const bool stream_output =
       *options_.stream_threshold > 0 && static_cast<uint64_t>(output_bytes) >= *options_.stream_threshold;
