@@ -11,6 +11,7 @@ namespace tutti {
 #endif
 
 HugePageRange HugePageRange::inside(const void* data, std::size_t bytes) {
+  if (data == nullptr) return {};
   const auto at = reinterpret_cast<std::uintptr_t>(data);
   const std::uintptr_t begin = (at + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
   const std::uintptr_t end = (at + bytes) / kHugePageBytes * kHugePageBytes;

@@ -71,6 +71,7 @@ TEST(HugePages, RangeIsTheWholeHugePagesInsideTheBuffer) {
   EXPECT_EQ(HugePageRange::inside(at, kHugePageBytes + 4096).pages(), 0u);
   EXPECT_EQ(HugePageRange::inside(reinterpret_cast<const void*>(8 * kHugePageBytes), kHugePageBytes).pages(), 1u);
   EXPECT_EQ(HugePageRange::inside(at, 0).pages(), 0u);
+  EXPECT_EQ(HugePageRange::inside(nullptr, 8 * kHugePageBytes).pages(), 0u);
 }
 
 TEST(HugePages, ContentsAndMemoryAroundTheBufferStay) {
