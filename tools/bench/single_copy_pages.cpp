@@ -28,8 +28,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// `bytes` of anonymous memory starting on a huge-page boundary, filled (so every page is mapped).
+// `bytes` of anonymous memory starting on a huge-page boundary, filled (so every page is mapped). A
+// huge one spans whole huge pages, so that a buffer smaller than one still lies on a huge page.
 unsigned char* aligned_buffer(size_t bytes, bool huge) {
+  if (huge) bytes = (bytes + tutti::kHugePageBytes - 1) / tutti::kHugePageBytes * tutti::kHugePageBytes;
   void* p = mmap(nullptr, bytes + tutti::kHugePageBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     std::perror("mmap");
