@@ -728,7 +728,11 @@ void run_host_p2p(Communicator& comm, const std::vector<P2pTransfer>& ops) {
   };
   std::vector<Posted> posted;
   std::vector<const P2pTransfer*> self_sends, self_recvs;
+  // Large buffers go onto huge pages, as a plan's (CpuExecutor::run): a single-copy read of a large
+  // message runs 2-3x faster from them.
+  static const bool huge_pages = env::get_bool("TUTTI_HUGE_PAGES");
   for (const P2pTransfer& op : ops) {
+    if (huge_pages && op.bytes >= 2 * kHugePageBytes) back_with_huge_pages(op.buffer, op.bytes);
     if (op.peer == comm.rank()) {
       (op.send ? self_sends : self_recvs).push_back(&op);
       continue;
