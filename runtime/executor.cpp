@@ -732,7 +732,7 @@ void run_host_p2p(Communicator& comm, const std::vector<P2pTransfer>& ops) {
   // message runs 2-3x faster from them.
   static const bool huge_pages = env::get_bool("TUTTI_HUGE_PAGES");
   for (const P2pTransfer& op : ops) {
-    if (huge_pages && op.bytes >= 2 * kHugePageBytes) back_with_huge_pages(op.buffer, op.bytes);
+    if (huge_pages) back_with_huge_pages(op.buffer, op.bytes);
     if (op.peer == comm.rank()) {
       (op.send ? self_sends : self_recvs).push_back(&op);
       continue;
@@ -797,12 +797,10 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   int64_t output_bytes = g.bytes(0, pp.spec.output_chunks());
   for (const plan::StateBuffer& sb : p.states)
     if (sb.unit == 0 && sb.chunks > 0) output_bytes += g.bytes(0, sb.chunks);
-  // Large buffers go onto huge pages (runtime/huge_pages.hpp); below two huge pages a buffer may hold none.
+  // Large buffers go onto huge pages (runtime/huge_pages.hpp).
   if (options_.huge_pages) {
-    const auto large = [](int64_t bytes) { return static_cast<uint64_t>(bytes) >= 2 * kHugePageBytes; };
-    const int64_t out = g.bytes(0, pp.spec.output_chunks()), in = g.bytes(0, pp.spec.input_chunks());
-    if (args.output && large(out)) back_with_huge_pages(args.output, static_cast<size_t>(out));
-    if (args.input && args.input != args.output && large(in)) back_with_huge_pages(args.input, static_cast<size_t>(in));
+    back_with_huge_pages(args.output, static_cast<size_t>(g.bytes(0, pp.spec.output_chunks())));
+    if (args.input != args.output) back_with_huge_pages(args.input, static_cast<size_t>(g.bytes(0, pp.spec.input_chunks())));
   }
   const bool stream_output =
       *options_.stream_threshold > 0 && static_cast<uint64_t>(output_bytes) >= *options_.stream_threshold;

@@ -35,6 +35,7 @@ void HugePageLedger::asked(const HugePageRange& r, bool ok, std::chrono::nanosec
 std::size_t back_with_huge_pages(const void* data, std::size_t bytes) {
   static std::mutex mutex;
   static HugePageLedger ledger;
+  if (bytes < kHugePageBufferMin) return 0;
   const HugePageRange r = HugePageRange::inside(data, bytes);
   {
     std::lock_guard lock(mutex);

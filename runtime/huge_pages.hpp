@@ -29,6 +29,9 @@
 namespace tutti {
 
 inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+// Smaller buffers are not asked for: they may hold no whole huge page, and most calls on them are
+// too short to pay for a system call.
+inline constexpr std::size_t kHugePageBufferMin = 2 * kHugePageBytes;
 
 // The whole huge pages inside [data, data + bytes): [begin, end), empty where there is none.
 struct HugePageRange {
@@ -53,8 +56,9 @@ class HugePageLedger {
   std::map<std::uintptr_t, int> strikes_;  // page start -> collapses that moved memory (kStrikes: refused)
 };
 
-// Asks for huge pages under the whole huge pages inside [data, data + bytes), unless the process's
-// ledger says not to. Thread-safe; never throws. Returns how many huge pages were granted.
+// Asks for huge pages under the whole huge pages inside [data, data + bytes) of a buffer of at
+// least kHugePageBufferMin bytes (none for a null one), unless the process's ledger says not to.
+// Thread-safe; never throws. Returns how many huge pages were granted.
 std::size_t back_with_huge_pages(const void* data, std::size_t bytes);
 
 }  // namespace tutti
