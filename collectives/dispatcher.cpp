@@ -509,7 +509,7 @@ std::function<void()> Dispatcher::start(const CollectiveCall& call) {
   if (!choice.oneshot) return whole;
   Mailbox& mb = *comm_.mailbox();
   // A root far ahead of its receivers would wait for room: that wait belongs on the worker.
-  if (!mb.has_room()) return whole;
+  if (!oneshot_has_room(mb, c, call.count, static_cast<int64_t>(size_of(call.reduction.type)))) return whole;
   last_plan_ = tuning::kOneShot;
   last_run_ = &choice;
   if (FaultInjector* f = comm_.faults()) f->begin_call(comm_);

@@ -33,6 +33,21 @@ static_assert(sizeof(CallHeader) == kOneshotHeaderBytes);
 constexpr size_t kHeader = kOneshotHeaderBytes;
 static_assert(kHeader == Mailbox::kStampBytes, "the call header is the mailbox's stamp");
 
+// Bytes this rank publishes. Broadcast: only the root has something to say; the others publish
+// their stamp, which the root checks later. Reduce: the root publishes its stamp only.
+uint64_t own_bytes(Collective c, int64_t count, int64_t esize, int n, int rank, int root) {
+  const bool publishes = c == Collective::kBroadcast ? rank == root : c != Collective::kReduce || rank != root;
+  return publishes ? static_cast<uint64_t>(published_bytes(c, count, esize, n)) : 0;
+}
+
+// Which of the mailbox's rings a call takes: the deep one for calls whose senders wait for nobody
+// (a broadcast's root, a reduce's senders), so that they may run ahead. A function of what the
+// stamps agree on, so every rank chooses alike.
+bool deep(Collective c, int64_t count, int64_t esize, int n) {
+  const bool runs_ahead = c == Collective::kBroadcast || c == Collective::kReduce;
+  return Mailbox::deep(static_cast<uint64_t>(published_bytes(c, count, esize, n)), runs_ahead);
+}
+
 bool reduces(Collective c) {
   return c == Collective::kAllReduce || c == Collective::kReduce || c == Collective::kReduceScatter;
 }
@@ -91,18 +106,19 @@ bool oneshot_fits(const Mailbox& mailbox, Collective c, int64_t count, int64_t e
   return count >= 0 && static_cast<uint64_t>(published_bytes(c, count, esize, mailbox.size())) + kHeader <= mailbox.capacity();
 }
 
+bool oneshot_has_room(Mailbox& mailbox, Collective c, int64_t count, int64_t esize) {
+  return mailbox.has_room(deep(c, count, esize, mailbox.size()));
+}
+
 bool start_oneshot(Mailbox& mb, Collective c, const void* input, int64_t count, const Reduction& red, int root) {
   const int n = mb.size(), rank = mb.rank();
   const int64_t esize = static_cast<int64_t>(size_of(red.type));
   TUTTI_CHECK(oneshot_fits(mb, c, count, esize), InvalidArgument,
               "rank {}: {} of {} elements does not fit the one-shot mailbox ({} bytes)", rank, to_string(c), count,
               mb.capacity());
-  // Broadcast: only the root has something to say; the others publish their stamp, which the root
-  // checks later. Reduce: the root publishes its stamp only.
-  const bool publishes = c == Collective::kBroadcast ? rank == root : c != Collective::kReduce || rank != root;
-  const size_t bytes = publishes ? static_cast<size_t>(published_bytes(c, count, esize, n)) : 0;
+  const size_t bytes = own_bytes(c, count, esize, n, rank, root);
   const CallHeader h = header_of(c, count, red, root);
-  unsigned char* data = mb.open(to_string(c));  // waits for room where this rank is far ahead
+  unsigned char* data = mb.open(to_string(c), deep(c, count, esize, n));  // waits for room where this rank is far ahead
   if (bytes) std::memcpy(data, input, bytes);
   const Mailbox::Call f = flow_of(c, rank, root);
   mb.publish(reinterpret_cast<const unsigned char*>(&h), f.what, f.reads, f.read_by, f.describe);

@@ -6,7 +6,7 @@
 //
 // Who waits for whom follows the data: a broadcast's receivers wait for the root only and the root
 // for nobody; a reduce's root waits for every rank and the others for nobody. So a loop of small
-// broadcasts or reduces runs as a pipeline (up to Mailbox::kRecords calls deep), as MPI's eager
+// broadcasts or reduces runs as a pipeline (up to Mailbox::depth() calls deep), as MPI's eager
 // sends do, instead of in lock step.
 //
 // Reductions fold the contributions in rank order 0, 1, ..., n-1 on every rank, so every rank gets
@@ -27,6 +27,10 @@ namespace tutti {
 // on every rank: in the call where it reads the other rank, else at a later call; mailbox.hpp).
 inline constexpr size_t kOneshotHeaderBytes = 16;
 bool oneshot_fits(const Mailbox& mailbox, Collective collective, int64_t count, int64_t esize);
+
+// Whether this rank's part of such a call can start without waiting for the ranks that read it
+// (its outbox is not full).
+bool oneshot_has_room(Mailbox& mailbox, Collective collective, int64_t count, int64_t esize);
 
 // Runs one call. input/output follow NCCL (in-place allowed exactly as NCCL defines it); output of
 // a reduce's non-roots is not written. Collective: every rank calls it for the same call.

@@ -130,8 +130,9 @@ TEST(OneShot, EveryCollectiveMatchesTheReferenceInAndOutOfPlace) {
 
 TEST(OneShot, OutboxesAreReusedSafelyOverManyCallsOfMixedSizes) {
   // Ranks drift apart by varying amounts of local work between calls (rooted calls let some run
-  // ahead by up to Mailbox::kRecords calls); the outboxes' records
-  // must never be overwritten while a peer still reads them (mailbox.hpp's argument).
+  // ahead by up to Mailbox::depth() calls); the outboxes' records must never be overwritten while
+  // a peer still reads them (mailbox.hpp's argument). Counts up to 700 floats mix rooted calls in
+  // the deep ring (up to 248 floats) with calls in the lockstep ring.
   auto comms = Communicator::create_local(4);
   on_ranks(comms, [&](int rank, Communicator& comm) {
     std::mt19937 rng(1234);  // same sequence of calls on every rank
@@ -148,27 +149,31 @@ TEST(OneShot, OutboxesAreReusedSafelyOverManyCallsOfMixedSizes) {
 }
 
 // A broadcast's root waits for no receiver and a reduce's senders wait for no root: each makes up
-// to Mailbox::kRecords calls before the ranks that read them make any, then waits for room. Were
-// they in lock step, the first call would wait for ranks that start only after it returns, and
-// the timeout would fail the test.
+// to Mailbox::depth() calls before the ranks that read them make any (kDeepRecords calls whose
+// data fits a deep record, kRecords calls of more), then waits for room. Were they in lock step, the first
+// call would wait for ranks that start only after it returns, and the timeout would fail the test.
 TEST(OneShot, RootedCallsRunAheadOfTheRanksThatRead) {
-  for (Collective c : {Collective::kBroadcast, Collective::kReduce}) {
-    CommOptions opts = CommOptions::from_env();
-    opts.timeout_s = 60;
-    auto comms = Communicator::create_local(3, opts);
-    constexpr int kRoot = 1, kAhead = Mailbox::kRecords;
-    const int leaders = c == Collective::kBroadcast ? 1 : 2;  // the ranks that read nobody
-    std::atomic<int> ahead{0};
-    on_ranks(comms, [&](int rank, Communicator& comm) {
-      const bool leads = c == Collective::kBroadcast ? rank == kRoot : rank != kRoot;
-      if (!leads)
-        while (ahead.load() < leaders) std::this_thread::yield();  // a flag, not a timing guess
-      for (int k = 0; k < 3 * kAhead; ++k) {
-        if (leads && k == kAhead) ahead.fetch_add(1);
-        call_and_check(rank, comm, c, 1 + k % 9, kRoot, k, false);
-      }
-    });
-  }
+  constexpr int64_t kDeepFloats = static_cast<int64_t>(Mailbox::kDeepDataBytes / 4);
+  for (Collective c : {Collective::kBroadcast, Collective::kReduce})
+    for (int64_t base : {int64_t{1}, kDeepFloats + 1}) {
+      CommOptions opts = CommOptions::from_env();
+      opts.timeout_s = 60;
+      auto comms = Communicator::create_local(3, opts);
+      constexpr int kRoot = 1;
+      const int ahead_calls = static_cast<int>(Mailbox::depth(Mailbox::deep(static_cast<uint64_t>(base) * 4, true)));
+      EXPECT_EQ(ahead_calls, base == 1 ? Mailbox::kDeepRecords : Mailbox::kRecords);
+      const int leaders = c == Collective::kBroadcast ? 1 : 2;  // the ranks that read nobody
+      std::atomic<int> ahead{0};
+      on_ranks(comms, [&](int rank, Communicator& comm) {
+        const bool leads = c == Collective::kBroadcast ? rank == kRoot : rank != kRoot;
+        if (!leads)
+          while (ahead.load() < leaders) std::this_thread::yield();  // a flag, not a timing guess
+        for (int k = 0; k < 3 * ahead_calls; ++k) {
+          if (leads && k == ahead_calls) ahead.fetch_add(1);
+          call_and_check(rank, comm, c, base + k % 9, kRoot, k, false);
+        }
+      });
+    }
 }
 
 TEST(OneShot, PreMulSumAvgAndEveryTypeMatchThePlans) {
