@@ -43,9 +43,9 @@ uint64_t own_bytes(Collective c, int64_t count, int64_t esize, int n, int rank, 
 // Which of the mailbox's rings a call takes: the deep one for calls whose senders wait for nobody
 // (a broadcast's root, a reduce's senders), so that they may run ahead. A function of what the
 // stamps agree on, so every rank chooses alike.
-bool deep(Collective c, int64_t count, int64_t esize, int n) {
+bool deep(const Mailbox& mb, Collective c, int64_t count, int64_t esize) {
   const bool runs_ahead = c == Collective::kBroadcast || c == Collective::kReduce;
-  return Mailbox::deep(static_cast<uint64_t>(published_bytes(c, count, esize, n)), runs_ahead);
+  return mb.deep(static_cast<uint64_t>(published_bytes(c, count, esize, mb.size())), runs_ahead);
 }
 
 bool reduces(Collective c) {
@@ -107,7 +107,7 @@ bool oneshot_fits(const Mailbox& mailbox, Collective c, int64_t count, int64_t e
 }
 
 bool oneshot_has_room(Mailbox& mailbox, Collective c, int64_t count, int64_t esize) {
-  return mailbox.has_room(deep(c, count, esize, mailbox.size()));
+  return mailbox.has_room(deep(mailbox, c, count, esize));
 }
 
 bool start_oneshot(Mailbox& mb, Collective c, const void* input, int64_t count, const Reduction& red, int root) {
@@ -118,7 +118,7 @@ bool start_oneshot(Mailbox& mb, Collective c, const void* input, int64_t count, 
               mb.capacity());
   const size_t bytes = own_bytes(c, count, esize, n, rank, root);
   const CallHeader h = header_of(c, count, red, root);
-  unsigned char* data = mb.open(to_string(c), deep(c, count, esize, n));  // waits for room where this rank is far ahead
+  unsigned char* data = mb.open(to_string(c), deep(mb, c, count, esize));  // waits for room where this rank is far ahead
   if (bytes) std::memcpy(data, input, bytes);
   const Mailbox::Call f = flow_of(c, rank, root);
   mb.publish(reinterpret_cast<const unsigned char*>(&h), f.what, f.reads, f.read_by, f.describe);

@@ -15,7 +15,7 @@
 //   kRecords. Calls in which every rank waits for every other (an all-reduce) never run ahead.
 // - The deep ring: kDeepRecords records of kDeepRecordBytes; call s takes record s mod
 //   kDeepRecords. Calls that let ranks run ahead (`deep`: a broadcast's root, a reduce's senders,
-//   with data that fits) use it.
+//   with data that fits) use it on a crowded host.
 // Every rank makes the same choice for a call (deep() depends on what the stamps agree on), so a
 // reader looks for its peer's record of call t in the ring of its own call t. Where the calls
 // differ, the peer's record is in the other ring: a reader that does not find the record where it
@@ -85,8 +85,11 @@ class Mailbox {
   static constexpr size_t kDeepRecordBytes = 1024;
   static constexpr size_t kDeepDataBytes = kDeepRecordBytes - 2 * sizeof(uint64_t) - 16;
   // Whether a call whose writers publish `bytes` of data (after the stamp) takes the deep ring:
-  // `run_ahead` calls (the one-shot layer's broadcast and reduce) whose data fits.
-  static constexpr bool deep(uint64_t bytes, bool run_ahead) { return run_ahead && bytes <= kDeepDataBytes; }
+  // `run_ahead` calls (the one-shot layer's broadcast and reduce) whose data fits, on a crowded host
+  // (more ranks than cores, the same answer on every rank). With a core per rank, 16 calls of run
+  // ahead are plenty, and the deep ring's cold records cost a 2-rank broadcast of 64 B-1 KiB 0.1-0.2
+  // us per call (20-call runs).
+  bool deep(uint64_t bytes, bool run_ahead) const { return run_ahead && oversubscribed_ && bytes <= kDeepDataBytes; }
   // How many calls of that kind a rank may run ahead.
   static constexpr uint64_t depth(bool deep) { return deep ? kDeepRecords : kRecords; }
   // Stamps of peers this rank does not read are checked every kCheckBatch calls (or when it waits).
