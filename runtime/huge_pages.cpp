@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <mutex>
 
 namespace tutti {
@@ -47,6 +48,18 @@ std::size_t back_with_huge_pages(const void* data, std::size_t bytes) {
   std::lock_guard lock(mutex);
   ledger.asked(r, ok, std::chrono::duration_cast<std::chrono::nanoseconds>(took));
   return ok ? r.pages() : 0;
+}
+
+std::size_t back_segment_with_huge_pages(const void* segment, std::size_t segment_bytes, const void* data,
+                                         std::size_t bytes) {
+  if (segment == nullptr || data == nullptr || bytes == 0) return 0;
+  const auto seg = reinterpret_cast<std::uintptr_t>(segment), at = reinterpret_cast<std::uintptr_t>(data);
+  if (at < seg || at + bytes > seg + segment_bytes) return 0;
+  const HugePageRange inside = HugePageRange::inside(segment, segment_bytes);
+  const std::uintptr_t begin = std::max(inside.begin, at / kHugePageBytes * kHugePageBytes);
+  const std::uintptr_t end = std::min(inside.end, (at + bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes);
+  if (end <= begin) return 0;
+  return madvise(reinterpret_cast<void*>(begin), end - begin, MADV_COLLAPSE) == 0 ? (end - begin) / kHugePageBytes : 0;
 }
 
 }  // namespace tutti

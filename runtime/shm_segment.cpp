@@ -17,14 +17,36 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "runtime/huge_pages.hpp"
 
 namespace tutti {
 namespace {
 std::atomic<uint64_t> g_counter{0};
 
+// An address for `bytes` at a huge-page boundary: a reservation one huge page larger, trimmed.
+// nullptr (any address) for small segments or when the reservation fails.
+void* huge_aligned_address(size_t bytes) {
+  if (bytes < kHugePageBytes) return nullptr;
+  void* r = mmap(nullptr, bytes + kHugePageBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) return nullptr;
+  const auto begin = reinterpret_cast<uintptr_t>(r), end = begin + bytes + kHugePageBytes;
+  const uintptr_t at = (begin + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  if (at > begin) munmap(r, at - begin);
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t tail = (at + bytes + page - 1) / page * page;
+  if (end > tail) munmap(reinterpret_cast<void*>(tail), end - tail);
+  return reinterpret_cast<void*>(at);
+}
+
 std::shared_ptr<ShmSegment::Mapping> map(int fd, size_t bytes, const std::string& name) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) throw_system_error(fmt::format("mmap of shared segment {} ({} bytes)", name, bytes));
+  // MAP_FIXED replaces our own reservation, nothing else.
+  void* at = huge_aligned_address(bytes);
+  void* p = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | (at ? MAP_FIXED : 0), fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    if (at) munmap(at, bytes);
+    throw SystemError(fmt::format("mmap of shared segment {} ({} bytes)", name, bytes), err);
+  }
   auto m = std::make_shared<ShmSegment::Mapping>();
   m->data = p;
   m->size = bytes;

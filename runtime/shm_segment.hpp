@@ -8,6 +8,11 @@
 // mappings, this puts a FIFO's atomics at one address for every thread, which is what
 // ThreadSanitizer needs to see the happens-before edges they carry (two mappings of one page look
 // like two unrelated variables to it).
+//
+// Segments of a huge page or more are mapped at a huge-page boundary in every process, so that the
+// whole huge pages of the file can each be mapped by one TLB entry once they are asked for
+// (back_segment_with_huge_pages in runtime/huge_pages.hpp); the file offset and the address then
+// agree modulo 2 MiB, which a huge mapping needs.
 
 #include <cstddef>
 #include <memory>

@@ -3,6 +3,7 @@
 // buffer keeps being mapped anew.
 #include <sys/mman.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/huge_pages.hpp"
+#include "runtime/shm_segment.hpp"
 
 namespace tutti {
 namespace {
@@ -56,6 +58,25 @@ long anon_huge_kb(const void* at) {
       continue;
     }
     if (inside && line.rfind("AnonHugePages:", 0) == 0) return std::stol(line.substr(14));
+  }
+  return -1;
+}
+
+// The kB of shared memory mapped by huge pages (PMD entries) in the mapping that holds `at`.
+long shmem_huge_kb(const void* at) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto want = reinterpret_cast<uintptr_t>(at);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
+      inside = lo <= want && want < hi;
+      continue;
+    }
+    if (inside && line.rfind("ShmemPmdMapped:", 0) == 0) return std::stol(line.substr(15));
   }
   return -1;
 }
@@ -144,6 +165,49 @@ TEST(HugePageLedger, ARefusedRangeIsNeverAskedAgain) {
   l.asked(r, false, microseconds(1));
   EXPECT_FALSE(l.should_ask(r));
   EXPECT_TRUE(l.should_ask(HugePageRange{3 * kHugePageBytes, 4 * kHugePageBytes}));
+}
+
+TEST(SharedSegments, LargeOnesAreMappedAtAHugePageBoundary) {
+  for (size_t bytes : {kHugePageBytes, 3 * kHugePageBytes + 4096, 5 * kHugePageBytes + 100}) {
+    ShmSegment s = ShmSegment::create("hugetest", bytes);
+    ASSERT_NE(s.data(), nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(s.data()) % kHugePageBytes, 0u) << bytes << " bytes";
+    auto* p = static_cast<unsigned char*>(s.data());
+    EXPECT_EQ(p[0], 0);
+    EXPECT_EQ(p[bytes - 1], 0);  // zero-filled to the last byte, and mapped there
+    p[bytes - 1] = 9;
+    EXPECT_EQ(p[bytes - 1], 9);
+  }
+  ShmSegment small = ShmSegment::create("hugetest", 4096);  // small ones go anywhere
+  ASSERT_NE(small.data(), nullptr);
+  static_cast<unsigned char*>(small.data())[4095] = 1;
+}
+
+TEST(HugePages, ASegmentRangeGetsTheHugePagesItOverlapsWithinTheSegment) {
+  {  // Whether this kernel gives shared memory huge pages at all (MADV_COLLAPSE, Linux 6.1).
+    ShmSegment probe = ShmSegment::create("hugeprobe", kHugePageBytes);
+    if (madvise(probe.data(), kHugePageBytes, 25 /* MADV_COLLAPSE */) != 0)
+      GTEST_SKIP() << "this kernel gives shared memory no huge pages: " << std::strerror(errno);
+  }
+  const size_t bytes = 3 * kHugePageBytes + 8192;  // the last 8 KiB hold no whole huge page
+  ShmSegment s = ShmSegment::create("hugetest", bytes);
+  auto* p = static_cast<unsigned char*>(s.data());
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(p) % kHugePageBytes, 0u);
+  for (size_t i = 0; i < bytes; ++i) p[i] = pattern(i);
+  // Outside the segment, or only in its tail: nothing is asked for.
+  EXPECT_EQ(back_segment_with_huge_pages(p, bytes, p + bytes - 4096, 8192), 0u);
+  EXPECT_EQ(back_segment_with_huge_pages(p, bytes, p + 3 * kHugePageBytes + 100, 4096), 0u);
+  EXPECT_EQ(back_segment_with_huge_pages(p, bytes, nullptr, 4096), 0u);
+  EXPECT_EQ(shmem_huge_kb(p), 0);
+  // A range that straddles the first boundary gets both pages it touches, and no other.
+  const size_t granted = back_segment_with_huge_pages(p, bytes, p + kHugePageBytes - 4096, 8192);
+  RecordProperty("huge_pages_granted", static_cast<int>(granted));
+  for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(p[i], pattern(i)) << "byte " << i << " changed";
+  EXPECT_EQ(granted, 2u);
+  EXPECT_EQ(shmem_huge_kb(p), static_cast<long>(2 * kHugePageBytes / 1024));
+  // Another mapping of the same segment finds them: asking there moves nothing.
+  ShmSegment again = ShmSegment::open(s.name(), 0);
+  EXPECT_EQ(again.data(), s.data());  // one mapping per process (shm_segment.hpp)
 }
 
 }  // namespace

@@ -8,7 +8,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <exception>
+#include <fstream>
 #include <thread>
 
 #include "core/error.hpp"
@@ -121,6 +124,80 @@ TEST(Transport, BadArgumentsAreRejected) {
   EXPECT_THROW(comms[0]->send(0, nullptr, 0), InvalidArgument);  // self
   EXPECT_THROW(comms[0]->send(1, nullptr, 8), InvalidArgument);
   EXPECT_THROW(comms[0]->connection(1, 3), InvalidArgument);
+}
+
+// kB of shared memory this process maps with huge pages (PMD entries).
+long shmem_huge_kb() {
+  std::ifstream rollup("/proc/self/smaps_rollup");
+  std::string line;
+  while (std::getline(rollup, line))
+    if (line.rfind("ShmemPmdMapped:", 0) == 0) return std::stol(line.substr(15));
+  return -1;
+}
+
+// A FIFO that whole slots stream through goes onto huge pages (runtime/huge_pages.hpp), in both
+// ranks' views; one that carries only small messages, or any with TUTTI_HUGE_PAGES=0, does not.
+TEST(Transport, FifosOfLargeMessagesAreOnHugePages) {
+  {
+    ShmSegment probe = ShmSegment::create("hugeprobe", 2 << 20);
+    if (madvise(probe.data(), 2 << 20, 25 /* MADV_COLLAPSE */) != 0)
+      GTEST_SKIP() << "this kernel gives shared memory no huge pages: " << std::strerror(errno);
+  }
+  for (bool huge : {false, true}) {
+    const long before = shmem_huge_kb();
+    CommOptions opts = CommOptions::from_env();
+    opts.transport = TransportKind::kShm;
+    opts.timeout_s = 60;
+    opts.huge_pages = huge;
+    opts.shm_single_copy = false;
+    opts.shm_zero_copy_threshold = UINT64_MAX;  // every byte through the slots
+    auto comms = Communicator::create_local(2, opts);
+    auto exchange = [&](size_t bytes) {
+      std::vector<unsigned char> out(bytes, 7), in(bytes);
+      std::thread sender([&] { comms[0]->send(1, out.data(), out.size()); });
+      comms[1]->recv(0, in.data(), in.size());
+      sender.join();
+      EXPECT_EQ(in, out);
+    };
+    exchange(4096);
+    EXPECT_EQ(shmem_huge_kb(), before) << "a FIFO of small messages only";
+    exchange(1 << 20);
+    if (huge) {
+      EXPECT_GE(shmem_huge_kb(), before + 2048) << "the FIFO of a 1 MiB message";
+    } else {
+      EXPECT_EQ(shmem_huge_kb(), before) << "TUTTI_HUGE_PAGES=0";
+    }
+  }
+}
+
+// On a crowded host (more ranks than cores) one-shot calls reach 128 KiB, and every outbox of the
+// mailbox goes onto huge pages when the communicator is made; elsewhere, or with
+// TUTTI_HUGE_PAGES=0, they stay on small pages.
+TEST(Transport, OutboxesOfACrowdedHostAreOnHugePages) {
+  {
+    ShmSegment probe = ShmSegment::create("hugeprobe", 2 << 20);
+    if (madvise(probe.data(), 2 << 20, 25 /* MADV_COLLAPSE */) != 0)
+      GTEST_SKIP() << "this kernel gives shared memory no huge pages: " << std::strerror(errno);
+  }
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  for (int ranks : {2, cores + 1}) {
+    if (ranks < 2 || (ranks == 2 && cores < 2)) continue;
+    for (bool huge : {false, true}) {
+      const long before = shmem_huge_kb();
+      CommOptions opts = CommOptions::from_env();
+      opts.transport = TransportKind::kShm;
+      opts.huge_pages = huge;
+      auto comms = Communicator::create_local(ranks, opts);
+      const bool crowded = comms[0]->crowded_host();
+      EXPECT_EQ(crowded, ranks > cores);
+      const long outboxes_kb = static_cast<long>(ranks) * 2 * 2048;  // an outbox holds two whole huge pages
+      if (crowded && huge) {
+        EXPECT_GE(shmem_huge_kb(), before + outboxes_kb) << ranks << " ranks on " << cores << " cores";
+      } else {
+        EXPECT_EQ(shmem_huge_kb(), before) << ranks << " ranks on " << cores << " cores, huge pages " << huge;
+      }
+    }
+  }
 }
 
 TEST(Transport, MoreChannelsAreIndependentStreams) {

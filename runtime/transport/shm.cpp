@@ -20,6 +20,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "runtime/huge_pages.hpp"
 #include "runtime/shared_buffers.hpp"
 
 namespace tutti {
@@ -116,6 +117,11 @@ class ShmTransport final : public Transport {
       ep.cma_threshold = options_.shm_single_copy_threshold;
       ep.cma_adaptive = options_.shm_single_copy_adaptive;
       ep.zero_copy_threshold = options_.shm_zero_copy_threshold;
+      ep.out_segment = mapped[p].data();
+      ep.out_segment_bytes = mapped[p].size();
+      ep.in_segment = own.data();
+      ep.in_segment_bytes = own.size();
+      ep.huge_pages = options_.huge_pages;
       conns[p] = std::make_unique<ShmConnection>(s.rank, p, s.channel, ep);
     }
     mapped_.push_back(std::move(mapped));
@@ -199,17 +205,25 @@ SlotHeader ShmConnection::read_header(const unsigned char* s) const {
 
 bool ShmConnection::progress() {
   bool moved = false;
-  // Slots are populated as deep as the largest message so far reaches (header included).
+  // Slots are populated as deep as the largest message so far reaches (header included); a FIFO
+  // that whole slots stream through goes onto huge pages first, in each process's own view.
+  const size_t full = ep_.out->slot_size + sizeof(SlotHeader);
   if (!sendq_.empty()) {
     const size_t need = sizeof(SlotHeader) + sendq_.back().bytes;
-    if (need > out_populated_ && out_populated_ < ep_.out->slot_size + sizeof(SlotHeader))
+    if (need > out_populated_ && out_populated_ < full) {
+      if (need >= full && ep_.huge_pages)
+        back_segment_with_huge_pages(ep_.out_segment, ep_.out_segment_bytes, ep_.out, FifoLayout{ep_.out->slots, ep_.out->slot_size}.bytes());
       populate(ep_.out, need), out_populated_ = need;
+    }
     moved |= progress_send();
   }
   if (!recvq_.empty()) {
     const size_t need = sizeof(SlotHeader) + recvq_.back().bytes;
-    if (need > in_populated_ && in_populated_ < ep_.in->slot_size + sizeof(SlotHeader))
+    if (need > in_populated_ && in_populated_ < full) {
+      if (need >= full && ep_.huge_pages)
+        back_segment_with_huge_pages(ep_.in_segment, ep_.in_segment_bytes, ep_.in, FifoLayout{ep_.in->slots, ep_.in->slot_size}.bytes());
       populate(ep_.in, need), in_populated_ = need;
+    }
     moved |= progress_recv();
   }
   return moved;
@@ -259,11 +273,21 @@ bool ShmConnection::progress_send() {
         std::memcpy(s + sizeof(SlotHeader), shared.segment.c_str(), shared.segment.size() + 1);
       }
     }
-    if (h.mode == SlotMode::kInline && !op.started && cma_ && op.bytes > 0 &&
-        (ep_.same_process ? op.bytes >= ep_.cma_threshold
-                          : choice_.single_copy(op.bytes, pair_costs()))) {
-      h.mode = SlotMode::kAddress;
-      h.source_address = reinterpret_cast<uint64_t>(op.data);
+    if (h.mode == SlotMode::kInline && !op.started && cma_ && op.bytes > 0) {
+      bool single = false;
+      if (ep_.same_process) {
+        single = op.bytes >= ep_.cma_threshold;
+      } else {
+        const PairCosts c = pair_costs();
+        single = choice_.single_copy(op.bytes, c);
+        TUTTI_TRACE(log::kShm, "{}: {} bytes by {}; ns/MiB out send {:.0f} recv {:.0f} single {:.0f}, in send {:.0f} recv {:.0f} single {:.0f}",
+                    where(), op.bytes, single ? "single copy" : "FIFO", c.send_out, c.recv_out, c.cma_out, c.send_in,
+                    c.recv_in, c.cma_in);
+      }
+      if (single) {
+        h.mode = SlotMode::kAddress;
+        h.source_address = reinterpret_cast<uint64_t>(op.data);
+      }
     }
     if (h.mode != SlotMode::kInline) {
       h.fragment_bytes = op.bytes;

@@ -122,6 +122,13 @@ struct ShmEndpoint {
   // Messages of at least this many bytes go by reference when the receiver can read the source
   // directly: ranks that are threads of one process, or a source in a shared segment (ncclMemAlloc).
   uint64_t zero_copy_threshold;
+  // The segments the two FIFOs live in, and whether FIFOs that full slots stream through are moved
+  // onto huge pages (TUTTI_HUGE_PAGES; runtime/huge_pages.hpp).
+  const void* out_segment = nullptr;
+  size_t out_segment_bytes = 0;
+  const void* in_segment = nullptr;
+  size_t in_segment_bytes = 0;
+  bool huge_pages = false;
 };
 
 class ShmConnection : public Connection {
