@@ -119,7 +119,15 @@ bool start_oneshot(Mailbox& mb, Collective c, const void* input, int64_t count, 
   const size_t bytes = own_bytes(c, count, esize, n, rank, root);
   const CallHeader h = header_of(c, count, red, root);
   unsigned char* data = mb.open(to_string(c), deep(mb, c, count, esize));  // waits for room where this rank is far ahead
-  if (bytes) std::memcpy(data, input, bytes);
+  if (c == Collective::kAllToAll || c == Collective::kReduceScatter) {
+    // Peer r reads piece r; our own piece is read from the input (finish_oneshot), so it stays out.
+    const size_t piece = static_cast<size_t>(count * esize), own = static_cast<size_t>(rank) * piece;
+    const auto* in = static_cast<const unsigned char*>(input);
+    if (own) std::memcpy(data, in, own);
+    if (own + piece < bytes) std::memcpy(data + own + piece, in + own + piece, bytes - own - piece);
+  } else if (bytes) {
+    std::memcpy(data, input, bytes);
+  }
   const Mailbox::Call f = flow_of(c, rank, root);
   mb.publish(reinterpret_cast<const unsigned char*>(&h), f.what, f.reads, f.read_by, f.describe);
   return mb.arrived();
