@@ -127,7 +127,7 @@ constexpr Variable kVariables[] = {
     {"TUTTI_HUGE_PAGES", "", "1",
      "1: host buffers of 4 MiB or more that a call reads or writes are moved onto 2 MiB transparent huge pages (MADV_COLLAPSE, "
      "Linux 6.1) on first use, which saves TLB misses and speeds single-copy reads 2-3x, and so are the shared-memory "
-     "FIFOs that whole slots stream through; 0: left as they are (runtime/huge_pages.hpp)."},
+     "FIFOs that whole slots stream through and the one-shot outboxes; 0: left as they are (runtime/huge_pages.hpp)."},
     {"TUTTI_NVML_LIBRARY", "", "libnvidia-ml.so.1",
      "NVIDIA's management library, loaded at run time to detect GPUs and their NVLinks (a name for dlopen or a path); "
      "empty: topology detection does not use NVML. Without it (no driver), detection goes on with hwloc alone."},

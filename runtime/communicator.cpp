@@ -199,12 +199,13 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
       const ShmSegment& s = p == rank ? control_ : peer_controls_[p];
       segs[p] = {s.data(), s.size()};
     }
-    // On a crowded host one-shot calls reach 128 KiB (dispatcher.hpp), so their records stream
-    // through megabytes of every outbox, and each first touch of a page in each process's view
-    // was a fault: huge pages map an outbox in two entries (4 processes on 2 cores, all-reduce of
-    // 32 / 128 KiB: 45 / 194 us before, 20 / 69 after). Elsewhere the threshold keeps records
-    // small and the pages small calls use are mapped below; there huge pages gained nothing.
-    if (oversubscribed && options_.huge_pages)
+    // Every outbox on huge pages (two entries map one): a record's pages beyond the first 16 KiB
+    // (pre-faulted by the Mailbox) were otherwise faulted in at first touch, by every process's view,
+    // record after record. On a crowded host one-shot calls reach 128 KiB (dispatcher.hpp): 4
+    // processes on 2 cores, all-reduce of 32 / 128 KiB took 45 / 194 us before, 20 / 69 after; at 2
+    // processes one-shot broadcasts of 64-256 KiB (TUTTI_ONESHOT_THRESHOLD) ran 2-3x slower on 4 KiB
+    // pages. Small calls and setup cost no more (2 processes, all-reduce 8 B-8 KiB within 0.02 us).
+    if (options_.huge_pages)
       for (const Mailbox::Segment& g : segs) back_segment_with_huge_pages(g.base, g.bytes, g.base, g.bytes);
     mailbox_ = std::make_unique<Mailbox>(rank, std::move(segs), *engine_, *state_, oversubscribed);
   }
