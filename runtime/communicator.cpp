@@ -205,12 +205,17 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
     // processes on 2 cores, all-reduce of 32 / 128 KiB took 45 / 194 us before, 20 / 69 after; at 2
     // processes one-shot broadcasts of 64-256 KiB (TUTTI_ONESHOT_THRESHOLD) ran 2-3x slower on 4 KiB
     // pages. Small calls and setup cost no more (2 processes, all-reduce 8 B-8 KiB within 0.02 us).
-    if (options_.huge_pages)
-      for (const Mailbox::Segment& g : segs) back_segment_with_huge_pages(g.base, g.bytes, g.base, g.bytes);
+    // Each rank moves its own outbox now; its views of the peers' once they have (below): a view
+    // asked while its owner was still moving the pages was left on small pages.
+    if (options_.huge_pages) back_segment_with_huge_pages(control_.data(), control_.size(), control_.data(), control_.size());
     mailbox_ = std::make_unique<Mailbox>(rank, std::move(segs), *engine_, *state_, oversubscribed);
   }
   faults_ = FaultInjector::make(options_.faults, rank);
   connect_channels(1);  // ends with a barrier: every peer has mapped our control segment
+  if (mailbox_ && options_.huge_pages)
+    for (int p = 0; p < nranks; ++p)
+      if (p != rank) back_segment_with_huge_pages(peer_controls_[p].data(), peer_controls_[p].size(),
+                                                  peer_controls_[p].data(), peer_controls_[p].size());
   control_.unlink();
   state_->set_hooks([b = bootstrap_.get()](const std::string& message) { b->notify_failure(message); },
                     [b = bootstrap_.get(), t = options_.timeout_s] { return b->liveness(std::min(1.0, t)); });
