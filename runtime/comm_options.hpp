@@ -23,7 +23,7 @@ struct CommOptions {
   // rates measured on each connection (runtime/transport/single_copy_choice.hpp).
   bool shm_single_copy_adaptive = true;
   uint64_t shm_zero_copy_threshold = 32 << 10;
-  bool huge_pages = true;  // TUTTI_HUGE_PAGES: FIFOs that full slots stream through go onto huge pages
+  bool huge_pages = true;  // TUTTI_HUGE_PAGES: one-shot outboxes, and FIFOs that full slots stream through, on huge pages
   int tcp_sockets = 2;
   uint64_t tcp_stripe_threshold = 256 << 10;
   int spin = 200;  // microseconds

@@ -1,5 +1,4 @@
 #include "runtime/communicator.hpp"
-#include "runtime/huge_pages.hpp"
 
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 #include "core/env.hpp"
 #include "core/log.hpp"
 #include "core/reduce.hpp"
+#include "runtime/huge_pages.hpp"
 #include "runtime/rendezvous.hpp"
 #include "runtime/transport/shm.hpp"
 #include "runtime/transport/tcp.hpp"
