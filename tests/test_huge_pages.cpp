@@ -43,8 +43,8 @@ struct Mapping {
 
 unsigned char pattern(size_t i) { return static_cast<unsigned char>(i * 131 + (i >> 12)); }
 
-// The kB of huge pages /proc/self/smaps reports for the mapping that holds `at`.
-long anon_huge_kb(const void* at) {
+// The kB that /proc/self/smaps reports under `field` for the mapping that holds `at`.
+long smaps_kb(const void* at, const std::string& field) {
   std::ifstream smaps("/proc/self/smaps");
   const auto want = reinterpret_cast<uintptr_t>(at);
   std::string line;
@@ -57,29 +57,13 @@ long anon_huge_kb(const void* at) {
       inside = lo <= want && want < hi;
       continue;
     }
-    if (inside && line.rfind("AnonHugePages:", 0) == 0) return std::stol(line.substr(14));
+    if (inside && line.rfind(field + ":", 0) == 0) return std::stol(line.substr(field.size() + 1));
   }
   return -1;
 }
-
-// The kB of shared memory mapped by huge pages (PMD entries) in the mapping that holds `at`.
-long shmem_huge_kb(const void* at) {
-  std::ifstream smaps("/proc/self/smaps");
-  const auto want = reinterpret_cast<uintptr_t>(at);
-  std::string line;
-  bool inside = false;
-  while (std::getline(smaps, line)) {
-    uintptr_t lo = 0, hi = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
-      inside = lo <= want && want < hi;
-      continue;
-    }
-    if (inside && line.rfind("ShmemPmdMapped:", 0) == 0) return std::stol(line.substr(15));
-  }
-  return -1;
-}
+// Private memory on huge pages, and shared memory mapped by huge pages (PMD entries).
+long anon_huge_kb(const void* at) { return smaps_kb(at, "AnonHugePages"); }
+long shmem_huge_kb(const void* at) { return smaps_kb(at, "ShmemPmdMapped"); }
 
 TEST(HugePages, RangeIsTheWholeHugePagesInsideTheBuffer) {
   const auto* at = reinterpret_cast<const void*>(uintptr_t{7} * kHugePageBytes + 16);
