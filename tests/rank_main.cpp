@@ -7,28 +7,22 @@
 //   tutti-test-rank split                 split into even/odd ranks and exchange in each half
 //   tutti-test-rank world HOSTS           merges the ranks' topologies through the bootstrap and
 //                                         checks HOSTS hosts, every rank placed on its own host's device
-//   tutti-test-rank huge-fifos            every outbox, and a FIFO that 1 MiB messages stream through,
-//                                         are on huge pages in this process's views (exit 77 where
-//                                         the kernel gives shared memory no huge pages)
 //   tutti-test-rank fd-limit-root N       no communicator: limits itself to N descriptors, runs a
 //                                         rendezvous root for one group, prints its id, and exits
 //                                         (printing its CPU time) once the group has met
 //
 // Exit status: 0 success, 1 failure, 3 "expected remote error seen".
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 
 #include "collectives/tuner.hpp"
 #include "core/error.hpp"
 #include "runtime/rendezvous.hpp"
-#include "runtime/shm_segment.hpp"
 #include "tests/support/exchange.hpp"
 
 using namespace tutti;
@@ -62,35 +56,6 @@ int main(int argc, char** argv) {
       std::printf("rank %d: received %zu bytes from %d peers over %s, all verified\n", comm->rank(), got,
                   comm->size() - 1, comm->size() > 1 ? comm->transport_to((comm->rank() + 1) % comm->size()) : "-");
       return 0;
-    }
-    if (scenario == "huge-fifos") {
-      {
-        ShmSegment probe = ShmSegment::create("hugeprobe", 2 << 20);
-        if (madvise(probe.data(), 2 << 20, 25 /* MADV_COLLAPSE */) != 0) {
-          std::printf("rank %d: this kernel gives shared memory no huge pages\n", comm->rank());
-          return 77;
-        }
-      }
-      auto shmem_huge_kb = [] {
-        std::ifstream rollup("/proc/self/smaps_rollup");
-        std::string line;
-        while (std::getline(rollup, line))
-          if (line.rfind("ShmemPmdMapped:", 0) == 0) return std::stol(line.substr(15));
-        return -1L;
-      };
-      const long before = shmem_huge_kb();
-      // Every rank's outbox, in this process's views: two whole huge pages each.
-      const long outboxes = 2L * comm->size() * 2048;
-      test_support::ExchangeSpec spec;
-      spec.min_bytes = spec.max_bytes = spec.big_bytes = 1 << 20;
-      spec.messages = 4;
-      test_support::random_exchange(*comm, spec);
-      const long after = shmem_huge_kb();
-      // Each peer: our FIFO from it (in our segment) and our view of our FIFO to it (in its segment).
-      const long want = 2L * (comm->size() - 1) * 2048;
-      std::printf("rank %d: %ld kB of shared memory on huge pages before the exchange (want %ld), %ld after (want %ld more)\n",
-                  comm->rank(), before, outboxes, after, want);
-      return before >= outboxes && after - before >= want ? 0 : 1;
     }
     if (scenario == "kill") {
       int victim = argc > 2 ? std::atoi(argv[2]) : 1;
