@@ -42,11 +42,12 @@ constexpr Variable kVariables[] = {
      "(ranks that are threads of one process, or buffers from ncclMemAlloc): one copy, no system call."},
     {"TUTTI_SHM_CMA_THRESHOLD", "", "64M",
      "Smallest message always sent by single copy instead of through the FIFO. Unset, the value tutti-tune "
-     "--calibrate measured for this machine and rank count is used, else 64M, and smaller messages of a FIFO slot "
+     "--calibrate measured for this machine and rank count is used, else 64M, and smaller messages of 16 KiB "
      "or more choose by measured rates (TUTTI_SHM_CMA_ADAPTIVE); set, it alone decides."},
     {"TUTTI_SHM_CMA_ADAPTIVE", "", "1",
-     "Between processes, messages of at least one FIFO slot and below TUTTI_SHM_CMA_THRESHOLD go by FIFO or by "
-     "single copy, whichever each connection measures faster, trying the other now and then: which one wins "
+     "Between processes, messages of at least 16 KiB and below TUTTI_SHM_CMA_THRESHOLD go by FIFO or by "
+     "single copy, whichever each connection measures faster for messages of their size (full slots; under a "
+     "slot, powers of two), trying the other now and then: which one wins "
      "depends on how near the two cores are, which a VM changes at run time (docs/ARCHITECTURE.md). Off where a "
      "host has more ranks than cores (a copy's time then includes other ranks' turns). 0: the threshold alone "
      "decides."},

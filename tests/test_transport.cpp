@@ -363,6 +363,26 @@ TEST(SingleCopyChoice, ThresholdAndSlotBoundTheMeasuredChoice) {
   EXPECT_TRUE(c.single_copy(1 << 20, PairCosts{}));
 }
 
+TEST(SingleCopyChoice, MessagesUnderASlotAreChosenForByClassesOfSize) {
+  const uint64_t slot = 128 << 10;
+  EXPECT_EQ(cost_class(slot, slot), 0);
+  EXPECT_EQ(cost_class(64 << 20, slot), 0);
+  EXPECT_EQ(cost_class(kSmallestChosen - 1, slot), -1) << "below 16 KiB: always the FIFO";
+  EXPECT_EQ(cost_class(0, slot), -1);
+  EXPECT_EQ(cost_class(16 << 10, slot), 1);
+  EXPECT_EQ(cost_class((32 << 10) - 1, slot), 1);
+  EXPECT_EQ(cost_class(32 << 10, slot), 2);
+  EXPECT_EQ(cost_class(100 << 10, slot), 3);
+  // A large slot: sizes past the last class share it.
+  const uint64_t big = 64 << 20;
+  EXPECT_EQ(cost_class(4 << 20, big), kCostClasses - 1);
+  EXPECT_EQ(cost_class(big - 1, big), kCostClasses - 1);
+  // Their bursts are shorter: single copy's first burst, then the FIFO wins again.
+  SingleCopyChoice sub(kSmallestChosen, 64 << 20, true, SingleCopyChoice::kSubSlotBurst);
+  EXPECT_EQ(count_single(sub, one_way(25'000, 35'000, 0), static_cast<int>(SingleCopyChoice::kProbeCma) - 1),
+            SingleCopyChoice::kSubSlotBurst);
+}
+
 TEST(SingleCopyChoice, TheUsersThresholdTurnsTheMeasuredChoiceOff) {
   for (const char* set : {static_cast<const char*>(nullptr), "4M"}) {
     test_support::ScopedEnv env({{"TUTTI_SHM_CMA_THRESHOLD", set}, {"TUTTI_SHM_CMA_ADAPTIVE", nullptr}});

@@ -35,9 +35,11 @@ void init_fifo(void* at, const FifoLayout& layout, bool cma_ok) {
   f->cma_ok = cma_ok ? 1 : 0;
   f->slots = layout.slots;
   f->slot_size = layout.slot_size;
-  f->recv_cost.store(0);
-  f->cma_cost.store(0);
-  f->send_cost.store(0);
+  for (FifoControl::Costs& c : f->costs) {
+    c.recv.store(0);
+    c.cma.store(0);
+    c.send.store(0);
+  }
 }
 
 namespace {
@@ -154,11 +156,23 @@ bool probe_single_copy(int pid, uint64_t address, uint64_t expect) {
   return process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof(got)) && got == expect;
 }
 
+namespace {
+// A choice per class of messages (cost_class): class 0 applies from one slot up, the others to
+// their own sizes.
+std::vector<SingleCopyChoice> make_choices(const ShmEndpoint& ep) {
+  std::vector<SingleCopyChoice> c;
+  for (int k = 0; k < kCostClasses; ++k)
+    c.emplace_back(k == 0 ? ep.out->slot_size : kSmallestChosen, ep.cma_threshold, ep.cma_adaptive,
+                   k == 0 ? SingleCopyChoice::kBurst : SingleCopyChoice::kSubSlotBurst);
+  return c;
+}
+}  // namespace
+
 ShmConnection::ShmConnection(int rank, int peer, int channel, ShmEndpoint ep)
     : Connection(rank, peer, channel),
       ep_(ep),
       cma_(ep.out->cma_ok != 0),
-      choice_(ep.out->slot_size, ep.cma_threshold, ep.cma_adaptive) {}
+      choices_(make_choices(ep)) {}
 
 unsigned char* ShmConnection::slot(FifoControl* f, uint64_t index) const {
   FifoLayout l{f->slots, f->slot_size};
@@ -172,6 +186,13 @@ double ns_since(Clock::time_point t0) { return std::chrono::duration<double, std
 double cost_of(const std::atomic<uint64_t>& word) { return std::bit_cast<double>(word.load(std::memory_order_relaxed)); }
 void publish_cost(std::atomic<uint64_t>& word, const RateAverage& r) {
   word.store(std::bit_cast<uint64_t>(r.ns_per_mib()), std::memory_order_relaxed);
+}
+// The class whose rate a copy through the FIFO measures: full slots (class 0), or a message under
+// one slot, which takes a single slot (the class of its size); -1 for the rest (the last fragment
+// of a large message, small messages).
+int measured_class(uint64_t fragment_bytes, uint64_t message_bytes, uint64_t slot_size) {
+  if (fragment_bytes == slot_size) return 0;
+  return message_bytes < slot_size ? cost_class(message_bytes, slot_size) : -1;
 }
 
 #ifndef MADV_POPULATE_WRITE
@@ -235,10 +256,9 @@ bool ShmConnection::relieve() {
   return false;
 }
 
-PairCosts ShmConnection::pair_costs() const {
-  const FifoControl *out = ep_.out, *in = ep_.in;
-  return {cost_of(out->send_cost), cost_of(out->recv_cost), cost_of(out->cma_cost),
-          cost_of(in->send_cost),  cost_of(in->recv_cost),  cost_of(in->cma_cost)};
+PairCosts ShmConnection::pair_costs(int cost_class) const {
+  const FifoControl::Costs &out = ep_.out->costs[cost_class], &in = ep_.in->costs[cost_class];
+  return {cost_of(out.send), cost_of(out.recv), cost_of(out.cma), cost_of(in.send), cost_of(in.recv), cost_of(in.cma)};
 }
 
 bool ShmConnection::progress_send() {
@@ -277,9 +297,11 @@ bool ShmConnection::progress_send() {
       bool single = false;
       if (ep_.same_process) {
         single = op.bytes >= ep_.cma_threshold;
+      } else if (const int k = cost_class(op.bytes, slot_size); k < 0) {
+        single = op.bytes >= ep_.cma_threshold;
       } else {
-        const PairCosts c = pair_costs();
-        single = choice_.single_copy(op.bytes, c);
+        const PairCosts c = pair_costs(k);
+        single = choices_[static_cast<size_t>(k)].single_copy(op.bytes, c);
         TUTTI_TRACE(log::kShm, "{}: {} bytes by {}; ns/MiB out send {:.0f} recv {:.0f} single {:.0f}, in send {:.0f} recv {:.0f} single {:.0f}",
                     where(), op.bytes, single ? "single copy" : "FIFO", c.send_out, c.recv_out, c.cma_out, c.send_in,
                     c.recv_in, c.cma_in);
@@ -295,11 +317,13 @@ bool ShmConnection::progress_send() {
       op.offset = op.bytes;
     } else {
       h.fragment_bytes = std::min<uint64_t>(slot_size, op.bytes - op.offset);
-      if (measuring_sends() && h.fragment_bytes == slot_size) {  // full slots: the rate the choice compares
+      // The rates the choice compares: full slots, and messages under one slot by their size.
+      if (const int k = measuring_sends() ? measured_class(h.fragment_bytes, op.bytes, slot_size) : -1; k >= 0) {
         const auto t0 = Clock::now();
         std::memcpy(s + sizeof(SlotHeader), op.data + op.offset, h.fragment_bytes);
-        choice_.sent(h.fragment_bytes, ns_since(t0));
-        f->send_cost.store(std::bit_cast<uint64_t>(choice_.send_ns_per_mib()), std::memory_order_relaxed);
+        SingleCopyChoice& choice = choices_[static_cast<size_t>(k)];
+        choice.sent(h.fragment_bytes, ns_since(t0));
+        f->costs[k].send.store(std::bit_cast<uint64_t>(choice.send_ns_per_mib()), std::memory_order_relaxed);
       } else if (h.fragment_bytes) {
         std::memcpy(s + sizeof(SlotHeader), op.data + op.offset, h.fragment_bytes);
       }
@@ -399,9 +423,10 @@ void ShmConnection::take_reference(const SlotHeader& h, const unsigned char* s, 
     unsigned char* into = to ? to : op.reduce ? (bounce_.resize(h.fragment_bytes), bounce_.data()) : op.data;
     const auto t0 = Clock::now();
     copy_from_peer(into, h.source_address, h.fragment_bytes);
-    if (measuring_receives() && h.fragment_bytes >= in->slot_size) {
-      cma_rate_.add(h.fragment_bytes, ns_since(t0));
-      publish_cost(in->cma_cost, cma_rate_);
+    if (const int k = cost_class(h.fragment_bytes, in->slot_size); measuring_receives() && k >= 0) {
+      RateAverage& rate = cma_rate_[static_cast<size_t>(k)];
+      rate.add(h.fragment_bytes, ns_since(t0));
+      publish_cost(in->costs[k].cma, rate);
     }
     if (!to && op.reduce) deliver(op, 0, bounce_.data(), h.fragment_bytes);
   }
@@ -479,11 +504,13 @@ bool ShmConnection::progress_recv() {
       take_reference(h, s, op, nullptr);
       op.offset = op.bytes;
     } else {
-      if (measuring_receives() && !op.reduce && h.fragment_bytes == f->slot_size) {
+      const int k = measuring_receives() && !op.reduce ? measured_class(h.fragment_bytes, h.message_bytes, f->slot_size) : -1;
+      if (k >= 0) {
         const auto t0 = Clock::now();
         deliver(op, op.offset, s + sizeof(SlotHeader), h.fragment_bytes);
-        recv_rate_.add(h.fragment_bytes, ns_since(t0));
-        publish_cost(f->recv_cost, recv_rate_);
+        RateAverage& rate = recv_rate_[static_cast<size_t>(k)];
+        rate.add(h.fragment_bytes, ns_since(t0));
+        publish_cost(f->costs[k].recv, rate);
       } else {
         deliver(op, op.offset, s + sizeof(SlotHeader), h.fragment_bytes);
       }

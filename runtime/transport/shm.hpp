@@ -6,8 +6,8 @@
 // messages of at least `cma_threshold` bytes travel by single copy: the sender publishes its
 // buffer's address in one slot and the receiver copies straight from the sender's memory with
 // process_vm_readv (memcpy when both ranks are threads of one process), then acknowledges. Between
-// processes, messages of a slot or more below the threshold take whichever of the two the
-// connection measures faster (single_copy_choice.hpp).
+// processes, messages of 16 KiB or more below the threshold take whichever of the two the
+// connection measures faster for messages of their size (single_copy_choice.hpp).
 // Single copy is probed at setup and replaced by the FIFO when the kernel forbids it.
 //
 // Memory ordering (per FIFO):
@@ -29,6 +29,7 @@
 // completes without waiting for the receiving plan, exactly as verified; the price is a second copy
 // only for messages that arrive before their receive.
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -60,13 +61,17 @@ struct alignas(64) FifoControl {
   alignas(64) uint32_t cma_ok;                 // receiver can read the sender's memory (set at setup)
   uint32_t slots;
   uint64_t slot_size;
-  // Costs, ns per MiB as double bits (0: not measured), which both ends read to choose between the
-  // FIFO and single copy (single_copy_choice.hpp): the receiver's plain copies out of full slots and
-  // its single-copy reads, the sender's copies into full slots. Relaxed: a stale value only delays a
-  // choice.
-  alignas(64) std::atomic<uint64_t> recv_cost;
-  std::atomic<uint64_t> cma_cost;
-  std::atomic<uint64_t> send_cost;
+  // Costs per class of messages (single_copy_choice.hpp, cost_class), which both ends read to
+  // choose between the FIFO and single copy.
+  struct alignas(64) Costs {
+    // ns per MiB as double bits (0: not measured): the receiver's plain copies out of the class's
+    // slots and its single-copy reads, the sender's copies into them. Relaxed: a stale value only
+    // delays a choice.
+    std::atomic<uint64_t> recv;
+    std::atomic<uint64_t> cma;
+    std::atomic<uint64_t> send;
+  };
+  Costs costs[kCostClasses];
 };
 
 // How a slot carries its fragment.
@@ -146,8 +151,10 @@ class ShmConnection : public Connection {
   void set_single_copy(uint64_t threshold, bool adaptive) override {
     ep_.cma_threshold = threshold;
     ep_.cma_adaptive = adaptive;
-    choice_.set_threshold(threshold);
-    choice_.set_adaptive(adaptive);
+    for (SingleCopyChoice& c : choices_) {
+      c.set_threshold(threshold);
+      c.set_adaptive(adaptive);
+    }
   }
 
  protected:
@@ -157,8 +164,9 @@ class ShmConnection : public Connection {
  private:
   bool progress_send();
   bool progress_recv();
-  // Both directions' measured costs, as both ends read them (single_copy_choice.hpp).
-  PairCosts pair_costs() const;
+  // Both directions' measured costs of a class of messages, as both ends read them
+  // (single_copy_choice.hpp).
+  PairCosts pair_costs(int cost_class) const;
   bool pull_ahead();
   // Reads slot `index`'s header and checks its checksum.
   SlotHeader read_header(const unsigned char* slot) const;
@@ -172,10 +180,11 @@ class ShmConnection : public Connection {
 
   ShmEndpoint ep_;
   bool cma_;
-  // Between processes: FIFO or single copy for each large message, and the receiver's measured
-  // costs (published in ep_.in) that the peer's choice reads.
-  SingleCopyChoice choice_;
-  RateAverage recv_rate_, cma_rate_;
+  // Between processes: FIFO or single copy for each message of 16 KiB or more, a choice per class
+  // of messages (cost_class), and the receiver's measured costs of each class (published in ep_.in)
+  // that the peer's choices read.
+  std::vector<SingleCopyChoice> choices_;
+  std::array<RateAverage, kCostClasses> recv_rate_, cma_rate_;
   size_t out_populated_ = 0, in_populated_ = 0;  // bytes of every FIFO slot mapped (populate() in shm.cpp)
   uint64_t head_ = 0, tail_seen_ = 0;  // sender side
   uint64_t tail_ = 0, head_seen_ = 0;  // receiver side

@@ -15,7 +15,8 @@
 // What is measured (nanoseconds per MiB, each the median of its last three samples): the sender's
 // copy into full FIFO slots, the receiver's copy out of them (plain copies, not reductions), and the
 // receiver's single-copy reads. Each side publishes its own in the control block of the FIFO it
-// sends or receives on, so both ends of a connection see all six figures.
+// sends or receives on, so both ends of a connection see all six figures. Messages under one slot
+// (below) have six figures per class of sizes, measured on whole messages of that class.
 //
 // Both directions choose alike. In an exchange (every rank of a ring or an all-gather sends and
 // receives at once) one direction by FIFO and the other by single copy is slower than either: one
@@ -26,7 +27,7 @@
 // sides, both make the same choice. A direction with nothing
 // measured yet (traffic one way only) leaves the other to decide alone.
 //
-// The loser is measured in bursts of kBurst messages: single copy first once the FIFO is measured,
+// The loser is measured in bursts of kBurst messages (kSubSlotBurst under one slot): single copy first once the FIFO is measured,
 // then every kProbeCma eligible messages while the FIFO wins, the FIFO every kProbeFifo while
 // single copy wins, so that a move of the cores is noticed. A burst, not one message: single copy's
 // first reads after a stretch of FIFO traffic run slower than later ones (200-280 us per MiB, falling
@@ -34,14 +35,34 @@
 // and a lone probe's figure kept a connection on the FIFO where single copy was the faster; the
 // median of a burst's last three reads comes closer to the rate single copy would keep. Both sides
 // count their own messages, so in an exchange their bursts coincide.
-// Messages below one FIFO slot always use the FIFO; messages of at least the fixed threshold
-// (TUTTI_SHM_CMA_THRESHOLD, the calibration's) always use single copy; with adaptation off
-// (TUTTI_SHM_CMA_ADAPTIVE=0, or the threshold set by the user) only the threshold decides.
+//
+// Messages under one slot are chosen for too, from 16 KiB up, in classes of their own: powers of
+// two (16-32 KiB, 32-64 KiB, ...), each with its own six figures and its own choice. Far apart, a
+// 2-process broadcast of 16-64 KiB through the FIFO took twice Open MPI's single copy (7-17 us
+// against 4-7), and near, the FIFO was the faster; but a rate measured on full slots does not hold
+// for them, because a single-copy read's system call (about a microsecond) weighs more the smaller
+// the message. Below 16 KiB that call costs more than the FIFO's copies: always the FIFO. Messages
+// of at least the fixed threshold (TUTTI_SHM_CMA_THRESHOLD, the calibration's) always use single
+// copy; with adaptation off (TUTTI_SHM_CMA_ADAPTIVE=0, or the threshold set by the user) only the
+// threshold decides.
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 
 namespace tutti {
+
+// The classes of messages the choice is made for apart (above): class 0 for messages of a FIFO
+// slot or more, classes 1.. for powers of two from kSmallestChosen up to the slot (slots larger than
+// the last class's range share it), -1 for smaller messages, which always take the FIFO.
+inline constexpr uint64_t kSmallestChosen = 16 << 10;
+inline constexpr int kCostClasses = 7;
+inline int cost_class(uint64_t bytes, uint64_t slot_size) {
+  if (bytes >= slot_size) return 0;
+  if (bytes < kSmallestChosen) return -1;
+  const int above = std::bit_width(bytes / kSmallestChosen);  // 1 for 16-32 KiB, 2 for 32-64 KiB, ...
+  return std::min(above, kCostClasses - 1);
+}
 
 // A cost per MiB: the median of the last three samples (0: nothing measured yet), so one copy that
 // the scheduler interrupted (a sample 100 times too slow) does not swing the choice, while a lasting
@@ -77,11 +98,16 @@ class SingleCopyChoice {
   static constexpr uint64_t kProbeFifo = 256;   // while single copy wins: a burst through the FIFO every this many
   static constexpr uint64_t kFirstProbe = 8;    // single copy's first burst, once the FIFO is measured
   static constexpr int kBurst = 6;              // messages of a burst
+  // Messages under one slot: a burst of 3 (a median's worth). In a near placement their single
+  // copies cost 4-7 times the FIFO's (16 KiB: 230 against 60 us per MiB), and 6 of them made a
+  // 25-call 2-process all-gather of 32 KiB 40 % slower; the first read of a burst is the slow one.
+  static constexpr int kSubSlotBurst = 3;
 
   // min_bytes: the smallest message the choice applies to (a FIFO slot); threshold: from this size
   // on always single copy; adaptive: whether the measured rates decide below the threshold.
-  SingleCopyChoice(uint64_t min_bytes, uint64_t threshold, bool adaptive)
-      : min_bytes_(min_bytes), threshold_(threshold), adaptive_(adaptive) {}
+  // burst: messages of a burst (kBurst, or kSubSlotBurst for a class under one slot).
+  SingleCopyChoice(uint64_t min_bytes, uint64_t threshold, bool adaptive, int burst = kBurst)
+      : min_bytes_(min_bytes), threshold_(threshold), adaptive_(adaptive), burst_(burst) {}
 
   void set_threshold(uint64_t bytes) { threshold_ = bytes; }
   void set_adaptive(bool on) { adaptive_ = on; }
@@ -104,7 +130,7 @@ class SingleCopyChoice {
     if (!probe) return prefer;
     tried_ = true;
     burst_cma_ = !prefer;
-    burst_left_ = kBurst - 1;
+    burst_left_ = burst_ - 1;
     return burst_cma_;
   }
   // Single copy must win by 10 %: near-ties stay with the FIFO, whose sends complete eagerly.
@@ -121,6 +147,7 @@ class SingleCopyChoice {
  private:
   uint64_t min_bytes_, threshold_;
   bool adaptive_;
+  int burst_;
   uint64_t eligible_ = 0;  // messages the measured choice applied to
   int burst_left_ = 0;     // messages left in the current burst
   bool burst_cma_ = false;
