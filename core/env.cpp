@@ -36,7 +36,7 @@ constexpr Variable kVariables[] = {
      "Slots in each shared-memory FIFO. 2 MiB per direction keeps both ranks of a 2-core exchange busy; 1 MiB "
      "left them waiting for each other (docs/PERFORMANCE.md)."},
     {"TUTTI_SHM_SLOT_SIZE", "", "128K", "Bytes per shared-memory FIFO slot."},
-    {"TUTTI_SHM_CMA", "", "1", "Use single-copy process_vm_readv for large shared-memory messages (0 disables)."},
+    {"TUTTI_SHM_CMA", "", "1", "Use single-copy process_vm_readv for shared-memory messages between processes, where measured faster or from TUTTI_SHM_CMA_THRESHOLD up (0 disables)."},
     {"TUTTI_SHM_ZERO_COPY_THRESHOLD", "", "32K",
      "Shared-memory messages of at least this size go by reference when the receiver can read the source in place "
      "(ranks that are threads of one process, or buffers from ncclMemAlloc): one copy, no system call."},

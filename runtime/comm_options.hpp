@@ -19,8 +19,8 @@ struct CommOptions {
   uint64_t shm_slot_size = 128 << 10;
   bool shm_single_copy = true;
   uint64_t shm_single_copy_threshold = 64 << 20;
-  // Below the threshold, messages of a FIFO slot or more choose the FIFO or single copy by the
-  // rates measured on each connection (runtime/transport/single_copy_choice.hpp).
+  // Below the threshold, messages of 16 KiB or more choose the FIFO or single copy by the rates
+  // measured on each connection (runtime/transport/single_copy_choice.hpp).
   bool shm_single_copy_adaptive = true;
   uint64_t shm_zero_copy_threshold = 32 << 10;
   bool huge_pages = true;  // TUTTI_HUGE_PAGES: one-shot outboxes, and FIFOs that full slots stream through, on huge pages

@@ -352,7 +352,7 @@ TEST(SingleCopyChoice, ThresholdAndSlotBoundTheMeasuredChoice) {
   SingleCopyChoice c(slot, 8 << 20, true);
   const PairCosts slow_fifo = one_way(100'000, 400'000, 1'000);  // single copy wins wherever the rates decide
   for (int m = 0; m < 100; ++m) {
-    EXPECT_FALSE(c.single_copy(slot - 1, slow_fifo)) << "below one slot: always the FIFO";
+    EXPECT_FALSE(c.single_copy(slot - 1, slow_fifo)) << "below its smallest message: always the FIFO";
     EXPECT_TRUE(c.single_copy(8 << 20, one_way(1, 1, 1'000'000))) << "at the threshold: always single copy";
   }
   // Adaptation off (TUTTI_SHM_CMA_ADAPTIVE=0 or a threshold the user set): the threshold alone.
@@ -377,7 +377,14 @@ TEST(SingleCopyChoice, MessagesUnderASlotAreChosenForByClassesOfSize) {
   const uint64_t big = 64 << 20;
   EXPECT_EQ(cost_class(4 << 20, big), kCostClasses - 1);
   EXPECT_EQ(cost_class(big - 1, big), kCostClasses - 1);
-  // Their bursts are shorter: single copy's first burst, then the FIFO wins again.
+  // Which class a copy through the FIFO is timed for: a full slot is class 0, a message under a slot
+  // its own class, and the last, partial fragment of a large message none (it is not a full slot's
+  // rate, and the message was chosen for in class 0).
+  EXPECT_EQ(measured_class(slot, 3 * slot, slot), 0);
+  EXPECT_EQ(measured_class(slot / 2, slot + slot / 2, slot), -1);
+  EXPECT_EQ(measured_class(40 << 10, 40 << 10, slot), 2);
+  EXPECT_EQ(measured_class(8 << 10, 8 << 10, slot), -1);
+  // Their probing bursts are shorter: with single copy never measured, one burst of kSubSlotBurst.
   SingleCopyChoice sub(kSmallestChosen, 64 << 20, true, SingleCopyChoice::kSubSlotBurst);
   EXPECT_EQ(count_single(sub, one_way(25'000, 35'000, 0), static_cast<int>(SingleCopyChoice::kProbeCma) - 1),
             SingleCopyChoice::kSubSlotBurst);

@@ -184,15 +184,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ns_since(Clock::time_point t0) { return std::chrono::duration<double, std::nano>(Clock::now() - t0).count(); }
 double cost_of(const std::atomic<uint64_t>& word) { return std::bit_cast<double>(word.load(std::memory_order_relaxed)); }
-void publish_cost(std::atomic<uint64_t>& word, const RateAverage& r) {
-  word.store(std::bit_cast<uint64_t>(r.ns_per_mib()), std::memory_order_relaxed);
-}
-// The class whose rate a copy through the FIFO measures: full slots (class 0), or a message under
-// one slot, which takes a single slot (the class of its size); -1 for the rest (the last fragment
-// of a large message, small messages).
-int measured_class(uint64_t fragment_bytes, uint64_t message_bytes, uint64_t slot_size) {
-  if (fragment_bytes == slot_size) return 0;
-  return message_bytes < slot_size ? cost_class(message_bytes, slot_size) : -1;
+// Stores a measured cost where the peer reads it, only when it moved by more than 2 %: the peer's
+// copy of the line then stays valid between changes (FifoControl::Costs).
+void publish_cost(std::atomic<uint64_t>& word, double ns_per_mib) {
+  const double was = cost_of(word);
+  if (was == 0 || ns_per_mib < 0.98 * was || ns_per_mib > 1.02 * was)
+    word.store(std::bit_cast<uint64_t>(ns_per_mib), std::memory_order_relaxed);
 }
 
 #ifndef MADV_POPULATE_WRITE
@@ -323,7 +320,7 @@ bool ShmConnection::progress_send() {
         std::memcpy(s + sizeof(SlotHeader), op.data + op.offset, h.fragment_bytes);
         SingleCopyChoice& choice = choices_[static_cast<size_t>(k)];
         choice.sent(h.fragment_bytes, ns_since(t0));
-        f->costs[k].send.store(std::bit_cast<uint64_t>(choice.send_ns_per_mib()), std::memory_order_relaxed);
+        publish_cost(f->costs[k].send, choice.send_ns_per_mib());
       } else if (h.fragment_bytes) {
         std::memcpy(s + sizeof(SlotHeader), op.data + op.offset, h.fragment_bytes);
       }
@@ -426,7 +423,7 @@ void ShmConnection::take_reference(const SlotHeader& h, const unsigned char* s, 
     if (const int k = cost_class(h.fragment_bytes, in->slot_size); measuring_receives() && k >= 0) {
       RateAverage& rate = cma_rate_[static_cast<size_t>(k)];
       rate.add(h.fragment_bytes, ns_since(t0));
-      publish_cost(in->costs[k].cma, rate);
+      publish_cost(in->costs[k].cma, rate.ns_per_mib());
     }
     if (!to && op.reduce) deliver(op, 0, bounce_.data(), h.fragment_bytes);
   }
@@ -510,7 +507,7 @@ bool ShmConnection::progress_recv() {
         deliver(op, op.offset, s + sizeof(SlotHeader), h.fragment_bytes);
         RateAverage& rate = recv_rate_[static_cast<size_t>(k)];
         rate.add(h.fragment_bytes, ns_since(t0));
-        publish_cost(f->costs[k].recv, rate);
+        publish_cost(f->costs[k].recv, rate.ns_per_mib());
       } else {
         deliver(op, op.offset, s + sizeof(SlotHeader), h.fragment_bytes);
       }

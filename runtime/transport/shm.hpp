@@ -63,13 +63,15 @@ struct alignas(64) FifoControl {
   uint64_t slot_size;
   // Costs per class of messages (single_copy_choice.hpp, cost_class), which both ends read to
   // choose between the FIFO and single copy.
-  struct alignas(64) Costs {
-    // ns per MiB as double bits (0: not measured): the receiver's plain copies out of the class's
-    // slots and its single-copy reads, the sender's copies into them. Relaxed: a stale value only
-    // delays a choice.
-    std::atomic<uint64_t> recv;
+  // ns per MiB as double bits (0: not measured): the receiver's plain copies out of the class's
+  // slots and its single-copy reads, the sender's copies into them. Relaxed: a stale value only
+  // delays a choice. The receiver's and the sender's words on lines of their own, and each stored
+  // only when it moves (publish_cost in shm.cpp): a message of 16 KiB takes 1-2 us, and a line both
+  // ends write at every message would cross between the cores each time.
+  struct Costs {
+    alignas(64) std::atomic<uint64_t> recv;
     std::atomic<uint64_t> cma;
-    std::atomic<uint64_t> send;
+    alignas(64) std::atomic<uint64_t> send;
   };
   Costs costs[kCostClasses];
 };

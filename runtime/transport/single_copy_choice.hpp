@@ -1,6 +1,6 @@
 #pragma once
-// Whether a large shared-memory message between two processes goes through the FIFO or by single
-// copy (process_vm_readv), chosen per message from the rates measured on the connection.
+// Whether a shared-memory message of 16 KiB or more between two processes goes through the FIFO or
+// by single copy (process_vm_readv), chosen per message from the rates measured on the connection.
 //
 // Why measured and not a constant: which one is faster is not a property of the machine but of
 // where its cores sit at the moment. On our 2-core VM the hypervisor moves the two vCPUs between
@@ -27,9 +27,9 @@
 // sides, both make the same choice. A direction with nothing
 // measured yet (traffic one way only) leaves the other to decide alone.
 //
-// The loser is measured in bursts of kBurst messages (kSubSlotBurst under one slot): single copy first once the FIFO is measured,
-// then every kProbeCma eligible messages while the FIFO wins, the FIFO every kProbeFifo while
-// single copy wins, so that a move of the cores is noticed. A burst, not one message: single copy's
+// The loser is measured in bursts of kBurst messages (kSubSlotBurst under one slot): single copy
+// first once the FIFO is measured, then every kProbeCma eligible messages while the FIFO wins, the
+// FIFO every kProbeFifo while single copy wins, so that a move of the cores is noticed. A burst, not one message: single copy's
 // first reads after a stretch of FIFO traffic run slower than later ones (200-280 us per MiB, falling
 // to about 90 over a few dozen MiB in a run of single copies only; the cause was not pinned down),
 // and a lone probe's figure kept a connection on the FIFO where single copy was the faster; the
@@ -41,10 +41,14 @@
 // 2-process broadcast of 16-64 KiB through the FIFO took twice Open MPI's single copy (7-17 us
 // against 4-7), and near, the FIFO was the faster; but a rate measured on full slots does not hold
 // for them, because a single-copy read's system call (about a microsecond) weighs more the smaller
-// the message. Below 16 KiB that call costs more than the FIFO's copies: always the FIFO. Messages
-// of at least the fixed threshold (TUTTI_SHM_CMA_THRESHOLD, the calibration's) always use single
-// copy; with adaptation off (TUTTI_SHM_CMA_ADAPTIVE=0, or the threshold set by the user) only the
-// threshold decides.
+// the message. Below 16 KiB that call costs more than the FIFO's copies: always the FIFO.
+// Two limits, as for full slots but weighing more here: a single-copy send completes only when the
+// receiver has read it, a wait the measured rates leave out (the FIFO's sends complete eagerly, hence
+// the 10 % margin); and an exchange whose two directions' sizes fall in different classes (chunks of
+// 32767 and 32768 bytes) sees nothing measured for the other direction, so each end decides alone.
+// Messages of at least the fixed threshold (TUTTI_SHM_CMA_THRESHOLD, the calibration's) always use
+// single copy; with adaptation off (TUTTI_SHM_CMA_ADAPTIVE=0, or the threshold set by the user)
+// only the threshold decides.
 
 #include <algorithm>
 #include <bit>
@@ -62,6 +66,13 @@ inline int cost_class(uint64_t bytes, uint64_t slot_size) {
   if (bytes < kSmallestChosen) return -1;
   const int above = std::bit_width(bytes / kSmallestChosen);  // 1 for 16-32 KiB, 2 for 32-64 KiB, ...
   return std::min(above, kCostClasses - 1);
+}
+// The class whose rate a copy through the FIFO measures: full slots (class 0), or a message under
+// one slot, which takes a single slot (the class of its size); -1 for the rest (the last fragment
+// of a large message, small messages).
+inline int measured_class(uint64_t fragment_bytes, uint64_t message_bytes, uint64_t slot_size) {
+  if (fragment_bytes == slot_size) return 0;
+  return message_bytes < slot_size ? cost_class(message_bytes, slot_size) : -1;
 }
 
 // A cost per MiB: the median of the last three samples (0: nothing measured yet), so one copy that
@@ -103,7 +114,8 @@ class SingleCopyChoice {
   // 25-call 2-process all-gather of 32 KiB 40 % slower; the first read of a burst is the slow one.
   static constexpr int kSubSlotBurst = 3;
 
-  // min_bytes: the smallest message the choice applies to (a FIFO slot); threshold: from this size
+  // min_bytes: the smallest message the choice applies to (a FIFO slot for class 0,
+  // kSmallestChosen for the classes under a slot); threshold: from this size
   // on always single copy; adaptive: whether the measured rates decide below the threshold.
   // burst: messages of a burst (kBurst, or kSubSlotBurst for a class under one slot).
   SingleCopyChoice(uint64_t min_bytes, uint64_t threshold, bool adaptive, int burst = kBurst)
