@@ -291,10 +291,9 @@ bool ShmConnection::progress_send() {
       }
     }
     if (h.mode == SlotMode::kInline && !op.started && cma_ && op.bytes > 0) {
+      // Threads of one process, and messages under 16 KiB: the threshold alone.
       bool single = false;
-      if (ep_.same_process) {
-        single = op.bytes >= ep_.cma_threshold;
-      } else if (const int k = cost_class(op.bytes, slot_size); k < 0) {
+      if (const int k = ep_.same_process ? -1 : cost_class(op.bytes, slot_size); k < 0) {
         single = op.bytes >= ep_.cma_threshold;
       } else {
         const PairCosts c = pair_costs(k);
