@@ -164,6 +164,7 @@ Work post_collective(ApiState& s, const char* name, CollectiveCall call, const s
               static_cast<int>(call.reduction.type));
   TUTTI_CHECK(call.reduction.op != RedOp::kPreMulSum, InvalidArgument,
               "rank {}: {}: premulsum needs a scalar: use the NCCL API (ncclRedOpCreatePreMulSum)", s.comm->rank(), name);
+  check_call_sizes(call, s.comm->size(), s.comm->rank(), name);
   auto work = std::make_shared<WorkState>();
   work->queue = s.queue;
   work->ticket = s.queue->post([&s, call] {
@@ -238,11 +239,14 @@ Work post_transfer(ApiState& s, P2pTransfer t, const char* name) {
 }  // namespace
 
 Work Comm::send(const void* in, size_t count, DataType type, int peer) {
-  return post_transfer(state_of(state_, "send"), {true, peer, const_cast<void*>(in), count * size_of(type)}, "send");
+  ApiState& s = state_of(state_, "send");
+  return post_transfer(s, {true, peer, const_cast<void*>(in), checked_transfer_bytes(in, count, type, s.comm->rank(), "send")},
+                       "send");
 }
 
 Work Comm::recv(void* out, size_t count, DataType type, int peer) {
-  return post_transfer(state_of(state_, "recv"), {false, peer, out, count * size_of(type)}, "recv");
+  ApiState& s = state_of(state_, "recv");
+  return post_transfer(s, {false, peer, out, checked_transfer_bytes(out, count, type, s.comm->rank(), "recv")}, "recv");
 }
 
 void Comm::group_start() {

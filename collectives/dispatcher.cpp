@@ -1,5 +1,7 @@
 #include "collectives/dispatcher.hpp"
 
+#include "core/address_space.hpp"
+
 #include "collectives/calibrate.hpp"
 #include "collectives/oneshot.hpp"
 #include "compiler/simulate.hpp"
@@ -46,13 +48,37 @@ int64_t output_elems(Collective c, int64_t count, int n) {
   return c == Collective::kAllGather || c == Collective::kAllToAll ? count * n : count;
 }
 
+// How many `count`s a call's input and output buffers hold.
+int64_t input_parts(Collective c, int n) {
+  return c == Collective::kReduceScatter || c == Collective::kAllToAll || c == Collective::kScatter ? n : 1;
+}
+int64_t output_parts(Collective c, int n) {
+  return c == Collective::kAllGather || c == Collective::kAllToAll || c == Collective::kGather ? n : 1;
+}
+
+void check_buffer_size(const void* buffer, uint64_t count, DataType type, int64_t parts, const char* what, int rank,
+                       const char* fn) {
+  const std::optional<uint64_t> bytes = checked_bytes(count, size_of(type), static_cast<uint64_t>(parts));
+  TUTTI_CHECK(bytes, InvalidArgument, "{}: rank {}: count {} of {}{} overflows a 64-bit byte size ({})", fn, rank, count,
+              name(type), parts > 1 ? fmt::format(" times {} ranks", parts) : "", what);
+  TUTTI_CHECK(!buffer || addressable(buffer, *bytes), InvalidArgument,
+              "{}: rank {}: {} at {} with count {} of {} ({} bytes) ends past this process's memory", fn, rank, what,
+              buffer, count, name(type), *bytes);
+}
+
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), ::tolower);
   return s;
 }
 
+// Where each loaded plan came from, for the warning about two plans of one name.
+std::map<const PreparedPlan*, std::string>& plan_sources() {
+  static std::map<const PreparedPlan*, std::string> sources;
+  return sources;
+}
+
 // Adds the plan in `path` to `out`, verified; throws InvalidArgument naming the file if it cannot be
-// read or verified. A plan `out` holds already is not added twice (a warning names both).
+// read or verified. A plan `out` holds already is not added twice (a warning names both files).
 void add_plan(std::vector<std::shared_ptr<const PreparedPlan>>& out, const std::string& path) {
   plan::Plan p = plan::load_file(path);
   try {
@@ -63,14 +89,19 @@ void add_plan(std::vector<std::shared_ptr<const PreparedPlan>>& out, const std::
   for (const auto& other : out)
     if (other->plan.name == p.name && other->plan.collective == p.collective && other->plan.nranks == p.nranks &&
         other->plan.inplace == p.inplace) {
-      TUTTI_WARN("plan '{}' from {} is loaded already (the same name, collective, ranks and in-place kind, e.g. as "
-                 "JSON and as MSCCL XML); the first one is used",
-                 p.name, path);
+      auto source = plan_sources().find(other.get());
+      TUTTI_WARN("plan '{}' ({} for {} ranks) is in {} and in {}; the one from {} is used: the first loaded wins "
+                 "(TUTTI_PLAN_DIR in name order, then MSCCL_XML_FILES in the order given, then MSCCL_ALGO_DIR; "
+                 "rename one to use both)",
+                 p.name, to_string(p.collective), p.nranks,
+                 source != plan_sources().end() ? source->second : "an earlier load", path,
+                 source != plan_sources().end() ? source->second : "the earlier load");
       return;
     }
   TUTTI_INFO(log::kTuning, "loaded plan '{}' ({} for {} ranks, {}..{} bytes) from {}", p.name, to_string(p.collective),
              p.nranks, p.min_bytes, p.max_bytes, path);
   out.push_back(PreparedPlan::make(std::move(p)));
+  plan_sources()[out.back().get()] = path;
 }
 
 // The environment's plans: one that cannot be used is skipped with a warning, not an error.
@@ -78,6 +109,10 @@ void load_into(std::vector<std::shared_ptr<const PreparedPlan>>& out, const std:
   try {
     add_plan(out, path);
   } catch (const Error& e) {
+    TUTTI_WARN("ignoring plan {}: {}", path, e.what());
+  } catch (const std::bad_alloc&) {
+    TUTTI_WARN("ignoring plan {}: out of memory while reading it", path);
+  } catch (const std::exception& e) {
     TUTTI_WARN("ignoring plan {}: {}", path, e.what());
   }
 }
@@ -415,7 +450,7 @@ void Dispatcher::check_consistent(const CollectiveCall& call) {
   w.put<int32_t>(static_cast<int32_t>(call.collective)).put<int64_t>(call.count);
   w.put<int32_t>(static_cast<int32_t>(call.reduction.type)).put<int32_t>(static_cast<int32_t>(call.reduction.op));
   w.put<int32_t>(call.root);
-  auto all = comm_.bootstrap().allgather(w.bytes());
+  auto all = comm_.bootstrap().allgather(w.bytes(), BootstrapOp::kCallCheck);
   for (int r = 0; r < comm_.size(); ++r) {
     wire::Reader rd(all[r], "TUTTI_CHECK header");
     auto coll = static_cast<Collective>(rd.get<int32_t>());
@@ -495,6 +530,20 @@ double Dispatcher::predict_us(const CollectiveCall& call) {
   }
   const plan::Plan& p = choice.oneshot ? fallback : choice.plan->plan;
   return plan::simulate(p, t, static_cast<uint64_t>(call.count * esize), model).time_us;
+}
+
+void check_call_sizes(const CollectiveCall& call, int nranks, int rank, const char* fn) {
+  TUTTI_CHECK(call.count >= 0, InvalidArgument, "{}: rank {}: count {} is past 2^63", fn, rank,
+              static_cast<uint64_t>(call.count));
+  const auto count = static_cast<uint64_t>(call.count);
+  check_buffer_size(call.input, count, call.reduction.type, input_parts(call.collective, nranks), "sendbuff", rank, fn);
+  check_buffer_size(call.output, count, call.reduction.type, output_parts(call.collective, nranks), "recvbuff", rank,
+                    fn);
+}
+
+size_t checked_transfer_bytes(const void* buffer, size_t count, DataType type, int rank, const char* fn) {
+  check_buffer_size(buffer, count, type, 1, "buffer", rank, fn);
+  return count * size_of(type);
 }
 
 void Dispatcher::run(const CollectiveCall& call) { run(call, res_->executor); }

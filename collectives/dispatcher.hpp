@@ -34,6 +34,14 @@ struct CollectiveCall {
   void* stream = nullptr;  // cudaStream_t the call is ordered on (device executors)
 };
 
+// The sizes of a call on `nranks` ranks, checked before anything else uses them (both APIs call it
+// first): InvalidArgument naming `fn` and the argument where count x element size (x ranks, for a
+// buffer that holds every rank's part) overflows or describes memory past what this process can
+// address. A wrapped size would move nothing and report success; an unaddressable one would crash.
+void check_call_sizes(const CollectiveCall& call, int nranks, int rank, const char* fn);
+// The bytes of a point-to-point transfer of `count` elements of `type`, checked the same way.
+size_t checked_transfer_bytes(const void* buffer, size_t count, DataType type, int rank, const char* fn);
+
 // What runs a call: a prepared plan, or the one-shot mailbox path (collectives/oneshot.hpp).
 struct Choice {
   std::shared_ptr<const PreparedPlan> plan;

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <set>
 #include <span>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "collectives/include/tutti_nccl.h"
 #include "compiler/plan.hpp"
 #include "compiler/verify.hpp"
+#include "core/address_space.hpp"
 #include "core/env.hpp"
 #include "core/log.hpp"
 #include "runtime/rendezvous.hpp"
@@ -60,6 +62,13 @@ struct Clique {
   std::vector<Parts> held;
 };
 
+// What ncclCommRegister's handle stands for.
+struct Registration {
+  void* buff;
+  size_t size;
+  bool device;  // registered with the communicator's device executor (plans read it in place)
+};
+
 struct ncclComm {
   static constexpr uint64_t kMagic = 0x74757474436f6d6dull;
   uint64_t magic = kMagic;
@@ -87,6 +96,7 @@ struct ncclComm {
   std::atomic<int> active{0};
   std::atomic<bool> closing{false};
   std::atomic<bool> revoked{false};  // ncclCommRevoke: only destroy, split and shrink from now on
+  std::atomic<bool> finalized{false};  // ncclCommFinalize was called (a second call is an error, as NCCL's)
   // ncclCommInitRank*: `comm` is set once `ready`; until then abort stops the rendezvous through
   // `init_state`, the runtime state the communicator will use.
   std::atomic<bool> ready{true};
@@ -99,6 +109,10 @@ struct ncclComm {
     bool live;
   };
   std::vector<UserOp> redops;
+  // Handles ncclCommRegister (and ncclCommWindowRegister) gave out and not yet deregistered: a handle
+  // is looked up here before it is used or freed, so a made-up or twice-freed one is an error.
+  std::mutex registrations_mu;
+  std::map<void*, std::unique_ptr<Registration>> registrations;
   std::shared_ptr<Clique> clique;  // made together with others by one thread; null otherwise
 };
 
@@ -133,7 +147,10 @@ ncclResult_t guard(const char* fn, F&& f) {
   try {
     return f();
   } catch (const Error& e) {
-    t_last_error = fmt::format("{}: {}", fn, e.what());
+    // Messages that already name the function are not prefixed twice.
+    const std::string_view what = e.what();
+    const bool named = what.starts_with(fn) && what.substr(std::strlen(fn)).starts_with(": ");
+    t_last_error = named ? std::string(what) : fmt::format("{}: {}", fn, what);
     rc = to_result(e.kind());
   } catch (const std::bad_alloc&) {
     t_last_error = fmt::format("{}: out of memory", fn);
@@ -435,7 +452,14 @@ std::vector<ncclResult_t> side_by_side(size_t n, const char* fn, const std::func
     one(0);
   } else {
     std::vector<std::thread> threads;
-    for (size_t k = 0; k < n; ++k) threads.emplace_back(one, k);
+    try {
+      for (size_t k = 0; k < n; ++k) threads.emplace_back(one, k);
+    } catch (const std::system_error& e) {  // the process is out of threads: those not started fail
+      for (size_t k = threads.size(); k < n; ++k) {
+        errors[k] = fmt::format("{}: starting thread {} of {}: {}", fn, k, n, e.what());
+        results[k] = ncclSystemError;
+      }
+    }
     for (auto& t : threads) t.join();
   }
   for (size_t k = 0; k < n; ++k)
@@ -526,6 +550,7 @@ ncclResult_t submit(const Use& use, PendingOp&& op) {
 }
 
 ncclResult_t collective(const Use& use, const char* fn, const CollectiveCall& call, cudaStream_t stream) {
+  check_call_sizes(call, use->comm->size(), use->comm->rank(), fn);
   CollectiveCall c = call;
   c.device = on_device(use.get(), {call.input, call.output}, fn);
   c.stream = stream;
@@ -606,9 +631,13 @@ NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* newcomm, int nranks, 
     TUTTI_CHECK(nranks >= 1, InvalidArgument, "ncclCommInitRank: nranks {} must be at least 1", nranks);
     TUTTI_CHECK(rank >= 0 && rank < nranks, InvalidArgument, "ncclCommInitRank: rank {} is out of range for {} ranks",
                 rank, nranks);
+    check_world_size(nranks, CommOptions::from_env());
     UniqueId id;
     std::memcpy(id.bytes.data(), commId.internal, UniqueId::kBytes);
-    TUTTI_CHECK(id.valid(), InvalidArgument, "ncclCommInitRank: the unique id was not made by ncclGetUniqueId");
+    TUTTI_CHECK(id.valid(), InvalidArgument,
+                "ncclCommInitRank: rank {}: the unique id was not made by ncclGetUniqueId or was damaged on its way "
+                "(its check does not match): every rank must get rank 0's 128 bytes unchanged",
+                rank);
     if (rank == 0)
       if (auto text = env::raw("TUTTI_COMM_ID"))
         if (text->find(':') != std::string::npos && UniqueId::parse(*text).bytes == id.bytes) ensure_persistent_root(id);
@@ -659,6 +688,20 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* 
   return guard("ncclCommInitAll", [&] {
     TUTTI_CHECK(comms, InvalidArgument, "ncclCommInitAll: comms is NULL");
     TUTTI_CHECK(ndev >= 1, InvalidArgument, "ncclCommInitAll: ndev {} must be at least 1", ndev);
+    check_local_ranks(ndev, CommOptions::from_env());
+    // With a GPU, as NCCL: every device named must exist (ranks that share one are fine). Without
+    // one (or on the emulated device), the ranks are host ranks and devlist is only reported back.
+#ifdef TUTTI_HAVE_CUDA
+    if (have_gpu() && !emulated_device()) {
+      const int devices = device::cuda_device_count();
+      for (int r = 0; r < ndev; ++r) {
+        const int d = devlist ? devlist[r] : r;
+        TUTTI_CHECK(d >= 0 && d < devices, InvalidArgument,
+                    "ncclCommInitAll: rank {}'s device {} does not exist ({} CUDA devices{})", r, d, devices,
+                    devlist ? "" : "; devlist is NULL, so rank r uses device r");
+      }
+    }
+#endif
     auto all = Communicator::create_local(ndev);
     auto clique = std::make_shared<Clique>();
     clique->live = ndev;
@@ -674,19 +717,9 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* 
       comms[r] = c;
     }
     // Connecting device channels is collective: one thread per rank.
-    std::vector<std::thread> threads;
-    std::vector<std::exception_ptr> errors(static_cast<size_t>(ndev));
-    for (int r = 0; r < ndev; ++r)
-      threads.emplace_back([&, r] {
-        try {
-          connect_device(comms[r]);
-        } catch (...) {
-          errors[r] = std::current_exception();
-        }
-      });
-    for (auto& t : threads) t.join();
-    for (auto& e : errors)
-      if (e) std::rethrow_exception(e);
+    for (ncclResult_t rc : side_by_side(static_cast<size_t>(ndev), "ncclCommInitAll",
+                                        [&](size_t r) { connect_device(comms[r]); }))
+      if (rc != ncclSuccess) return rc;
     return ncclSuccess;
   });
 }
@@ -719,8 +752,11 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
 }
 
 NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) {
+  if (!comm) return ncclSuccess;  // as NCCL
   return guard("ncclCommFinalize", [&] {
     Use use(comm, "ncclCommFinalize");
+    TUTTI_CHECK(!use->finalized.exchange(true), InvalidArgument,
+                "ncclCommFinalize: rank {}: the communicator was finalized already", use->comm->rank());
     if (use->worker) {
       use->worker->drain();  // pending non-blocking work
       if (auto e = use->worker->first_error()) {
@@ -736,6 +772,7 @@ NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) {
 
 namespace {
 ncclResult_t release(ncclComm_t comm, bool abort, const char* fn) {
+  if (!comm) return ncclSuccess;  // as NCCL: destroying or aborting NULL does nothing
   return guard(fn, [&] {
     {
       std::lock_guard lock(g_comms_mutex);
@@ -867,11 +904,6 @@ NCCL_API(ncclResult_t, ncclCommUserRank, const ncclComm_t comm, int* rank) {
 
 namespace {
 std::mutex g_mem_mutex;
-struct Registration {
-  void* buff;
-  size_t size;
-  bool device;  // registered with the communicator's device executor (plans read it in place)
-};
 }  // namespace
 
 namespace {
@@ -902,6 +934,7 @@ NCCL_API(ncclResult_t, ncclMemAlloc, void** ptr, size_t size) {
 }
 
 NCCL_API(ncclResult_t, ncclMemFree, void* ptr) {
+  if (!ptr) return ncclSuccess;  // as NCCL (and free())
   return guard("ncclMemFree", [&] {
     std::lock_guard lock(g_mem_mutex);
 #ifdef TUTTI_HAVE_CUDA
@@ -920,6 +953,9 @@ NCCL_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size
     Use use(comm, "ncclCommRegister");
     TUTTI_CHECK(handle, InvalidArgument, "ncclCommRegister: handle is NULL");
     check_buffer(buff, size, "buff", "ncclCommRegister");
+    TUTTI_CHECK(!buff || addressable(buff, size), InvalidArgument,
+                "ncclCommRegister: rank {}: buff {} of {} bytes ends past this process's memory", use->comm->rank(), buff,
+                size);
     auto reg = std::make_unique<Registration>(Registration{buff, size, false});
     // Device memory: same-process peers may read it in place. Host memory: the CPU transports
     // already read a peer's buffer in place where they can (shared buffers), registration or not.
@@ -927,7 +963,10 @@ NCCL_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size
       device_executor(use.get()).register_memory(buff, size);
       reg->device = true;
     }
-    *handle = reg.release();
+    std::lock_guard lock(use->registrations_mu);
+    void* key = reg.get();
+    use->registrations.emplace(key, std::move(reg));
+    *handle = key;
     return ncclSuccess;
   });
 }
@@ -935,8 +974,18 @@ NCCL_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size
 NCCL_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void* handle) {
   return guard("ncclCommDeregister", [&] {
     Use use(comm, "ncclCommDeregister");
-    TUTTI_CHECK(handle, InvalidArgument, "ncclCommDeregister: handle is NULL");
-    std::unique_ptr<Registration> reg(static_cast<Registration*>(handle));
+    if (!handle) return ncclSuccess;  // as NCCL
+    std::unique_ptr<Registration> reg;
+    {
+      std::lock_guard lock(use->registrations_mu);
+      auto it = use->registrations.find(handle);
+      TUTTI_CHECK(it != use->registrations.end(), InvalidUsage,
+                  "ncclCommDeregister: rank {}: handle {} was not returned by ncclCommRegister on this communicator, or "
+                  "was deregistered already",
+                  use->comm->rank(), handle);
+      reg = std::move(it->second);
+      use->registrations.erase(it);
+    }
     if (reg->device) device_executor(use.get()).deregister_memory(reg->buff, reg->size);
     return ncclSuccess;
   });
@@ -1063,7 +1112,8 @@ NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataTyp
     TUTTI_CHECK(peer >= 0 && peer < use->comm->size(), InvalidArgument, "ncclSend: peer {} is out of range (0..{})", peer,
                 use->comm->size() - 1);
     check_buffer(sendbuff, count, "sendbuff", "ncclSend");
-    PendingOp op{PendingOp::kSend, comm, {}, const_cast<void*>(sendbuff), count * size_of(type), peer};
+    const size_t bytes = checked_transfer_bytes(sendbuff, count, type, use->comm->rank(), "ncclSend");
+    PendingOp op{PendingOp::kSend, comm, {}, const_cast<void*>(sendbuff), bytes, peer};
     op.device = on_device(comm, {sendbuff}, "ncclSend");
     op.stream = stream;
     return submit(use, std::move(op));
@@ -1078,7 +1128,8 @@ NCCL_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t da
     TUTTI_CHECK(peer >= 0 && peer < use->comm->size(), InvalidArgument, "ncclRecv: peer {} is out of range (0..{})", peer,
                 use->comm->size() - 1);
     check_buffer(recvbuff, count, "recvbuff", "ncclRecv");
-    PendingOp op{PendingOp::kRecv, comm, {}, recvbuff, count * size_of(type), peer};
+    const size_t bytes = checked_transfer_bytes(recvbuff, count, type, use->comm->rank(), "ncclRecv");
+    PendingOp op{PendingOp::kRecv, comm, {}, recvbuff, bytes, peer};
     op.device = on_device(comm, {recvbuff}, "ncclRecv");
     op.stream = stream;
     return submit(use, std::move(op));
@@ -1221,7 +1272,13 @@ ncclResult_t rooted_exchange(const char* fn, bool to_root, const void* sendbuff,
       me = use->comm->rank();
     }
     TUTTI_CHECK(root >= 0 && root < n, InvalidArgument, "{}: root {} is out of range (0..{})", fn, root, n - 1);
-    const size_t bytes = count * size_of(to_type(datatype, fn));
+    CollectiveCall sizes{to_root ? Collective::kGather : Collective::kScatter, sendbuff, recvbuff,
+                         static_cast<int64_t>(count), {}, root};
+    sizes.reduction.type = to_type(datatype, fn);
+    if (me != root && to_root) sizes.output = nullptr;  // only the root's buffer holds every part
+    if (me != root && !to_root) sizes.input = nullptr;
+    check_call_sizes(sizes, n, me, fn);
+    const size_t bytes = count * size_of(sizes.reduction.type);
     ncclResult_t rc = pncclGroupStart();
     auto step = [&](ncclResult_t r) {
       if (rc == ncclSuccess) rc = r;
@@ -1337,11 +1394,12 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, i
   });
 }
 NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags) {
+  if (!comm) return ncclSuccess;  // as NCCL
   return guard("ncclCommRevoke", [&] {
     TUTTI_CHECK(revokeFlags == NCCL_REVOKE_DEFAULT, InvalidArgument,
                 "ncclCommRevoke: revokeFlags {} must be NCCL_REVOKE_DEFAULT (0)", revokeFlags);
     Use use(comm, "ncclCommRevoke", false);
-    comm->revoked = true;
+    TUTTI_CHECK(!comm->revoked.exchange(true), InvalidArgument, "ncclCommRevoke: the communicator was revoked already");
     // Calls in progress on any thread give up (Aborted, "revoked"); the bootstrap stays, so the
     // ranks can still split, shrink and destroy. Device launches stop on their abort flag.
     if (comm->comm) comm->comm->revoke();

@@ -1,6 +1,12 @@
 #include "compiler/plan.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <fstream>
 #include <limits>
@@ -278,6 +284,12 @@ void check_limits(const Plan& p) {
     over(fmt::format("rank {} input_chunks", r), rp.input_chunks, L::kChunksPerBuffer);
     over(fmt::format("rank {} output_chunks", r), rp.output_chunks, L::kChunksPerBuffer);
     over(fmt::format("rank {} scratch_chunks", r), rp.scratch_chunks, L::kChunksPerBuffer);
+    // Scratch is allocated per call in proportion to the call's buffers: bounded here by that ratio,
+    // so a verified plan cannot ask a rank for terabytes (and fail on that rank alone).
+    over(fmt::format("rank {} scratch_chunks (per chunk of its largest buffer, {} chunks)", r,
+                     std::max<int64_t>({rp.input_chunks, rp.output_chunks, 1})),
+         rp.scratch_chunks,
+         L::scratch_ratio(p.nranks) * std::max<int64_t>({rp.input_chunks, rp.output_chunks, 1}));
     slots += rp.input_chunks + rp.output_chunks + rp.scratch_chunks;
     over(fmt::format("rank {} blocks", r), static_cast<int64_t>(rp.blocks.size()), L::kBlocksPerRank);
     for (const Block& b : rp.blocks) {
@@ -503,14 +515,40 @@ bool splits_any_count(const Plan& p) {
   return sent == received;
 }
 
+std::string read_file(const std::string& path) {
+  // Non-blocking, so a FIFO (or a device that blocks) opens at once and is then refused by fstat;
+  // the limit applies while reading, so a file that grows or never ends (/dev/zero) costs at most it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  TUTTI_CHECK(fd >= 0, InvalidArgument, "cannot open plan file {}: {}", path, std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  TUTTI_CHECK(::fstat(fd, &st) == 0, InvalidArgument, "cannot stat plan file {}: {}", path, std::strerror(errno));
+  TUTTI_CHECK(S_ISREG(st.st_mode), InvalidArgument, "plan file {} is not a regular file (a {}): only regular files are read",
+              path, S_ISFIFO(st.st_mode) ? "FIFO" : S_ISCHR(st.st_mode) ? "character device" : S_ISDIR(st.st_mode) ? "directory" : S_ISSOCK(st.st_mode) ? "socket" : "special file");
+  TUTTI_CHECK(static_cast<uint64_t>(st.st_size) <= Limits::kFileBytes, InvalidArgument,
+              "plan file {} has {} bytes (allowed up to {})", path, st.st_size, Limits::kFileBytes);
+  std::string text;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t got = ::read(fd, buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    TUTTI_CHECK(got >= 0, InvalidArgument, "cannot read plan file {}: {}", path, std::strerror(errno));
+    if (got == 0) break;
+    TUTTI_CHECK(text.size() + static_cast<size_t>(got) <= Limits::kFileBytes, InvalidArgument,
+                "plan file {} grew past {} bytes while it was read", path, Limits::kFileBytes);
+    text.append(buf, static_cast<size_t>(got));
+  }
+  return text;
+}
+
 Plan load_file(const std::string& path) {
-  std::ifstream in(path);
-  TUTTI_CHECK(in.good(), InvalidArgument, "cannot open plan file {}", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_file(path);
   try {
-    if (path.size() >= 4 && path.substr(path.size() - 4) == ".xml") return import_msccl_xml(ss.str());
-    return parse_json(ss.str());
+    if (path.size() >= 4 && path.substr(path.size() - 4) == ".xml") return import_msccl_xml(text);
+    return parse_json(text);
   } catch (const Error& e) {
     rethrow_with_context(e, path);
   }

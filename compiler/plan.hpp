@@ -20,6 +20,7 @@
 // the k-th receive. `remote` records where the data comes from or goes to on the peer; it is
 // informational (MSCCL XML stores the sender's offsets on receives, tutti never relies on them).
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -153,6 +154,9 @@ struct Limits {
   static constexpr int64_t kOperandsPerStep = 1 << 12;      // sources, destinations, dependencies
   static constexpr size_t kFileBytes = size_t{256} << 20;   // a plan file
   static constexpr size_t kWarnings = 32;                   // importer warnings kept (then a count)
+  // Scratch chunks a rank may have per chunk of its largest buffer: the executor allocates scratch
+  // per call in that proportion (MSCCL's all-pairs plans use n - 1).
+  static constexpr int64_t scratch_ratio(int nranks) { return std::max<int64_t>(64, 4 * int64_t{nranks}); }
 };
 // Throws InvalidArgument naming the field, its value and the limit.
 void check_limits(const Plan& plan);
@@ -168,6 +172,9 @@ bool splits_any_count(const Plan& plan);
 std::string to_json(const Plan& plan);
 Plan parse_json(const std::string& text);
 
+// The text of a plan file: regular files only (a FIFO, a device or a directory is refused without
+// blocking), at most Limits::kFileBytes, checked while reading. InvalidArgument naming the file.
+std::string read_file(const std::string& path);
 Plan load_file(const std::string& path);  // .json or .xml (MSCCL)
 void save_file(const Plan& plan, const std::string& path);
 

@@ -87,6 +87,11 @@ class Checker {
   void index() {
     TUTTI_CHECK(static_cast<int>(p_.ranks.size()) == p_.nranks, InvalidArgument,
                 "verification failed: structure: the plan lists {} ranks but says nranks={}", p_.ranks.size(), p_.nranks);
+    const Collective c = p_.collective;
+    const bool rooted = c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kGather ||
+                        c == Collective::kScatter;
+    if (rooted && (p_.root < 0 || p_.root >= p_.nranks))
+      fail("structure", fmt::format("the {}'s root {} is not a rank (0..{})", to_string(c), p_.root, p_.nranks - 1));
     block_base_.resize(p_.nranks);
     node_base_.resize(p_.nranks);
     block_index_.resize(p_.nranks);

@@ -26,6 +26,12 @@ constexpr Variable kVariables[] = {
     {"TUTTI_SIZE", "", "", "Number of ranks (also read: OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS)."},
     {"TUTTI_LOCAL_RANK", "", "",
      "Rank among the processes of this host (also read: OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID)."},
+    {"TUTTI_MAX_RANKS", "", "1048576",
+     "Largest communicator a rank agrees to join: a larger nranks is refused at once (a corrupted or absurd size "
+     "would otherwise allocate per-rank state for it). Far above any job that exists; raise it for a larger one."},
+    {"TUTTI_MAX_LOCAL_RANKS", "", "4096",
+     "Most ranks one process may hold as threads (ncclCommInitAll, Comm::create_local): a thread and its buffers "
+     "each, so more is refused at once instead of exhausting the process."},
     {"TUTTI_INIT_TIMEOUT", "", "120", "Seconds a rank waits for all ranks to arrive at communicator creation."},
     {"TUTTI_TIMEOUT", "", "1800", "Seconds any other blocking wait may last before it fails; 0 waits forever."},
     {"TUTTI_FAULT", "", "",

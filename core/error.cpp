@@ -37,4 +37,11 @@ void rethrow_with_context(const Error& e, const std::string& prefix) {
   throw InternalError(msg);
 }
 
+std::string Error::bounded(const std::string& what) {
+  if (what.size() <= kMaxMessage) return what;
+  const size_t head = kMaxMessage * 3 / 4, tail = kMaxMessage / 8;
+  return what.substr(0, head) + fmt::format(" [... {} bytes cut ...] ", what.size() - head - tail) +
+         what.substr(what.size() - tail);
+}
+
 }  // namespace tutti

@@ -183,6 +183,7 @@ std::vector<unsigned char> Bootstrap::recv(int peer, uint64_t tag, bool despite_
               rank(), peer);
   Deadline deadline = Deadline::after(timeout_s_);
   std::unique_lock lock(state_->mutex());
+  const uint64_t seq = tag >> 16;
   while (true) {
     auto it = inbox_.find({peer, tag});
     if (it != inbox_.end() && !it->second.empty()) {
@@ -191,6 +192,16 @@ std::vector<unsigned char> Bootstrap::recv(int peer, uint64_t tag, bool despite_
       if (it->second.empty()) inbox_.erase(it);
       return msg;
     }
+    // The peer's message of the same collective step, for another purpose: it runs another call.
+    for (auto other = inbox_.lower_bound({peer, seq << 16}); other != inbox_.end() && other->first.first == peer &&
+                                                              other->first.second >> 16 == seq;
+         ++other)
+      if (other->first.second != tag && !other->second.empty())
+        throw InvalidUsage(fmt::format(
+            "rank {}: {} runs a {} where this rank runs a {} (bootstrap step {}): every rank must make the same calls "
+            "(collectives, split, shrink) in the same order",
+            rank(), describe(peer), to_string(static_cast<BootstrapOp>(other->first.second >> 8 & 0xff)),
+            to_string(static_cast<BootstrapOp>(tag >> 8 & 0xff)), seq));
     if (mesh_[peer]->departed || mesh_[peer]->eof)
       throw RemoteError(fmt::format("rank {}: {} left the communicator while this rank waited for its message",
                                     rank(), describe(peer)));
@@ -205,8 +216,21 @@ std::vector<unsigned char> Bootstrap::recv(int peer, uint64_t tag, bool despite_
   }
 }
 
-std::vector<std::vector<unsigned char>> Bootstrap::allgather(const std::vector<unsigned char>& mine) {
-  uint64_t tag = next_tag();
+const char* to_string(BootstrapOp op) {
+  switch (op) {
+    case BootstrapOp::kGeneric: return "bootstrap allgather";
+    case BootstrapOp::kBarrier: return "barrier";
+    case BootstrapOp::kChannelSetup: return "channel setup (a collective's first use of a channel)";
+    case BootstrapOp::kSplit: return "split";
+    case BootstrapOp::kShrink: return "shrink";
+    case BootstrapOp::kDeviceSetup: return "device channel setup";
+    case BootstrapOp::kCallCheck: return "TUTTI_CHECK comparison of a call";
+  }
+  return "bootstrap step";
+}
+
+std::vector<std::vector<unsigned char>> Bootstrap::allgather(const std::vector<unsigned char>& mine, BootstrapOp op) {
+  uint64_t tag = next_tag(op);
   for (int peer = 0; peer < nranks(); ++peer)
     if (peer != rank()) send(peer, tag, mine);
   std::vector<std::vector<unsigned char>> all(nranks());
@@ -216,7 +240,7 @@ std::vector<std::vector<unsigned char>> Bootstrap::allgather(const std::vector<u
   return all;
 }
 
-void Bootstrap::barrier() { allgather({}); }
+void Bootstrap::barrier() { allgather({}, BootstrapOp::kBarrier); }
 
 Fd Bootstrap::connect_tcp(int peer, uint32_t channel, uint32_t index) {
   Deadline deadline = Deadline::after(timeout_s_);

@@ -36,6 +36,13 @@ struct PeerInfo {
   static PeerInfo decode(const std::vector<unsigned char>& bytes);
 };
 
+// What a bootstrap collective is for. Part of its tag, beside the sequence number every rank draws
+// in the same order: ranks that run different ones at the same point (a split on one rank, a
+// channel setup for a collective on another) fail naming both, instead of one reading the other's
+// message as its own (a split that "succeeded" on a channel setup's bytes).
+enum class BootstrapOp : uint8_t { kGeneric = 0, kBarrier, kChannelSetup, kSplit, kShrink, kDeviceSetup, kCallCheck };
+const char* to_string(BootstrapOp op);
+
 // This machine's identity for choosing shared memory: boot id, mount and IPC namespaces.
 uint64_t local_host_hash();
 
@@ -59,10 +66,12 @@ class Bootstrap {
   // for the survivors of a shrink after a failure; an abort still stops them.
   void send(int peer, uint64_t tag, const std::vector<unsigned char>& data, bool despite_failure = false);
   std::vector<unsigned char> recv(int peer, uint64_t tag, bool despite_failure = false);
-  std::vector<std::vector<unsigned char>> allgather(const std::vector<unsigned char>& mine);
+  std::vector<std::vector<unsigned char>> allgather(const std::vector<unsigned char>& mine,
+                                                   BootstrapOp op = BootstrapOp::kGeneric);
   void barrier();
-  // A fresh tag for a bootstrap-level collective (all ranks call in the same order).
-  uint64_t next_tag() { return ++op_seq_ << 8; }
+  // A fresh tag for a bootstrap-level collective (all ranks call in the same order): the sequence
+  // number, then the op; the low 8 bits stay free for messages within one collective.
+  uint64_t next_tag(BootstrapOp op = BootstrapOp::kGeneric) { return ++op_seq_ << 16 | uint64_t{uint8_t(op)} << 8; }
 
   // TCP transport sockets: the lower rank connects, the higher one accepts (via the service thread).
   Fd connect_tcp(int peer, uint32_t channel, uint32_t index);

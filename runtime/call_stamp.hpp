@@ -1,9 +1,11 @@
 #pragma once
-// What a message on a plan channel belongs to: the collective, datatype, op and root of the call
-// that sent it, in 32 bits every transport header carries. The receiver compares it with its own
-// call's, so ranks that make different calls (another collective, type, op or root, or the same
-// calls in another order) fail at their first message naming both calls, instead of reducing one
-// call's data into another's. Counts are caught by the message size, which every transport checks.
+// What a message on a plan channel belongs to: the collective, datatype, op, root and count of the
+// call that sent it, in 64 bits every transport header carries. The receiver compares it with its
+// own call's, so ranks that make different calls (another collective, type, op, root or count, or
+// the same calls in another order) fail at their first message naming both calls, instead of
+// reducing one call's data into another's. The count must be in it: message sizes alone do not
+// tell 1M elements from 512K above the executor's tile, where both calls send tiles of one size
+// (before the count was carried, one rank of such a pair returned success with wrong data).
 // Point-to-point traffic and anything outside a plan carries stamp 0 on both sides.
 //
 // Also the header checksum: a check over a transport header's words, so a header damaged in flight
@@ -21,24 +23,42 @@
 
 namespace tutti {
 
-using CallStamp = uint32_t;
+using CallStamp = uint64_t;
 inline constexpr uint32_t kStampNoRoot = 0xFFFFF;
+inline constexpr uint32_t kStampHashedCount = 0x80000000u;
 
-// collective: 5 bits, datatype: 4, op: 3 (only for reductions), root: 20 (only for rooted calls;
-// a root past 2^20 - 2 is taken modulo). Never 0, so a plan's stamp differs from point-to-point's.
-inline CallStamp make_stamp(Collective c, DataType type, RedOp op, bool reduces, int root) {
+// The count's 32 bits: the count itself below 2^31 (so a message can name it), else a 31-bit hash
+// of it with the top bit set (counts that differ by a multiple of 2^32, powers of two among them,
+// still differ there).
+inline uint32_t stamp_count(uint64_t count) {
+  if (count < kStampHashedCount) return static_cast<uint32_t>(count);
+  uint64_t h = count * 0x9e3779b97f4a7c15ull;
+  h ^= h >> 29;
+  return kStampHashedCount | static_cast<uint32_t>(h >> 33);
+}
+
+// Low word: collective 5 bits, datatype 4, op 3 (only for reductions), root 20 (only for rooted
+// calls; a root past 2^20 - 2 is taken modulo). High word: stamp_count(count). Never 0, so a plan's
+// stamp differs from point-to-point's.
+inline CallStamp make_stamp(Collective c, DataType type, RedOp op, bool reduces, int root, uint64_t count) {
   const uint32_t r = root >= 0 ? static_cast<uint32_t>(root) % kStampNoRoot : kStampNoRoot;
-  return (static_cast<uint32_t>(c) + 1) | static_cast<uint32_t>(type) << 5 |
-         (reduces ? static_cast<uint32_t>(op) : 0u) << 9 | r << 12;
+  const uint32_t call = (static_cast<uint32_t>(c) + 1) | static_cast<uint32_t>(type) << 5 |
+                        (reduces ? static_cast<uint32_t>(op) : 0u) << 9 | r << 12;
+  return call | uint64_t{stamp_count(count)} << 32;
 }
 
 inline std::string describe_stamp(CallStamp s) {
   if (s == 0) return "point-to-point traffic";
-  const auto c = static_cast<Collective>((s & 31u) - 1);
-  std::string out = fmt::format("{} of {}", to_string(c), name(static_cast<DataType>((s >> 5) & 15u)));
+  const auto call = static_cast<uint32_t>(s);
+  const auto count = static_cast<uint32_t>(s >> 32);
+  const auto c = static_cast<Collective>((call & 31u) - 1);
+  std::string out = fmt::format("{} of ", to_string(c));
+  if (count & kStampHashedCount) out += fmt::format("2^31 or more (hash {:#x}) ", count & ~kStampHashedCount);
+  else out += fmt::format("{} ", count);
+  out += name(static_cast<DataType>((call >> 5) & 15u));
   if (c == Collective::kAllReduce || c == Collective::kReduce || c == Collective::kReduceScatter)
-    out += fmt::format(" ({})", name(static_cast<RedOp>((s >> 9) & 7u)));
-  if ((s >> 12) != kStampNoRoot) out += fmt::format(" with root {}", s >> 12);
+    out += fmt::format(" ({})", name(static_cast<RedOp>((call >> 9) & 7u)));
+  if ((call >> 12) != kStampNoRoot) out += fmt::format(" with root {}", call >> 12);
   return out;
 }
 

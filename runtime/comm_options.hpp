@@ -13,6 +13,8 @@ enum class TransportKind { kAuto, kShm, kTcp };
 
 struct CommOptions {
   double init_timeout_s = 120;
+  int64_t max_ranks = 1 << 20;      // TUTTI_MAX_RANKS: larger communicators are refused at once
+  int64_t max_local_ranks = 4096;   // TUTTI_MAX_LOCAL_RANKS: ranks one process may hold as threads
   double timeout_s = 1800;
   TransportKind transport = TransportKind::kAuto;
   uint32_t shm_slots = 16;

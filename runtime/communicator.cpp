@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <system_error>
 #include <mutex>
 #include <thread>
 
@@ -42,6 +43,8 @@ int env_int(std::initializer_list<const char*> foreign, std::string_view tutti_n
 CommOptions CommOptions::from_env() {
   CommOptions o;
   o.init_timeout_s = env::get_seconds("TUTTI_INIT_TIMEOUT");
+  o.max_ranks = env::get_int("TUTTI_MAX_RANKS");
+  o.max_local_ranks = env::get_int("TUTTI_MAX_LOCAL_RANKS");
   o.timeout_s = env::get_seconds("TUTTI_TIMEOUT");
   std::string t = env::get_string("TUTTI_TRANSPORT");
   if (t == "auto" || t.empty()) o.transport = TransportKind::kAuto;
@@ -67,9 +70,24 @@ CommOptions CommOptions::from_env() {
   return o;
 }
 
+void check_world_size(int nranks, const CommOptions& options) {
+  TUTTI_CHECK(nranks >= 1, InvalidArgument, "communicator size {} must be at least 1", nranks);
+  TUTTI_CHECK(nranks <= options.max_ranks, InvalidArgument,
+              "communicator size {} is more than TUTTI_MAX_RANKS={} (a damaged or absurd size? raise the limit for a "
+              "job this large)",
+              nranks, options.max_ranks);
+}
+
+void check_local_ranks(int nranks, const CommOptions& options) {
+  check_world_size(nranks, options);
+  TUTTI_CHECK(nranks <= options.max_local_ranks, InvalidArgument,
+              "{} ranks as threads of one process is more than TUTTI_MAX_LOCAL_RANKS={}", nranks,
+              options.max_local_ranks);
+}
+
 std::unique_ptr<Communicator> Communicator::create(const UniqueId& id, int nranks, int rank, const CommOptions& options,
                                                    uint64_t generation, std::shared_ptr<CommState> state) {
-  TUTTI_CHECK(nranks >= 1, InvalidArgument, "communicator size {} must be at least 1", nranks);
+  check_world_size(nranks, options);
   TUTTI_CHECK(rank >= 0 && rank < nranks, InvalidArgument, "rank {} is out of range for {} ranks", rank, nranks);
   TUTTI_CHECK(id.valid(), InvalidArgument, "rank {}: the unique id is not valid (not made by tutti?)", rank);
   TUTTI_CHECK(!state || (state->rank() == rank && state->nranks() == nranks), InternalError,
@@ -79,19 +97,30 @@ std::unique_ptr<Communicator> Communicator::create(const UniqueId& id, int nrank
 }
 
 std::vector<std::unique_ptr<Communicator>> Communicator::create_local(int nranks, const CommOptions& options) {
-  TUTTI_CHECK(nranks >= 1, InvalidArgument, "communicator size {} must be at least 1", nranks);
+  check_local_ranks(nranks, options);
   UniqueId id = create_unique_id();
   std::vector<std::unique_ptr<Communicator>> comms(nranks);
   std::vector<std::exception_ptr> errors(nranks);
+  // Made first, so a thread that cannot be started stops the ranks already in the rendezvous
+  // (they would wait for it until TUTTI_INIT_TIMEOUT) instead of ending the process.
+  std::vector<std::shared_ptr<CommState>> states;
+  for (int r = 0; r < nranks; ++r) states.push_back(std::make_shared<CommState>(r, nranks));
   std::vector<std::thread> threads;
-  for (int r = 0; r < nranks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        comms[r] = create(id, nranks, r, options);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
+  try {
+    for (int r = 0; r < nranks; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          comms[r] = create(id, nranks, r, options, 0, states[r]);
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+  } catch (const std::system_error& e) {
+    for (auto& s : states) s->abort();
+    for (auto& t : threads) t.join();
+    throw SystemError(fmt::format("starting the thread of rank {} of {}: {}", threads.size(), nranks, e.what()),
+                      e.code().value());
+  }
   for (auto& t : threads) t.join();
   // Report the root cause: a rank's own error before the remote errors it caused elsewhere.
   std::exception_ptr first;
@@ -341,7 +370,7 @@ void Communicator::connect_channels(int n) {
   wire::Writer w;
   for (const ChannelSetup& setup : setups)
     for (size_t t = 0; t < transports_.size(); ++t) transports_[t]->publish(setup, peers[t], w);
-  auto all = bootstrap_->allgather(w.bytes());
+  auto all = bootstrap_->allgather(w.bytes(), BootstrapOp::kChannelSetup);
   std::vector<wire::Reader> published;
   for (int p = 0; p < nranks; ++p) published.emplace_back(all[p], fmt::format("channel setup from rank {}", p));
   for (const ChannelSetup& setup : setups) {
@@ -392,8 +421,8 @@ void Communicator::recv(int peer, void* data, size_t bytes, int channel) {
 std::unique_ptr<Communicator> Communicator::split(int color, int key, const std::optional<CommOptions>& options) {
   wire::Writer w;
   w.put<int32_t>(color).put<int32_t>(key);
-  auto all = bootstrap_->allgather(w.bytes());
-  uint64_t tag = bootstrap_->next_tag();
+  auto all = bootstrap_->allgather(w.bytes(), BootstrapOp::kSplit);
+  uint64_t tag = bootstrap_->next_tag(BootstrapOp::kSplit);
   if (color < 0) return nullptr;
   std::vector<std::pair<int, int>> members;  // (key, parent rank)
   for (int r = 0; r < size(); ++r) {
@@ -435,7 +464,7 @@ std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
   // Only the remaining ranks take part: every one of them draws the same tag, and the id goes from
   // the lowest to the others over the bootstrap's point-to-point links, never through an excluded rank.
   if (after_failure) revoke();
-  const uint64_t tag = bootstrap_->next_tag();
+  const uint64_t tag = bootstrap_->next_tag(BootstrapOp::kShrink);
   UniqueId id;
   if (rank() == leader) {
     id = create_unique_id();

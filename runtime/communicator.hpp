@@ -31,6 +31,12 @@
 
 namespace tutti {
 
+// Refuse, before anything is allocated for it, a communicator larger than options.max_ranks
+// (TUTTI_MAX_RANKS), or (check_local_ranks) more ranks as threads of this process than
+// options.max_local_ranks: InvalidArgument naming the size and the variable that raises the limit.
+void check_world_size(int nranks, const CommOptions& options);
+void check_local_ranks(int nranks, const CommOptions& options);
+
 class Communicator {
  public:
   // `state`: made by the caller beforehand (rank and size as given), so another thread can abort()

@@ -785,12 +785,22 @@ void check_call(const PreparedPlan& pp, int nranks, const ExecArgs& args) {
 void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   const plan::Plan& p = pp.plan;
   const int rank = comm_.rank();
-  check_call(pp, comm_.size(), args);
   const int64_t esize = static_cast<int64_t>(size_of(args.reduction.type));
   const exec::Geometry g{args.count, p.chunk_factor, esize};
   const plan::RankPlan& rp = p.ranks[rank];
-  size_t scratch_bytes = rp.scratch_chunks > 0 ? static_cast<size_t>(g.chunk_end(rp.scratch_chunks - 1) * esize) : 0;
-  if (scratch_.size() < scratch_bytes) scratch_.resize(scratch_bytes);
+  check_call(pp, comm_.size(), args);  // the same on every rank (the APIs check calls before they get here)
+  // Scratch this rank cannot get fails it alone: the communicator fails, so the peers hear it at
+  // once instead of waiting for this rank's messages until TUTTI_TIMEOUT.
+  const size_t scratch_bytes =
+      rp.scratch_chunks > 0 ? static_cast<size_t>(g.chunk_end(rp.scratch_chunks - 1) * esize) : 0;
+  try {
+    if (scratch_.size() < scratch_bytes) scratch_.resize(scratch_bytes);
+  } catch (const std::exception&) {  // bad_alloc, length_error
+    const std::string what = fmt::format("rank {}: plan '{}' needs {} bytes of scratch on this rank: out of memory",
+                                         rank, p.name, scratch_bytes);
+    comm_.state().fail(ErrorKind::kSystem, what);
+    throw SystemError(what, ENOMEM);
+  }
   comm_.ensure_channels(std::max(p.channels(), 1) + kPlanChannelBase);
 
   // The user's buffers the call writes: the output and the state buffers of the call's chunk size.
@@ -854,7 +864,8 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
                        c == Collective::kCustom;
   const bool rooted = c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kGather ||
                       c == Collective::kScatter;
-  const CallStamp stamp = make_stamp(c, args.reduction.type, args.reduction.op, reduces, rooted ? p.root : -1);
+  const CallStamp stamp =
+      make_stamp(c, args.reduction.type, args.reduction.op, reduces, rooted ? p.root : -1, static_cast<uint64_t>(args.count));
   for (const auto& worker_conns : layout->conns)
     for (Connection* conn : worker_conns) conn->set_stamp(stamp);
   Run* runs = layout->runs.get();

@@ -41,6 +41,9 @@ struct Group {
   double timeout = 0;
   Clock::time_point first = Clock::now();
   std::map<int, Client*> members;
+  // A mistake the root saw (a rank twice, another size): told to every member at once, and to every
+  // rank of the group that arrives until the group's timeout, instead of each waiting it out.
+  std::string failed;
 };
 
 void send_frame(int fd, wire::FrameType type, const std::vector<unsigned char>& payload, const std::string& what) {
@@ -226,18 +229,29 @@ void RendezvousRoot::run() {
       }
       auto [it, fresh] = groups.try_emplace(c.generation);
       Group& g = it->second;
+      if (!g.failed.empty()) {
+        send_error(c, secret_, ErrorKind::kInvalidArgument, g.failed);
+        continue;
+      }
       if (fresh || g.members.empty()) {
         g.nranks = c.nranks;
         g.timeout = c.timeout;
         g.first = Clock::now();
       }
-      if (g.nranks != c.nranks) {
-        send_error(c, secret_, ErrorKind::kInvalidArgument,
-                   fmt::format("rank {} was started with {} ranks but others with {}", c.rank, c.nranks, g.nranks));
-        continue;
-      }
-      if (g.members.count(c.rank)) {
-        send_error(c, secret_, ErrorKind::kInvalidArgument, fmt::format("rank {} joined twice", c.rank));
+      std::string mistake;
+      if (g.nranks != c.nranks)
+        mistake = fmt::format("rank {} (from {}) was started with {} ranks but rank {} with {}", c.rank, c.addr,
+                              c.nranks, g.members.begin()->first, g.nranks);
+      else if (g.members.count(c.rank))
+        mistake = fmt::format("rank {} joined twice (from {} and from {}): every rank must be started once, with a "
+                              "rank of its own",
+                              c.rank, g.members[c.rank]->addr, c.addr);
+      if (!mistake.empty()) {
+        TUTTI_WARN("rendezvous root: {}", mistake);
+        g.failed = mistake;
+        send_error(c, secret_, ErrorKind::kInvalidArgument, mistake);
+        for (auto& [rank, m] : g.members) send_error(*m, secret_, ErrorKind::kInvalidArgument, mistake);
+        g.members.clear();
         continue;
       }
       g.timeout = std::min(g.timeout, c.timeout);
@@ -267,6 +281,11 @@ void RendezvousRoot::run() {
         drop(c, "no complete hello in time");
     for (auto it = groups.begin(); it != groups.end();) {
       Group& g = it->second;
+      if (!g.failed.empty() && now - g.first > std::chrono::duration<double>(g.timeout > 0 ? g.timeout : 60)) {
+        it = groups.erase(it);  // late ranks of a failed group have been told; later ones time out
+        if (!persistent_) stop_ = true;
+        continue;
+      }
       if (!g.members.empty() && g.timeout > 0 && now - g.first > std::chrono::duration<double>(g.timeout)) {
         std::string msg = fmt::format("rendezvous timed out after {} s: ranks {} of {} never arrived", g.timeout,
                                       list_missing(g), g.nranks);

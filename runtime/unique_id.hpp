@@ -23,7 +23,7 @@ struct UniqueId {
 
   SocketAddress root() const;
   uint64_t secret() const;
-  bool valid() const;  // magic and version check
+  bool valid() const;  // magic, version and the check over every byte
   std::string hex() const;
 };
 

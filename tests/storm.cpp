@@ -7,14 +7,27 @@
 // compared bit for bit with the reference (nccl-tests' data: small integers, so every reduction
 // order is exact).
 //
-//   tutti-storm [--calls K] [--seed S] [--max-bytes B] [--threads T]
+//   tutti-storm [--calls K] [--seed S] [--max-bytes B] [--threads T] [--mismatch]
 //
 // Under tutti-run every process runs T ranks as threads (default 1). Each rank prints one line,
 // "rank R: storm of K calls (seed S): W wrong, E failed"; the exit status is 0 only if every rank
 // of this process saw no wrong element and no failed call.
+//
+// --mismatch: K calls on the world communicator, a fresh one for each, where in most calls one
+// rank (drawn at random) changes one thing of its call: the count (doubled, halved, one more), the
+// datatype, the op, the root or the collective; then every rank makes a matching small all-reduce
+// (the next call). Every rank checks its own outcome: an error (what a mismatch must give, in the
+// call or, for a rank that finished its part first, at the next call), or success with exactly its
+// own call's result; success with any other result is "wrong". Each rank prints "rank R: mismatch
+// storm of K calls (M mismatched, ...): E errors in the call, N at the next call, Q quiet, W wrong,
+// F matching calls failed", where quiet counts mismatched calls that never gave this rank an error
+// (ranks that each broadcast from themselves, for one); the exit status is 0 only if no rank saw a
+// wrong result and every matching call succeeded. Set TUTTI_TIMEOUT: a mismatch that no message
+// shows (two ranks that each take themselves for a reduce's root) ends there.
 #include <unistd.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -245,6 +258,195 @@ class Rank {
   uint64_t checked_bytes_ = 0;  // of results compared with the reference
 };
 
+// --- the mismatch storm ---------------------------------------------------------------------------
+
+// What a rank changes in its call, when it is the odd one.
+enum class Change { kNone, kCount, kType, kOp, kRoot, kCollective };
+const char* const kChangeNames[] = {"none", "count", "datatype", "op", "root", "collective"};
+
+struct MismatchCall {
+  Call call;
+  Change change = Change::kNone;
+  int odd_rank = -1;
+  uint64_t variant = 0;  // which new value the odd rank takes
+};
+
+MismatchCall draw_mismatch(std::mt19937_64& rng, const Options& o, int nranks) {
+  MismatchCall m;
+  m.call = draw(rng, o, false);
+  m.call.comm = 0;
+  m.call.count = std::max<size_t>(m.call.count, 2);
+  m.call.op %= 5;  // no premulsum: its operator would be one more thing to match
+  if (rng() % 5 != 0) {  // four calls in five are mismatched
+    m.odd_rank = static_cast<int>(rng() % static_cast<uint64_t>(nranks));
+    m.change = static_cast<Change>(1 + rng() % 5);
+  }
+  m.variant = rng();
+  return m;
+}
+
+// The call rank `rank` makes: the drawn one, or the odd rank's changed one.
+Call call_of(const MismatchCall& m, int rank, int nranks) {
+  Call c = m.call;
+  if (rank != m.odd_rank) return c;
+  const bool reduces = c.coll == Coll::kAllReduce || c.coll == Coll::kReduce || c.coll == Coll::kReduceScatter;
+  const bool rooted = c.coll == Coll::kBroadcast || c.coll == Coll::kReduce;
+  Change change = m.change;
+  if ((change == Change::kOp && !reduces) || (change == Change::kRoot && !rooted)) change = Change::kCount;
+  switch (change) {
+    case Change::kNone: break;
+    case Change::kCount: {
+      const size_t choices[] = {c.count * 2, c.count / 2, c.count + 1};
+      c.count = choices[m.variant % 3];
+      break;
+    }
+    case Change::kType:
+      c.type = static_cast<DataType>((static_cast<int>(c.type) + 1 + m.variant % (kNumDataTypes - 1)) % kNumDataTypes);
+      break;
+    case Change::kOp: c.op = static_cast<int>((c.op + 1 + m.variant % 4) % 5); break;
+    case Change::kRoot: c.root_draw = m.call.root_draw + 1 + m.variant % static_cast<uint64_t>(std::max(nranks - 1, 1)); break;
+    case Change::kCollective: {
+      // Another collective whose buffers this rank's call still covers (count * n elements at most).
+      const Coll others[] = {Coll::kAllReduce, Coll::kBroadcast, Coll::kReduce, Coll::kAllGather, Coll::kReduceScatter,
+                             Coll::kAllToAll};
+      Coll next = others[m.variant % 6];
+      if (next == c.coll) next = others[(m.variant + 1) % 6];
+      c.coll = next;
+      c.inplace = false;
+      break;
+    }
+  }
+  return c;
+}
+
+struct MismatchTally {
+  long mismatched = 0, errors = 0, errors_next = 0, quiet = 0, wrong = 0, failed_matching = 0;
+};
+
+class MismatchRank {
+ public:
+  MismatchRank(int rank, int nranks) : rank_(rank), nranks_(nranks) {}
+
+  // One call on `comm`, then a matching small all-reduce (the "next call": a rank that finished its
+  // part of a mismatched call hears of it there); the tally says how they ended on this rank.
+  // Returns whether the communicator failed.
+  bool trial(const MismatchCall& m, ncclComm_t comm, MismatchTally& t) {
+    const long errors_before = t.errors + t.failed_matching;
+    const bool quiet_before = t.quiet;
+    one_call(m, comm, t);
+    int32_t x = 1;
+    const ncclResult_t next = ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, comm, nullptr);
+    const bool failed_in_call = t.errors + t.failed_matching > errors_before;
+    if (next != ncclSuccess && !failed_in_call) {
+      if (m.odd_rank < 0) {
+        ++t.failed_matching;
+        std::fprintf(stderr, "rank %d: the call after a matching call failed: %s\n", rank_, ncclGetLastError(comm));
+      } else if (t.quiet > quiet_before) {
+        --t.quiet, ++t.errors_next;  // heard of the mismatch at the next call
+      }
+    }
+    if (next == ncclSuccess && x != nranks_) {
+      ++t.wrong;
+      std::fprintf(stderr, "rank %d: WRONG: the next call's all-reduce gave %d, not %d\n", rank_, x, nranks_);
+    }
+    return failed_in_call || next != ncclSuccess;
+  }
+
+ private:
+  void one_call(const MismatchCall& m, ncclComm_t comm, MismatchTally& t) {
+    const Call c = call_of(m, rank_, nranks_);
+    if (m.odd_rank >= 0) ++t.mismatched;
+    ncclResult_t rc = ncclSuccess;
+    std::string error;
+    try {
+      rc = issue(c, comm);
+    } catch (const std::exception& e) {
+      rc = ncclInternalError;
+      error = e.what();
+    }
+    if (rc != ncclSuccess) {
+      if (m.odd_rank < 0) {
+        ++t.failed_matching;
+        std::fprintf(stderr, "rank %d: a matching %s failed: %s\n", rank_, kNames[static_cast<int>(c.coll)],
+                     error.empty() ? ncclGetLastError(comm) : error.c_str());
+      } else {
+        ++t.errors;
+      }
+      return;
+    }
+    const long w = check(c);
+    if (w) {
+      ++t.wrong;
+      std::fprintf(stderr, "rank %d: WRONG: %s of %zu %s (%s changed on rank %d) returned success with %ld wrong elements\n",
+                   rank_, kNames[static_cast<int>(c.coll)], c.count, std::string(name(c.type)).c_str(),
+                   kChangeNames[static_cast<int>(m.change)], m.odd_rank, w);
+    } else if (m.odd_rank >= 0) {
+      ++t.quiet;
+    }
+  }
+
+  ncclResult_t issue(const Call& c, ncclComm_t comm) {
+    const size_t es = size_of(c.type), count = c.count;
+    const int n = nranks_, me = rank_;
+    const int root = static_cast<int>(c.root_draw % static_cast<uint64_t>(n));
+    const auto t = static_cast<ncclDataType_t>(c.type);
+    size_t in_elems = count, out_elems = count;
+    if (c.coll == Coll::kAllGather || c.coll == Coll::kAllToAll) out_elems = count * n;
+    if (c.coll == Coll::kReduceScatter || c.coll == Coll::kAllToAll) in_elems = count * n;
+    const size_t need = std::max(in_elems, out_elems) * es + 64;  // a changed call may need more
+    if (send_.size() < need) send_.resize(need), recv_.resize(need);
+    unsigned char* sb = send_.data();
+    unsigned char* rb = recv_.data();
+    std::fill(recv_.begin(), recv_.end(), 0);
+    for (size_t i = 0; i < in_elems; ++i) store_value(c.type, sb + i * es, value(c.type, c.op, me, i, c.salt));
+    out_elems_ = out_elems;
+    meaningful_ = !(c.coll == Coll::kReduce && me != root);
+    expect_.assign(std::max<size_t>(out_elems, 1) * es, 0);
+    for (size_t i = 0; i < out_elems; ++i) {
+      double v = 0;
+      switch (c.coll) {
+        case Coll::kAllReduce:
+        case Coll::kReduce:
+        case Coll::kReduceScatter:
+          v = reference::reduced(c.type, c.op, n, (c.coll == Coll::kReduceScatter ? me * count + i : i) + c.salt);
+          break;
+        case Coll::kAllGather: v = value(c.type, c.op, static_cast<int>(i / count), i % count, c.salt); break;
+        case Coll::kBroadcast: v = value(c.type, c.op, root, i, c.salt); break;
+        case Coll::kAllToAll: v = value(c.type, c.op, static_cast<int>(i / count), me * count + i % count, c.salt); break;
+        case Coll::kSendRecv: break;
+      }
+      store_value(c.type, expect_.data() + i * es, v);
+    }
+    const bool reduces = c.coll == Coll::kAllReduce || c.coll == Coll::kReduce || c.coll == Coll::kReduceScatter;
+    if (reduces && c.op == 4) divide(c.type, expect_.data(), expect_.data(), static_cast<uint64_t>(n), out_elems);
+    const auto op = static_cast<ncclRedOp_t>(c.op);
+    switch (c.coll) {
+      case Coll::kAllReduce: return ncclAllReduce(sb, rb, count, t, op, comm, nullptr);
+      case Coll::kAllGather: return ncclAllGather(sb, rb, count, t, comm, nullptr);
+      case Coll::kReduceScatter: return ncclReduceScatter(sb, rb, count, t, op, comm, nullptr);
+      case Coll::kBroadcast: return ncclBroadcast(sb, rb, count, t, root, comm, nullptr);
+      case Coll::kReduce: return ncclReduce(sb, rb, count, t, op, root, comm, nullptr);
+      case Coll::kAllToAll: return ncclAlltoAll(sb, rb, count, t, comm, nullptr);
+      case Coll::kSendRecv: break;
+    }
+    return ncclInternalError;
+  }
+
+  long check(const Call& c) const {
+    if (!meaningful_) return 0;
+    const size_t es = size_of(c.type);
+    long wrong = 0;
+    for (size_t i = 0; i < out_elems_; ++i)
+      if (std::memcmp(recv_.data() + i * es, expect_.data() + i * es, es) != 0) ++wrong;
+    return wrong;
+  }
+
+  int rank_, nranks_;
+  std::vector<unsigned char> send_, recv_, expect_;
+  size_t out_elems_ = 0;
+  bool meaningful_ = true;
+};
+
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v ? std::atoi(v) : fallback;
@@ -252,17 +454,69 @@ int env_int(const char* name, int fallback) {
 
 }  // namespace
 
+// The mismatch storm on this process's ranks. Each call gets a fresh world communicator: a detected
+// mismatch fails the one it ran on. Ranks that are threads of one process take each call's unique id
+// from the first of them (a barrier hands it over); under tutti-run the environment's id serves all.
+int mismatch_main(const Options& o, int proc, int procs) {
+  const int nranks = procs * o.threads;
+  const bool env_id = std::getenv("TUTTI_COMM_ID") != nullptr;
+  std::barrier sync(o.threads);
+  ncclUniqueId id{};
+  std::mutex print;
+  std::vector<int> bad(o.threads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < o.threads; ++t)
+    threads.emplace_back([&, t] {
+      const int rank = proc * o.threads + t;
+      MismatchRank me(rank, nranks);
+      MismatchTally tally;
+      std::mt19937_64 rng(o.seed);
+      for (int k = 0; k < o.calls; ++k) {
+        const MismatchCall m = draw_mismatch(rng, o, nranks);
+        if (!env_id && t == 0 && ncclGetUniqueId(&id) != ncclSuccess) std::abort();
+        if (!env_id) sync.arrive_and_wait();
+        ncclUniqueId mine = id;
+        if (env_id) ncclGetUniqueId(&mine);
+        if (!env_id) sync.arrive_and_wait();  // everyone has copied the id before the next one is made
+        ncclComm_t comm = nullptr;
+        if (ncclCommInitRank(&comm, nranks, mine, rank) != ncclSuccess) {
+          std::lock_guard lock(print);
+          std::printf("rank %d: init of call %d failed: %s\n", rank, k, ncclGetLastError(nullptr));
+          bad[t] = 1;
+          break;
+        }
+        if (me.trial(m, comm, tally)) ncclCommAbort(comm);
+        else ncclCommDestroy(comm);
+      }
+      std::lock_guard lock(print);
+      std::printf("rank %d: mismatch storm of %d calls (%ld mismatched, seed %llu, %d ranks): %ld errors in the call, "
+                  "%ld at the next call, %ld quiet, %ld wrong, %ld matching calls failed\n",
+                  rank, o.calls, tally.mismatched, static_cast<unsigned long long>(o.seed), nranks, tally.errors,
+                  tally.errors_next, tally.quiet, tally.wrong, tally.failed_matching);
+      bad[t] = bad[t] || tally.wrong || tally.failed_matching;
+    });
+  for (auto& th : threads) th.join();
+  std::fflush(stdout);
+  return std::count(bad.begin(), bad.end(), 1) ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
   Options o;
+  bool mismatch = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
+    if (a == "--mismatch") {
+      mismatch = true;
+      --i;  // a flag without a value
+      continue;
+    }
     const char* text = i + 1 < argc ? argv[i + 1] : nullptr;
     const long long lowest = a == "--threads" ? 1 : a == "--max-bytes" ? 8 : 0;
     std::optional<long long> v;
     if (a == "--calls" || a == "--seed" || a == "--max-bytes" || a == "--threads")
       v = test_support::whole_flag("tutti-storm", a.c_str(), text, lowest);
     else
-      std::fprintf(stderr, "usage: tutti-storm [--calls K] [--seed S] [--max-bytes B] [--threads T]\n");
+      std::fprintf(stderr, "usage: tutti-storm [--calls K] [--seed S] [--max-bytes B] [--threads T] [--mismatch]\n");
     if (!v) return 2;
     if (a == "--calls") o.calls = static_cast<int>(*v);
     else if (a == "--seed") o.seed = static_cast<uint64_t>(*v);
@@ -270,6 +524,7 @@ int main(int argc, char** argv) {
     else o.threads = static_cast<int>(*v);
   }
   const int proc = env_int("TUTTI_RANK", 0), procs = env_int("TUTTI_SIZE", 1);
+  if (mismatch) return mismatch_main(o, proc, procs);
   const int nranks = procs * o.threads;
   ncclUniqueId id;
   if (ncclGetUniqueId(&id) != ncclSuccess) {

@@ -2,6 +2,7 @@
 // (property tests against a naive reference interpreter).
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <random>
 
@@ -439,3 +440,23 @@ TEST(Properties, RandomProgramsFailWithAMessageOrMatchTheReference) {
 }
 
 }  // namespace
+
+// A rooted plan whose root is not a rank is refused as a structure error (before, a reduce with root
+// -1, 5 of 5 ranks or INT_MAX was reported "postcondition holds").
+TEST(Mutations, RootsOutsideTheRanksAreRefused) {
+  for (const char* name : {"tree_reduce", "tree_broadcast"}) {
+    Plan p = compile(algorithms::build(name, 5)).plan;
+    for (int root : {-1, 5, std::numeric_limits<int>::max()}) {
+      Plan bad = p;
+      bad.root = root;
+      try {
+        verify(bad);
+        ADD_FAILURE() << name << " with root " << root << " was verified";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find(fmt::format("root {} is not a rank (0..4)", root)), std::string::npos)
+            << e.what();
+      }
+    }
+    EXPECT_NO_THROW(verify(p));
+  }
+}

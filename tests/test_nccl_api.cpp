@@ -578,18 +578,18 @@ TEST(NcclApi, MismatchedPlanCallsFailOnTheFirstMessage) {
   const std::vector<Case> cases = {
       {"op",
        [n](int r, ncclComm_t c, float* x) { return ncclAllReduce(x, x, n, ncclFloat, r == 0 ? ncclSum : ncclMax, c, nullptr); },
-       "all_reduce of float (max)"},
+       "all_reduce of 4096 float (max)"},
       {"datatype",
        [n](int r, ncclComm_t c, float* x) {
          return ncclAllReduce(x, x, n, r == 0 ? ncclFloat : ncclInt32, ncclSum, c, nullptr);
        },
-       "all_reduce of int32 (sum)"},
+       "all_reduce of 4096 int32 (sum)"},
       {"collective",
        [n](int r, ncclComm_t c, float* x) {
          return r == 0 ? ncclAllReduce(x, x, n, ncclFloat, ncclSum, c, nullptr)
                        : ncclAllGather(x, x + n, n / 2, ncclFloat, c, nullptr);
        },
-       "all_gather of float"},
+       "all_gather of 2048 float"},
       // Roots are in the stamp too, but two ranks that each take themselves for the root of a
       // 2-rank reduce both wait to receive: no message flows, so only TUTTI_CHECK (or the timeout,
       // with its wait-for dump) finds that one.

@@ -50,8 +50,12 @@ const char* to_string(ErrorKind kind);
 // because the reader of an error is usually looking at one rank's log out of many.
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& what) : std::runtime_error(bounded(what)), kind_(kind) {}
   ErrorKind kind() const { return kind_; }
+  // Messages longer than kMaxMessage keep their start and end and say how much was cut: an error
+  // that quotes a caller's input (a 100 KB string) must not become the input.
+  static constexpr size_t kMaxMessage = 4096;
+  static std::string bounded(const std::string& what);
 
  private:
   ErrorKind kind_;

@@ -209,7 +209,7 @@ void DeviceExecutor::ensure_channels(int n) {
           .put<uint64_t>(reinterpret_cast<uint64_t>(ch->inbox))
           .put<uint64_t>(static_cast<uint64_t>(fifo_stride_))
           .put_bytes(handle.data(), handle.size());
-      auto all = comm_.bootstrap().allgather(w.bytes());
+      auto all = comm_.bootstrap().allgather(w.bytes(), BootstrapOp::kDeviceSetup);
       struct Peer {
         int32_t pid, dev;
         uint64_t host;

@@ -14,7 +14,7 @@ namespace tutti {
 
 void Connection::stamp_mismatch(CallStamp sent, CallStamp expected) const {
   throw InvalidUsage(fmt::format("{}: rank {} sent a message of {} but this rank runs {}: every rank must make the same "
-                                 "calls (collective, datatype, op, root) in the same order",
+                                 "calls (collective, count, datatype, op, root) in the same order",
                                  where(), peer_, describe_stamp(sent), describe_stamp(expected)));
 }
 

@@ -47,7 +47,7 @@ namespace {
 // 24 bits of a hash of every other word of the header (the sequence word is written separately).
 uint32_t check_of(const SlotHeader& h) {
   return static_cast<uint32_t>(header_hash({h.message_bytes, h.offset, h.fragment_bytes, h.source_address,
-                                            h.segment_bytes, h.stamp | uint64_t(h.mode) << 32}) >> 40);
+                                            h.segment_bytes, h.stamp, uint64_t(h.mode)}) >> 40);
 }
 
 constexpr uint64_t kProbeValue = 0x7475747469707262ull;
@@ -277,7 +277,7 @@ bool ShmConnection::progress_send() {
       moved = true;
       continue;
     }
-    SlotHeader h{op.bytes, op.offset, 0, 0, 0, op.stamp, SlotMode::kInline, 0, 0};
+    SlotHeader h{op.bytes, op.offset, 0, 0, 0, op.stamp, SlotMode::kInline, 0, 0, 0};
     SharedBufferRef shared;
     if (!op.started && op.bytes > 0 && op.bytes >= ep_.zero_copy_threshold) {
       if (ep_.same_process) {

@@ -92,6 +92,7 @@ struct SlotHeader {
   CallStamp stamp;          // the call the message belongs to (runtime/call_stamp.hpp)
   SlotMode mode : 8;
   uint32_t check : 24;      // of the words above (check_of): a damaged header is an error
+  uint32_t unused;          // the header fills one cache line since the stamp carries the count
   // Written last (release): k + 1 for the k-th slot ever published. The receiver polls this word
   // in the slot itself rather than the FIFO's head, so a small message costs the receiver one cache
   // miss (header and payload share the line), not two dependent ones.

@@ -81,7 +81,7 @@ void TcpConnection::plan(Message& m, unsigned char* data, bool send) {
 }
 
 uint32_t TcpConnection::check_of(const Header& h) {
-  return static_cast<uint32_t>(header_hash({h.magic, h.bytes, h.stamp, h.unused}) >> 32);
+  return static_cast<uint32_t>(header_hash({h.magic, h.bytes, h.stamp}) >> 32);
 }
 
 void TcpConnection::finish_segment(bool send, const Segment& s) {
@@ -107,7 +107,7 @@ bool TcpConnection::progress() {
   // Split newly posted operations into segments.
   for (; send_planned_ < sendq_.size(); ++send_planned_) {
     Op& op = sendq_[send_planned_];
-    send_messages_.push_back({op.ticket, 0, {kHeaderMagic, 0, op.bytes, op.stamp, 0}, op.bytes, op.stamp, {}});
+    send_messages_.push_back({op.ticket, 0, {kHeaderMagic, 0, op.bytes, op.stamp}, op.bytes, op.stamp, {}});
     Message& m = send_messages_.back();
     m.header.check = check_of(m.header);
     if (corrupt_.load(std::memory_order_relaxed)) {  // TUTTI_FAULT=corrupt
@@ -119,7 +119,7 @@ bool TcpConnection::progress() {
   }
   for (; recv_planned_ < recvq_.size(); ++recv_planned_) {
     Op& op = recvq_[recv_planned_];
-    recv_messages_.push_back({op.ticket, 0, {0, 0, 0, 0, 0}, op.bytes, op.stamp, {}});
+    recv_messages_.push_back({op.ticket, 0, {0, 0, 0, 0}, op.bytes, op.stamp, {}});
     Message& m = recv_messages_.back();
     if (op.reduce) m.temp.resize(op.bytes);
     plan(m, op.reduce ? m.temp.data() : op.data, false);

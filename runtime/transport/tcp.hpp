@@ -35,7 +35,6 @@ class TcpConnection : public Connection {
     uint32_t check;
     uint64_t bytes;
     CallStamp stamp;
-    uint32_t unused;
   };
   static uint32_t check_of(const Header& h);
   struct Segment {
