@@ -1,6 +1,7 @@
 #include "collectives/dispatcher.hpp"
 
 #include "core/address_space.hpp"
+#include "runtime/call_stamp.hpp"
 
 #include "collectives/calibrate.hpp"
 #include "collectives/oneshot.hpp"
@@ -576,6 +577,12 @@ std::function<void()> Dispatcher::start(const CollectiveCall& call) {
 }
 
 void Dispatcher::run(const CollectiveCall& call, Executor& ex) {
+  // What this rank's collective call is, for the divergence probe (runtime/comm_state.hpp).
+  const Collective coll = call.collective;
+  const bool rooted_call = coll == Collective::kBroadcast || coll == Collective::kReduce;
+  const bool reducing = coll == Collective::kAllReduce || coll == Collective::kReduce || coll == Collective::kReduceScatter;
+  CallActivity activity(comm_.state(), make_stamp(coll, call.reduction.type, call.reduction.op, reducing,
+                                                  rooted_call ? call.root : -1, static_cast<uint64_t>(call.count)));
   const bool dev = ex.device();
   void* const stream = call.stream;
   const int n = comm_.size(), rank = comm_.rank();

@@ -34,6 +34,10 @@ constexpr Variable kVariables[] = {
      "each, so more is refused at once instead of exhausting the process."},
     {"TUTTI_INIT_TIMEOUT", "", "120", "Seconds a rank waits for all ranks to arrive at communicator creation."},
     {"TUTTI_TIMEOUT", "", "1800", "Seconds any other blocking wait may last before it fails; 0 waits forever."},
+    {"TUTTI_DIVERGENCE_PROBE", "", "2",
+     "Seconds a wait may make no progress before it asks the peers which collective call they are in (then at "
+     "doubling intervals); ranks at the same call number in different calls fail at once naming both, instead of "
+     "at TUTTI_TIMEOUT. 0 never asks."},
     {"TUTTI_FAULT", "", "",
      "Faults injected on purpose, for testing: KIND[:rank=R][:call=N][:step=S][:peer=P][:seconds=X], comma-separated; "
      "KIND is kill, stop, delay, close, drop or corrupt (docs/RELIABILITY.md)."},

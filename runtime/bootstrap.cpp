@@ -182,6 +182,7 @@ std::vector<unsigned char> Bootstrap::recv(int peer, uint64_t tag, bool despite_
   TUTTI_CHECK(peer >= 0 && peer < nranks() && peer != rank(), InvalidArgument, "rank {}: bootstrap recv from bad peer {}",
               rank(), peer);
   Deadline deadline = Deadline::after(timeout_s_);
+  DivergenceProbe probe(*state_);
   std::unique_lock lock(state_->mutex());
   const uint64_t seq = tag >> 16;
   while (true) {
@@ -208,6 +209,7 @@ std::vector<unsigned char> Bootstrap::recv(int peer, uint64_t tag, bool despite_
     lock.unlock();
     if (!despite_failure || state_->aborted())
       state_->check(fmt::format("waiting for a bootstrap message from rank {}", peer));
+    if (!despite_failure) probe.tick(false);
     lock.lock();
     if (deadline.expired())
       throw Timeout(fmt::format("rank {}: timed out after {} s waiting for a bootstrap message from {}", rank(),
@@ -276,37 +278,52 @@ bool Bootstrap::peer_departed(int peer) const {
   return mesh_.at(peer)->departed;
 }
 
-std::vector<int> Bootstrap::silent_peers(double wait_s, std::vector<int>* gone) {
-  const uint64_t nonce = ping_seq_.fetch_add(1) + 1;
-  std::vector<int> asked, silent;
+Bootstrap::PingRound Bootstrap::ping_all(double wait_s) {
+  PingRound round;
+  round.nonce = ping_seq_.fetch_add(1) + 1;
   for (int peer = 0; peer < nranks(); ++peer) {
     if (peer == rank()) continue;
     {
       std::lock_guard lock(state_->mutex());
       if (!mesh_[peer]->fd || mesh_[peer]->eof || mesh_[peer]->departed) {
-        if (gone) gone->push_back(peer);
+        round.gone.push_back(peer);
         continue;
       }
     }
     try {
-      send_frame(peer, static_cast<uint32_t>(wire::FrameType::kPing), nonce, {}, Deadline::after(0.2));
-      asked.push_back(peer);
+      send_frame(peer, static_cast<uint32_t>(wire::FrameType::kPing), round.nonce, {}, Deadline::after(0.2));
+      round.asked.push_back(peer);
     } catch (const Error&) {
-      silent.push_back(peer);
+      round.silent.push_back(peer);
     }
   }
   Deadline deadline = Deadline::after(wait_s);
   std::unique_lock lock(state_->mutex());
   auto unanswered = [&] {
     std::vector<int> out;
-    for (int peer : asked)
-      if (mesh_[peer]->pong < nonce) out.push_back(peer);
+    for (int peer : round.asked)
+      if (mesh_[peer]->pong < round.nonce) out.push_back(peer);
     return out;
   };
   while (!unanswered().empty() && !deadline.expired()) state_->cv().wait_for(lock, std::chrono::milliseconds(10));
-  for (int peer : unanswered()) silent.push_back(peer);
-  std::sort(silent.begin(), silent.end());
-  return silent;
+  for (int peer : unanswered()) round.silent.push_back(peer);
+  std::sort(round.silent.begin(), round.silent.end());
+  return round;
+}
+
+std::vector<int> Bootstrap::silent_peers(double wait_s, std::vector<int>* gone) {
+  PingRound round = ping_all(wait_s);
+  if (gone) gone->insert(gone->end(), round.gone.begin(), round.gone.end());
+  return round.silent;
+}
+
+std::vector<std::optional<CommState::Activity>> Bootstrap::activities(double wait_s) {
+  const PingRound round = ping_all(wait_s);
+  std::vector<std::optional<CommState::Activity>> out(static_cast<size_t>(nranks()));
+  std::lock_guard lock(state_->mutex());
+  for (int peer : round.asked)
+    if (mesh_[peer]->pong >= round.nonce) out[static_cast<size_t>(peer)] = mesh_[peer]->activity;
+  return out;
 }
 
 std::string Bootstrap::liveness(double wait_s) {
@@ -386,12 +403,25 @@ void Bootstrap::handle_frame(int peer, uint32_t type, uint64_t tag, std::vector<
     }
     case wire::FrameType::kPing:
       try {
-        send_frame(peer, static_cast<uint32_t>(wire::FrameType::kPong), tag, {}, Deadline::after(0.2));
+        // The answer says which collective call this rank is in (activities()).
+        const CommState::Activity a = state_->activity();
+        wire::Writer w;
+        w.put<uint64_t>(a.seq).put<uint64_t>(a.stamp);
+        send_frame(peer, static_cast<uint32_t>(wire::FrameType::kPong), tag, w.bytes(), Deadline::after(0.2));
       } catch (const Error&) {
       }
       return;
     case wire::FrameType::kPong: {
+      CommState::Activity a;
+      try {
+        wire::Reader r(payload, "liveness answer");
+        a.seq = r.get<uint64_t>();
+        a.stamp = r.get<uint64_t>();
+      } catch (const Error&) {
+        a = {};  // unreadable: no conclusion from it
+      }
       std::lock_guard lock(state_->mutex());
+      if (tag >= mesh_[peer]->pong) mesh_[peer]->activity = a;
       mesh_[peer]->pong = std::max(mesh_[peer]->pong, tag);
       state_->cv().notify_all();
       return;

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,6 +87,9 @@ class Bootstrap {
   // within wait_s (a stopped process answers nothing; a busy one answers at once).
   // Peers already known to be gone (EOF or goodbye) are not asked; `gone`, when given, gets them.
   std::vector<int> silent_peers(double wait_s, std::vector<int>* gone = nullptr);
+  // Asks every connected peer, the same way, which collective call it is in (CommState::activity);
+  // nothing for a peer that is gone or does not answer within wait_s.
+  std::vector<std::optional<CommState::Activity>> activities(double wait_s);
   // The same as a sentence for an error message.
   std::string liveness(double wait_s);
   // Cuts the mesh connection to `peer` without a goodbye, as a crash would (TUTTI_FAULT=close).
@@ -99,7 +103,15 @@ class Bootstrap {
     bool departed = false;
     bool eof = false;
     uint64_t pong = 0;  // the latest liveness check answered
+    CommState::Activity activity;  // what the answer to it said
   };
+  // Pings every connected peer and waits up to wait_s for the answers: the ping's nonce; peers
+  // asked, gone and silent.
+  struct PingRound {
+    uint64_t nonce = 0;
+    std::vector<int> asked, gone, silent;
+  };
+  PingRound ping_all(double wait_s);
   struct Pending {
     Fd fd;
     std::string addr;

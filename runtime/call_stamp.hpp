@@ -47,6 +47,9 @@ inline CallStamp make_stamp(Collective c, DataType type, RedOp op, bool reduces,
   return call | uint64_t{stamp_count(count)} << 32;
 }
 
+// The activity stamp of a split (CommState::begin_call): collective bits no collective has.
+inline constexpr CallStamp kSplitStamp = 31;
+
 inline std::string describe_stamp(CallStamp s) {
   if (s == 0) return "point-to-point traffic";
   const auto call = static_cast<uint32_t>(s);

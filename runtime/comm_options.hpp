@@ -16,6 +16,7 @@ struct CommOptions {
   int64_t max_ranks = 1 << 20;      // TUTTI_MAX_RANKS: larger communicators are refused at once
   int64_t max_local_ranks = 4096;   // TUTTI_MAX_LOCAL_RANKS: ranks one process may hold as threads
   double timeout_s = 1800;
+  double divergence_probe_s = 2;  // TUTTI_DIVERGENCE_PROBE: idle seconds before a wait asks the peers (0: never)
   TransportKind transport = TransportKind::kAuto;
   uint32_t shm_slots = 16;
   uint64_t shm_slot_size = 128 << 10;

@@ -41,6 +41,43 @@ void CommState::set_hooks(std::function<void(const std::string&)> tell_peers, st
   diagnose_ = std::move(diagnose);
 }
 
+void CommState::begin_call(uint64_t stamp) {
+  if (call_depth_++ > 0) return;
+  // A reader that sees the new number sees 0 or the new stamp, never the last call's.
+  call_stamp_.store(0, std::memory_order_release);
+  call_seq_.fetch_add(1, std::memory_order_acq_rel);
+  call_stamp_.store(stamp, std::memory_order_release);
+}
+
+void CommState::end_call() {
+  if (--call_depth_ == 0) call_stamp_.store(0, std::memory_order_release);
+}
+
+CommState::Activity CommState::activity() const {
+  const uint64_t seq = call_seq_.load(std::memory_order_acquire);
+  const uint64_t stamp = call_stamp_.load(std::memory_order_acquire);
+  // Moved on while read: report no call, which no peer takes for a divergence.
+  if (call_seq_.load(std::memory_order_acquire) != seq) return {seq, 0};
+  return {seq, stamp};
+}
+
+void CommState::set_probe(std::function<std::string()> probe, double first_after_s) {
+  std::lock_guard lock(probe_mutex_);
+  probe_ = std::move(probe);
+  probe_after_s_ = probe_ ? first_after_s : 0;
+}
+
+void CommState::check_diverged() {
+  std::string message;
+  {
+    std::lock_guard lock(probe_mutex_);
+    if (probe_) message = probe_();
+  }
+  if (message.empty()) return;
+  fail(ErrorKind::kInvalidUsage, message);
+  throw InvalidUsage(message);
+}
+
 std::string CommState::diagnose() {
   std::lock_guard lock(diagnose_mutex_);
   return diagnose_ ? diagnose_() : std::string();

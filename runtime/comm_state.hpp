@@ -3,6 +3,7 @@
 // a wait timed out), and how to wake every waiter of this rank so it notices either promptly.
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -31,6 +32,28 @@ class CommState {
   void set_hooks(std::function<void(const std::string&)> tell_peers, std::function<std::string()> diagnose);
   void clear_hooks() { set_hooks(nullptr, nullptr); }
   std::string diagnose();
+
+  // The collective call this rank is in: its call stamp (runtime/call_stamp.hpp; 0 while in none, or
+  // in a call that is not collective) and how many collective calls the rank has begun. Two ranks at
+  // the same call number in different calls have diverged (a split on one, an all-reduce on the
+  // other; two ranks that each take themselves for a reduce's root) and would wait for each other
+  // until TUTTI_TIMEOUT: a wait that has made no progress for a while asks the peers (the probe
+  // hook) and fails at once naming both calls. Nested begin/end pairs count once.
+  struct Activity {
+    uint64_t seq = 0;
+    uint64_t stamp = 0;
+  };
+  void begin_call(uint64_t stamp);
+  void end_call();
+  Activity activity() const;
+  // The probe: the message naming a peer at this rank's call number in another call, or empty.
+  // Installed by the communicator; `first_after_s` of waiting before the first probe (0: never).
+  void set_probe(std::function<std::string()> probe, double first_after_s);
+  void clear_probe() { set_probe(nullptr, 0); }
+  double probe_after_s() const { return probe_after_s_.load(std::memory_order_relaxed); }
+  // Runs the probe; on divergence fails the communicator (the peers are told) and throws InvalidUsage.
+  void check_diverged();
+
   void abort();
   bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
   // Revoke (ncclCommRevoke): every data-plane wait (connections, mailbox, executors) gives up with
@@ -80,7 +103,59 @@ class CommState {
   std::mutex tell_mutex_, diagnose_mutex_;
   std::function<void(const std::string&)> tell_peers_;
   std::function<std::string()> diagnose_;
+  std::mutex probe_mutex_;
+  std::function<std::string()> probe_;
+  std::atomic<double> probe_after_s_{0};
+  std::atomic<uint64_t> call_seq_{0}, call_stamp_{0};
+  int call_depth_ = 0;  // only the thread that drives the communicator begins and ends calls
   Fd event_fd_;
+};
+
+// A collective call of this rank for the divergence probe: begin_call on construction, end_call on
+// destruction, however the call ends.
+class CallActivity {
+ public:
+  CallActivity(CommState& state, uint64_t stamp) : state_(state) { state_.begin_call(stamp); }
+  ~CallActivity() { state_.end_call(); }
+  CallActivity(const CallActivity&) = delete;
+  CallActivity& operator=(const CallActivity&) = delete;
+
+ private:
+  CommState& state_;
+};
+
+// Asks the peers whether the ranks have diverged once a wait has made no progress for the state's
+// probe_after_s, then again at doubling intervals (2, 4, 8 ... s: a job of many ranks that wait
+// long does not flood the bootstrap). tick(false) from a wait's idle rounds, tick(true) when
+// something moved. Throws what CommState::check_diverged throws.
+class DivergenceProbe {
+ public:
+  explicit DivergenceProbe(CommState& state) : state_(state), first_(state.probe_after_s()), interval_(first_) {}
+  void tick(bool moved) {
+    if (first_ <= 0) return;
+    if (moved) {  // the idle time starts again at the next idle round
+      interval_ = first_;
+      due_ = {};
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (due_ == std::chrono::steady_clock::time_point{}) {
+      due_ = now + seconds(interval_);
+      return;
+    }
+    if (now < due_) return;
+    state_.check_diverged();
+    interval_ *= 2;
+    due_ = now + seconds(interval_);
+  }
+
+ private:
+  static std::chrono::steady_clock::duration seconds(double s) {
+    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+  }
+  CommState& state_;
+  double first_, interval_;
+  std::chrono::steady_clock::time_point due_{};
 };
 
 }  // namespace tutti

@@ -44,6 +44,7 @@ CommOptions CommOptions::from_env() {
   CommOptions o;
   o.init_timeout_s = env::get_seconds("TUTTI_INIT_TIMEOUT");
   o.max_ranks = env::get_int("TUTTI_MAX_RANKS");
+  o.divergence_probe_s = env::get_seconds("TUTTI_DIVERGENCE_PROBE");
   o.max_local_ranks = env::get_int("TUTTI_MAX_LOCAL_RANKS");
   o.timeout_s = env::get_seconds("TUTTI_TIMEOUT");
   std::string t = env::get_string("TUTTI_TRANSPORT");
@@ -248,6 +249,7 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
   control_.unlink();
   state_->set_hooks([b = bootstrap_.get()](const std::string& message) { b->notify_failure(message); },
                     [b = bootstrap_.get(), t = options_.timeout_s] { return b->liveness(std::min(1.0, t)); });
+  state_->set_probe([this] { return diverged_peer(); }, options_.divergence_probe_s);
   TUTTI_INFO(log::kInit, "rank {}/{} ready (pid {}, generation {})", rank, nranks, getpid(), generation);
 }
 
@@ -273,6 +275,7 @@ Communicator::~Communicator() {
     for (auto& channel : connections_)
       for (auto& c : channel)
         if (c) c->withdraw();  // a peer may still be reading a failed call's buffers
+  state_->clear_probe();
   state_->clear_hooks();
   bootstrap_->shutdown();
   connections_.clear();
@@ -418,7 +421,31 @@ void Communicator::recv(int peer, void* data, size_t bytes, int channel) {
   wait_recv(peer, connection(peer, channel).recv(data, bytes), channel);
 }
 
+namespace {
+std::string describe_activity(uint64_t stamp) {
+  if (stamp == kSplitStamp) return "a split (ncclCommSplit)";
+  return describe_stamp(stamp);
+}
+}  // namespace
+
+std::string Communicator::diverged_peer() {
+  const CommState::Activity mine = state_->activity();
+  if (mine.stamp == 0) return {};
+  const auto theirs = bootstrap_->activities(std::min(1.0, options_.timeout_s > 0 ? options_.timeout_s : 1.0));
+  if (state_->activity().seq != mine.seq) return {};  // this rank moved on meanwhile
+  for (int p = 0; p < size(); ++p) {
+    const auto& a = theirs[static_cast<size_t>(p)];
+    if (!a || a->seq != mine.seq || a->stamp == 0 || a->stamp == mine.stamp) continue;
+    return fmt::format("rank {}: rank {} is in {} while this rank is in {}, both at their collective call {}: every "
+                       "rank must make the same calls (collective, count, datatype, op, root; split, shrink) in the "
+                       "same order",
+                       rank(), p, describe_activity(a->stamp), describe_activity(mine.stamp), mine.seq);
+  }
+  return {};
+}
+
 std::unique_ptr<Communicator> Communicator::split(int color, int key, const std::optional<CommOptions>& options) {
+  CallActivity activity(*state_, kSplitStamp);
   wire::Writer w;
   w.put<int32_t>(color).put<int32_t>(key);
   auto all = bootstrap_->allgather(w.bytes(), BootstrapOp::kSplit);

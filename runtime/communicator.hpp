@@ -56,6 +56,9 @@ class Communicator {
   // lost ranks; its calls in progress are stopped first (revoke) and the survivors meet despite the
   // recorded failure. Throws InvalidArgument for a rank out of range or a caller that is excluded.
   std::unique_ptr<Communicator> shrink(const std::vector<int>& exclude, bool after_failure = false);
+  // The divergence probe (CommState::set_probe): asks the peers which collective call they are in
+  // and names one at this rank's call number in another call; empty if none (or no conclusion).
+  std::string diverged_peer();
 
   ~Communicator();
   Communicator(const Communicator&) = delete;

@@ -68,6 +68,7 @@ void ProgressEngine::run(FunctionRef<bool(bool& done)> step, FunctionRef<std::st
   const int spin = spin_->load(std::memory_order_relaxed);
   Doorbell* bell = state_->doorbell();
   std::vector<pollfd> fds;
+  DivergenceProbe probe(*state_);  // a wait that makes no progress asks whether the ranks diverged
   while (true) {
     auto spin_until = Clock::now() + std::chrono::microseconds(spin);
     // Whether anything moved in the rounds since the clock was last read: the window restarts from
@@ -116,6 +117,7 @@ void ProgressEngine::run(FunctionRef<bool(bool& done)> step, FunctionRef<std::st
       }
       // Back to polling, unless the ranks outnumber the cores: then a poller takes turns from the
       // ranks that have work (it yields the core every round, and each turn is a context switch).
+      probe.tick(moved);
       if (moved && !yield_always_) break;
       if (moved) {
         deadline = Deadline::after(timeout_s_);

@@ -338,13 +338,19 @@ struct Diverging {
 };
 
 TEST(OneRankAlone, SplitThatNotEveryRankJoinsFailsFast) {
-  ScopedEnv env({{"TUTTI_TIMEOUT", "1800"}});
+  ScopedEnv env({{"TUTTI_TIMEOUT", "1800"}, {"TUTTI_DIVERGENCE_PROBE", "1"}});
   const std::vector<Diverging> cases = {
       {"destroys", [](ncclComm_t c) { return ncclCommDestroy(c); }},
       {"all_reduce",
        [](ncclComm_t c) {
          std::vector<float> x(1 << 16, 1.0f);
          return ncclAllReduce(x.data(), x.data(), x.size(), ncclFloat, ncclSum, c, nullptr);
+       }},
+      // No message of either call reaches the other rank: the divergence probe asks.
+      {"small all_reduce",
+       [](ncclComm_t c) {
+         float x[4] = {1, 1, 1, 1};
+         return ncclAllReduce(x, x, 4, ncclFloat, ncclSum, c, nullptr);
        }},
   };
   for (const Diverging& k : cases) {
@@ -375,6 +381,23 @@ TEST(OneRankAlone, SplitThatNotEveryRankJoinsFailsFast) {
     if (std::string(k.name) != "destroys") {
       EXPECT_NE(rc[1], ncclSuccess) << k.name << ": " << errors[1];
     }
+  }
+}
+
+// Two ranks that each take themselves for the root of a reduce only receive: no message crosses, so
+// no stamp can tell. Each wait asks the other rank which call it is in and both fail, naming both
+// roots, within seconds instead of at TUTTI_TIMEOUT (1800 s here).
+TEST(OneRankAlone, TwoRanksThatBothTakeTheRootFailFast) {
+  ScopedEnv env({{"TUTTI_TIMEOUT", "1800"}, {"TUTTI_DIVERGENCE_PROBE", "1"}, {"TUTTI_MAILBOX_SIZE", "0"}});
+  std::vector<Outcome> outcomes(2);
+  on_nccl_ranks(2, [&](int r, ncclComm_t comm) {
+    std::vector<float> x(4096, 1.0f), y(4096);
+    outcomes[r].rc = ncclReduce(x.data(), y.data(), x.size(), ncclFloat, ncclSum, r, comm, nullptr);
+    outcomes[r].error = ncclGetLastError(comm);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(outcomes[r].rc, ncclInvalidUsage) << "rank " << r << ": " << outcomes[r].error;
+    EXPECT_NE(outcomes[r].error.find("with root"), std::string::npos) << outcomes[r].error;
   }
 }
 

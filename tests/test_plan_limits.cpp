@@ -53,8 +53,11 @@ TEST(PlanLimits, JsonFieldsBeyondTheirLimitsAreRefusedNamingThem) {
   j["ranks"][1]["input_chunks"] = (1 << 20) + 1;
   EXPECT_REFUSED(refusal_json(j), "rank 1 input_chunks is 1048577 (allowed 0..1048576)");
   j = ring4();
-  for (auto& r : j["ranks"]) r["scratch_chunks"] = 1 << 20;  // 4 ranks x 2^20 > 2^22 in all
+  for (auto& r : j["ranks"]) r["input_chunks"] = r["output_chunks"] = 1 << 20;  // 4 ranks x 2^21 > 2^22 in all
   EXPECT_REFUSED(refusal_json(j), "chunks over all ranks and buffers is");
+  j = ring4();
+  j["ranks"][2]["scratch_chunks"] = 1 << 20;  // scratch per chunk of the largest buffer: at most max(64, 4n)
+  EXPECT_REFUSED(refusal_json(j), "rank 2 scratch_chunks (per chunk of its largest buffer");
   j = ring4();
   j["ranks"][0]["blocks"][0]["channel"] = 32;
   EXPECT_REFUSED(refusal_json(j), "channel is 32 (allowed 0..31)");
