@@ -41,18 +41,6 @@ void CommState::set_hooks(std::function<void(const std::string&)> tell_peers, st
   diagnose_ = std::move(diagnose);
 }
 
-void CommState::begin_call(uint64_t stamp) {
-  if (call_depth_++ > 0) return;
-  // A reader that sees the new number sees 0 or the new stamp, never the last call's.
-  call_stamp_.store(0, std::memory_order_release);
-  call_seq_.fetch_add(1, std::memory_order_acq_rel);
-  call_stamp_.store(stamp, std::memory_order_release);
-}
-
-void CommState::end_call() {
-  if (--call_depth_ == 0) call_stamp_.store(0, std::memory_order_release);
-}
-
 CommState::Activity CommState::activity() const {
   const uint64_t seq = call_seq_.load(std::memory_order_acquire);
   const uint64_t stamp = call_stamp_.load(std::memory_order_acquire);

@@ -43,8 +43,17 @@ class CommState {
     uint64_t seq = 0;
     uint64_t stamp = 0;
   };
-  void begin_call(uint64_t stamp);
-  void end_call();
+  void begin_call(uint64_t stamp) {
+    if (call_depth_++ > 0) return;
+    // Only this thread writes them: plain stores, no locked read-modify-write on every call. A
+    // reader that sees the new number sees 0 or the new stamp, never the last call's.
+    call_stamp_.store(0, std::memory_order_release);
+    call_seq_.store(call_seq_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    call_stamp_.store(stamp, std::memory_order_release);
+  }
+  void end_call() {
+    if (--call_depth_ == 0) call_stamp_.store(0, std::memory_order_release);
+  }
   Activity activity() const;
   // The probe: the message naming a peer at this rank's call number in another call, or empty.
   // Installed by the communicator; `first_after_s` of waiting before the first probe (0: never).

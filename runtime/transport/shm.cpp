@@ -46,8 +46,8 @@ namespace {
 
 // 24 bits of a hash of every other word of the header (the sequence word is written separately).
 uint32_t check_of(const SlotHeader& h) {
-  return static_cast<uint32_t>(header_hash({h.message_bytes, h.offset, h.fragment_bytes, h.source_address,
-                                            h.segment_bytes, h.stamp, uint64_t(h.mode)}) >> 40);
+  return static_cast<uint32_t>(
+      header_hash({h.message_bytes, h.offset, h.fragment_bytes, h.source_address, h.stamp, uint64_t(h.mode)}) >> 40);
 }
 
 constexpr uint64_t kProbeValue = 0x7475747469707262ull;
@@ -277,17 +277,19 @@ bool ShmConnection::progress_send() {
       moved = true;
       continue;
     }
-    SlotHeader h{op.bytes, op.offset, 0, 0, 0, op.stamp, SlotMode::kInline, 0, 0, 0};
+    SlotHeader h{op.bytes, op.offset, 0, 0, op.stamp, SlotMode::kInline, 0, 0, 0};
     SharedBufferRef shared;
     if (!op.started && op.bytes > 0 && op.bytes >= ep_.zero_copy_threshold) {
       if (ep_.same_process) {
         h.mode = SlotMode::kAddress;
         h.source_address = reinterpret_cast<uint64_t>(op.data);
-      } else if (find_shared_buffer(op.data, op.bytes, shared) && shared.segment.size() < slot_size) {
+      } else if (find_shared_buffer(op.data, op.bytes, shared) &&
+                 sizeof(uint64_t) + shared.segment.size() < slot_size) {
         h.mode = SlotMode::kSegment;
         h.source_address = shared.offset;
-        h.segment_bytes = shared.segment_bytes;
-        std::memcpy(s + sizeof(SlotHeader), shared.segment.c_str(), shared.segment.size() + 1);
+        const uint64_t segment_bytes = shared.segment_bytes;
+        std::memcpy(s + sizeof(SlotHeader), &segment_bytes, sizeof segment_bytes);
+        std::memcpy(s + sizeof(SlotHeader) + sizeof segment_bytes, shared.segment.c_str(), shared.segment.size() + 1);
       }
     }
     if (h.mode == SlotMode::kInline && !op.started && cma_ && op.bytes > 0) {
@@ -373,9 +375,11 @@ void ShmConnection::copy_from_peer(unsigned char* dst, uint64_t src, size_t byte
 
 const unsigned char* ShmConnection::direct_source(const SlotHeader& h, const unsigned char* s) {
   if (h.mode == SlotMode::kAddress) return ep_.same_process ? reinterpret_cast<const unsigned char*>(h.source_address) : nullptr;
-  const char* name = reinterpret_cast<const char*>(s + sizeof(SlotHeader));
+  uint64_t segment_bytes = 0;
+  std::memcpy(&segment_bytes, s + sizeof(SlotHeader), sizeof segment_bytes);
+  const char* name = reinterpret_cast<const char*>(s + sizeof(SlotHeader) + sizeof segment_bytes);
   auto it = mapped_.find(name);
-  if (it == mapped_.end()) it = mapped_.emplace(name, ShmSegment::open(name, h.segment_bytes)).first;
+  if (it == mapped_.end()) it = mapped_.emplace(name, ShmSegment::open(name, segment_bytes)).first;
   if (h.source_address + h.fragment_bytes > it->second.size())
     throw RemoteError(fmt::format("{}: zero-copy descriptor outside segment {} ({} + {} > {} bytes)", where(), name,
                                   h.source_address, h.fragment_bytes, it->second.size()));

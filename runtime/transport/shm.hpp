@@ -88,17 +88,18 @@ struct SlotHeader {
   uint64_t offset;         // where this fragment goes
   uint64_t fragment_bytes;
   uint64_t source_address;  // kAddress: sender's address; kSegment: offset in the segment
-  uint64_t segment_bytes;   // kSegment: size of the segment, whose name follows the header
+  // kSegment: the segment's size (8 bytes) and name follow the header, in the slot's payload (the
+  // header stays 56 bytes, so an 8-byte message shares one cache line with it).
   CallStamp stamp;          // the call the message belongs to (runtime/call_stamp.hpp)
   SlotMode mode : 8;
   uint32_t check : 24;      // of the words above (check_of): a damaged header is an error
-  uint32_t unused;          // the header fills one cache line since the stamp carries the count
+  uint32_t unused;
   // Written last (release): k + 1 for the k-th slot ever published. The receiver polls this word
   // in the slot itself rather than the FIFO's head, so a small message costs the receiver one cache
   // miss (header and payload share the line), not two dependent ones.
   uint64_t seq;
 };
-static_assert(sizeof(SlotHeader) % 8 == 0 && offsetof(SlotHeader, seq) == sizeof(SlotHeader) - 8);
+static_assert(sizeof(SlotHeader) == 56 && offsetof(SlotHeader, seq) == sizeof(SlotHeader) - 8);
 
 struct FifoLayout {
   uint32_t slots;
