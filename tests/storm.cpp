@@ -100,6 +100,40 @@ Call draw(std::mt19937_64& rng, const Options& o, bool allow_p2p) {
   return c;
 }
 
+// Rank `me`'s result of call `c` on n ranks, out_elems elements (the reference: nccl-tests' data).
+void expected_result(const Call& c, int n, int me, size_t out_elems, std::vector<unsigned char>& expect) {
+  const size_t es = size_of(c.type), count = c.count;
+  const int root = static_cast<int>(c.root_draw % static_cast<uint64_t>(n));
+  expect.assign(std::max<size_t>(out_elems, 1) * es, 0);
+  for (size_t i = 0; i < out_elems; ++i) {
+    double v = 0;
+    switch (c.coll) {
+      case Coll::kAllReduce:
+      case Coll::kReduce:
+      case Coll::kReduceScatter:
+        v = reference::reduced(c.type, c.op, n, (c.coll == Coll::kReduceScatter ? me * count + i : i) + c.salt);
+        break;
+      case Coll::kAllGather: v = value(c.type, c.op, static_cast<int>(i / count), i % count, c.salt); break;
+      case Coll::kBroadcast: v = value(c.type, c.op, root, i, c.salt); break;
+      case Coll::kAllToAll:
+        v = value(c.type, c.op, static_cast<int>(i / count), me * count + i % count, c.salt);
+        break;
+      case Coll::kSendRecv: v = value(c.type, c.op, (me + n - 1) % n, i, c.salt); break;
+    }
+    store_value(c.type, expect.data() + i * es, v);
+  }
+  const bool reduces = c.coll == Coll::kAllReduce || c.coll == Coll::kReduce || c.coll == Coll::kReduceScatter;
+  if (reduces && c.op == 4) divide(c.type, expect.data(), expect.data(), static_cast<uint64_t>(n), out_elems);
+}
+
+// Elements of `got` that differ from `expect`, bit for bit.
+long count_wrong(const unsigned char* got, const std::vector<unsigned char>& expect, size_t elems, size_t es) {
+  long wrong = 0;
+  for (size_t i = 0; i < elems; ++i)
+    if (std::memcmp(got + i * es, expect.data() + i * es, es) != 0) ++wrong;
+  return wrong;
+}
+
 #define STORM_CHECK(call)                                                                                          \
   do {                                                                                                            \
     ncclResult_t rc_ = (call);                                                                                    \
@@ -193,26 +227,8 @@ class Rank {
     // The reference, before the call (in-place calls overwrite the input).
     b.out_elems = out_elems;
     b.meaningful = !(c.coll == Coll::kReduce && me != root);
-    b.expect.assign(std::max<size_t>(out_elems, 1) * es, 0);
-    for (size_t i = 0; i < out_elems; ++i) {
-      double v = 0;
-      switch (c.coll) {
-        case Coll::kAllReduce:
-        case Coll::kReduce:
-        case Coll::kReduceScatter:
-          v = reference::reduced(c.type, c.op, n, (c.coll == Coll::kReduceScatter ? me * count + i : i) + c.salt);
-          break;
-        case Coll::kAllGather: v = value(c.type, c.op, static_cast<int>(i / count), i % count, c.salt); break;
-        case Coll::kBroadcast: v = value(c.type, c.op, root, i, c.salt); break;
-        case Coll::kAllToAll:
-          v = value(c.type, c.op, static_cast<int>(i / count), me * count + i % count, c.salt);
-          break;
-        case Coll::kSendRecv: v = value(c.type, c.op, (me + n - 1) % n, i, c.salt); break;
-      }
-      store_value(c.type, b.expect.data() + i * es, v);
-    }
+    expected_result(c, n, me, out_elems, b.expect);
     const bool reduces = c.coll == Coll::kAllReduce || c.coll == Coll::kReduce || c.coll == Coll::kReduceScatter;
-    if (reduces && c.op == 4) divide(c.type, b.expect.data(), b.expect.data(), static_cast<uint64_t>(n), out_elems);
     ncclRedOp_t op = static_cast<ncclRedOp_t>(std::min(c.op, 4));
     ncclRedOp_t premul{};
     if (reduces && c.op == 5) {
@@ -242,10 +258,7 @@ class Rank {
     if (!b.meaningful) return 0;
     const size_t es = size_of(c.type);
     checked_bytes_ += b.out_elems * es;
-    long wrong = 0;
-    for (size_t i = 0; i < b.out_elems; ++i)
-      if (std::memcmp(b.rb + i * es, b.expect.data() + i * es, es) != 0) ++wrong;
-    return wrong;
+    return count_wrong(b.rb, b.expect, b.out_elems, es);
   }
 
   const Options& o_;
@@ -401,24 +414,7 @@ class MismatchRank {
     for (size_t i = 0; i < in_elems; ++i) store_value(c.type, sb + i * es, value(c.type, c.op, me, i, c.salt));
     out_elems_ = out_elems;
     meaningful_ = !(c.coll == Coll::kReduce && me != root);
-    expect_.assign(std::max<size_t>(out_elems, 1) * es, 0);
-    for (size_t i = 0; i < out_elems; ++i) {
-      double v = 0;
-      switch (c.coll) {
-        case Coll::kAllReduce:
-        case Coll::kReduce:
-        case Coll::kReduceScatter:
-          v = reference::reduced(c.type, c.op, n, (c.coll == Coll::kReduceScatter ? me * count + i : i) + c.salt);
-          break;
-        case Coll::kAllGather: v = value(c.type, c.op, static_cast<int>(i / count), i % count, c.salt); break;
-        case Coll::kBroadcast: v = value(c.type, c.op, root, i, c.salt); break;
-        case Coll::kAllToAll: v = value(c.type, c.op, static_cast<int>(i / count), me * count + i % count, c.salt); break;
-        case Coll::kSendRecv: break;
-      }
-      store_value(c.type, expect_.data() + i * es, v);
-    }
-    const bool reduces = c.coll == Coll::kAllReduce || c.coll == Coll::kReduce || c.coll == Coll::kReduceScatter;
-    if (reduces && c.op == 4) divide(c.type, expect_.data(), expect_.data(), static_cast<uint64_t>(n), out_elems);
+    expected_result(c, n, me, out_elems, expect_);
     const auto op = static_cast<ncclRedOp_t>(c.op);
     switch (c.coll) {
       case Coll::kAllReduce: return ncclAllReduce(sb, rb, count, t, op, comm, nullptr);
@@ -434,11 +430,7 @@ class MismatchRank {
 
   long check(const Call& c) const {
     if (!meaningful_) return 0;
-    const size_t es = size_of(c.type);
-    long wrong = 0;
-    for (size_t i = 0; i < out_elems_; ++i)
-      if (std::memcmp(recv_.data() + i * es, expect_.data() + i * es, es) != 0) ++wrong;
-    return wrong;
+    return count_wrong(recv_.data(), expect_, out_elems_, size_of(c.type));
   }
 
   int rank_, nranks_;
