@@ -358,6 +358,13 @@ class MismatchRank {
         --t.quiet, ++t.errors_next;  // heard of the mismatch at the next call
       }
     }
+    if (t.quiet > quiet_before && next == ncclSuccess) {
+      const Call c = call_of(m, rank_, nranks_);
+      std::fprintf(stderr, "rank %d: quiet: %s of %zu %s, op %d, root draw %llu (%s changed on rank %d)\n", rank_,
+                   kNames[static_cast<int>(c.coll)], c.count, std::string(name(c.type)).c_str(), c.op,
+                   static_cast<unsigned long long>(c.root_draw % static_cast<uint64_t>(nranks_)),
+                   kChangeNames[static_cast<int>(m.change)], m.odd_rank);
+    }
     if (next == ncclSuccess && x != nranks_) {
       ++t.wrong;
       std::fprintf(stderr, "rank %d: WRONG: the next call's all-reduce gave %d, not %d\n", rank_, x, nranks_);
