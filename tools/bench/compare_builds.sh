@@ -38,17 +38,24 @@ from collections import defaultdict
 t = defaultdict(list)
 for line in open(sys.argv[1]):
     c, w, r, size, oop, ip = line.split()
-    t[(c, int(size), w, 'oop')].append(float(oop))
-    t[(c, int(size), w, 'ip')].append(float(ip))
+    for kind, v in (('oop', oop), ('ip', ip)):
+        try:
+            t[(c, int(size), w, kind)].append(float(v))
+        except ValueError:  # N/A: no in-place form (alltoall)
+            pass
 keys = sorted({(c, s) for (c, s, _, _) in t})
 ratios = []
 for c, s in keys:
-    row = []
+    cells = []
     for kind in ('oop', 'ip'):
-        o = statistics.median(t[(c, s, 'old', kind)]); n = statistics.median(t[(c, s, 'new', kind)])
+        old, new = t.get((c, s, 'old', kind)), t.get((c, s, 'new', kind))
+        if not old or not new:
+            cells.append(f"{'-':>9} {'-':>9} {'-':>6}")
+            continue
+        o, n = statistics.median(old), statistics.median(new)
         ratios.append(o / n)
-        row += [o, n, o / n]
-    print(f"{c:<14} {s:>10} {row[0]:>9.2f} {row[1]:>9.2f} {row[2]:>6.2f} {row[3]:>9.2f} {row[4]:>9.2f} {row[5]:>6.2f}")
+        cells.append(f"{o:>9.2f} {n:>9.2f} {o / n:>6.2f}")
+    print(f"{c:<14} {s:>10} {cells[0]} {cells[1]}")
 g = statistics.geometric_mean(ratios)
 print(f"# geometric mean of old/new over {len(ratios)} points: {g:.3f}")
 EOF
