@@ -345,7 +345,7 @@ class MismatchRank {
   // Returns whether the communicator failed.
   bool trial(const MismatchCall& m, ncclComm_t comm, MismatchTally& t) {
     const long errors_before = t.errors + t.failed_matching;
-    const bool quiet_before = t.quiet;
+    const long quiet_before = t.quiet;
     one_call(m, comm, t);
     int32_t x = 1;
     const ncclResult_t next = ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, comm, nullptr);
