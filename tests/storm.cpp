@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -453,6 +454,19 @@ int env_int(const char* name, int fallback) {
 
 }  // namespace
 
+// Runs body(rank, thread index, print lock) on one thread per rank of this process; the exit status
+// is 0 only if every body returned true.
+int on_rank_threads(const Options& o, int proc, const std::function<bool(int, int, std::mutex&)>& body) {
+  std::mutex print;
+  std::vector<int> bad(o.threads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < o.threads; ++t)
+    threads.emplace_back([&, t] { bad[t] = body(proc * o.threads + t, t, print) ? 0 : 1; });
+  for (auto& th : threads) th.join();
+  std::fflush(stdout);
+  return std::count(bad.begin(), bad.end(), 1) ? 1 : 0;
+}
+
 // The mismatch storm on this process's ranks. Each call gets a fresh world communicator: a detected
 // mismatch fails the one it ran on. Ranks that are threads of one process take each call's unique id
 // from the first of them (a barrier hands it over); under tutti-run the environment's id serves all.
@@ -461,42 +475,34 @@ int mismatch_main(const Options& o, int proc, int procs) {
   const bool env_id = std::getenv("TUTTI_COMM_ID") != nullptr;
   std::barrier sync(o.threads);
   ncclUniqueId id{};
-  std::mutex print;
-  std::vector<int> bad(o.threads, 0);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < o.threads; ++t)
-    threads.emplace_back([&, t] {
-      const int rank = proc * o.threads + t;
-      MismatchRank me(rank, nranks);
-      MismatchTally tally;
-      std::mt19937_64 rng(o.seed);
-      for (int k = 0; k < o.calls; ++k) {
-        const MismatchCall m = draw_mismatch(rng, o, nranks);
-        if (!env_id && t == 0 && ncclGetUniqueId(&id) != ncclSuccess) std::abort();
-        if (!env_id) sync.arrive_and_wait();
-        ncclUniqueId mine = id;
-        if (env_id) ncclGetUniqueId(&mine);
-        if (!env_id) sync.arrive_and_wait();  // everyone has copied the id before the next one is made
-        ncclComm_t comm = nullptr;
-        if (ncclCommInitRank(&comm, nranks, mine, rank) != ncclSuccess) {
-          std::lock_guard lock(print);
-          std::printf("rank %d: init of call %d failed: %s\n", rank, k, ncclGetLastError(nullptr));
-          bad[t] = 1;
-          break;
-        }
-        if (me.trial(m, comm, tally)) ncclCommAbort(comm);
-        else ncclCommDestroy(comm);
+  return on_rank_threads(o, proc, [&](int rank, int t, std::mutex& print) {
+    MismatchRank me(rank, nranks);
+    MismatchTally tally;
+    std::mt19937_64 rng(o.seed);
+    for (int k = 0; k < o.calls; ++k) {
+      const MismatchCall m = draw_mismatch(rng, o, nranks);
+      if (!env_id && t == 0 && ncclGetUniqueId(&id) != ncclSuccess) std::abort();
+      if (!env_id) sync.arrive_and_wait();
+      ncclUniqueId mine = id;
+      if (env_id) ncclGetUniqueId(&mine);
+      if (!env_id) sync.arrive_and_wait();  // everyone has copied the id before the next one is made
+      ncclComm_t comm = nullptr;
+      if (ncclCommInitRank(&comm, nranks, mine, rank) != ncclSuccess) {
+        std::lock_guard lock(print);
+        std::printf("rank %d: init of call %d failed: %s\n", rank, k, ncclGetLastError(nullptr));
+        if (!env_id) sync.arrive_and_drop();  // the other threads' inits fail in turn, not wait here
+        return false;
       }
-      std::lock_guard lock(print);
-      std::printf("rank %d: mismatch storm of %d calls (%ld mismatched, seed %llu, %d ranks): %ld errors in the call, "
-                  "%ld at the next call, %ld quiet, %ld wrong, %ld matching calls failed\n",
-                  rank, o.calls, tally.mismatched, static_cast<unsigned long long>(o.seed), nranks, tally.errors,
-                  tally.errors_next, tally.quiet, tally.wrong, tally.failed_matching);
-      bad[t] = bad[t] || tally.wrong || tally.failed_matching;
-    });
-  for (auto& th : threads) th.join();
-  std::fflush(stdout);
-  return std::count(bad.begin(), bad.end(), 1) ? 1 : 0;
+      if (me.trial(m, comm, tally)) ncclCommAbort(comm);
+      else ncclCommDestroy(comm);
+    }
+    std::lock_guard lock(print);
+    std::printf("rank %d: mismatch storm of %d calls (%ld mismatched, seed %llu, %d ranks): %ld errors in the call, "
+                "%ld at the next call, %ld quiet, %ld wrong, %ld matching calls failed\n",
+                rank, o.calls, tally.mismatched, static_cast<unsigned long long>(o.seed), nranks, tally.errors,
+                tally.errors_next, tally.quiet, tally.wrong, tally.failed_matching);
+    return tally.wrong == 0 && tally.failed_matching == 0;
+  });
 }
 
 int main(int argc, char** argv) {
@@ -530,35 +536,28 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tutti-storm: ncclGetUniqueId failed: %s\n", ncclGetLastError(nullptr));
     return 1;
   }
-  std::mutex print;
-  std::vector<int> bad(o.threads, 0);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < o.threads; ++t)
-    threads.emplace_back([&, t] {
-      const int rank = proc * o.threads + t;
-      ncclComm_t world = nullptr;
-      try {
-        STORM_CHECK(ncclCommInitRank(&world, nranks, id, rank));
-        long wrong = 0, failed = 0;
-        uint64_t checked = 0;
-        {
-          Rank r(o, rank, nranks, world);
-          std::tie(wrong, failed) = r.run();
-          checked = r.checked_bytes_;
-        }
-        std::lock_guard lock(print);
-        std::printf("rank %d: storm of %d calls (seed %llu, %d ranks, %.1f MiB of results checked): %ld wrong, %ld "
-                    "failed\n",
-                    rank, o.calls, static_cast<unsigned long long>(o.seed), nranks, checked / 1048576.0, wrong, failed);
-        bad[t] = wrong || failed;
-      } catch (const std::exception& e) {
-        std::lock_guard lock(print);
-        std::printf("rank %d: %s\n", rank, e.what());
-        bad[t] = 1;
+  return on_rank_threads(o, proc, [&](int rank, int, std::mutex& print) {
+    ncclComm_t world = nullptr;
+    bool good = false;
+    try {
+      STORM_CHECK(ncclCommInitRank(&world, nranks, id, rank));
+      long wrong = 0, failed = 0;
+      uint64_t checked = 0;
+      {
+        Rank r(o, rank, nranks, world);
+        std::tie(wrong, failed) = r.run();
+        checked = r.checked_bytes_;
       }
-      if (world) ncclCommDestroy(world);
-    });
-  for (auto& th : threads) th.join();
-  std::fflush(stdout);
-  return std::count(bad.begin(), bad.end(), 1) ? 1 : 0;
+      std::lock_guard lock(print);
+      std::printf("rank %d: storm of %d calls (seed %llu, %d ranks, %.1f MiB of results checked): %ld wrong, %ld "
+                  "failed\n",
+                  rank, o.calls, static_cast<unsigned long long>(o.seed), nranks, checked / 1048576.0, wrong, failed);
+      good = !wrong && !failed;
+    } catch (const std::exception& e) {
+      std::lock_guard lock(print);
+      std::printf("rank %d: %s\n", rank, e.what());
+    }
+    if (world) ncclCommDestroy(world);
+    return good;
+  });
 }
