@@ -34,7 +34,7 @@ std::vector<std::string> shared_xmls() {
 
 TEST(MscclXml, EverySharedFileImportsVerifiesAndRoundTrips) {
   auto files = shared_xmls();
-  ASSERT_EQ(files.size(), 6u) << "expected the six MSCCL algorithms of ../shared/testdata/msccl";
+  ASSERT_EQ(files.size(), 6u) << "expected the six MSCCL algorithms of tests/data/msccl";
   for (auto& f : files) {
     SCOPED_TRACE(f);
     std::vector<std::string> warnings;

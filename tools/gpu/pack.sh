@@ -5,7 +5,9 @@
 # MPI (one process per rank: unmodified nccl-tests puts thread t on GPU t, so ranks that share the
 # one GPU must be processes, NCCL_TESTS_DEVICE=0), and Open MPI's wheel from PyPI.
 #
-#   tools/gpu/pack.sh [build-dir]      (after a CUDA build: cmake --build build)
+#   NCCL_TESTS_DIR=PATH tools/gpu/pack.sh [build-dir]   (after a CUDA build: cmake --build build)
+#
+# NCCL_TESTS_DIR: an unmodified checkout of NVIDIA/nccl-tests (not part of this repository).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
@@ -43,7 +45,7 @@ fi
 # Open MPI's side of tools/bench/compare_mpi.sh (check.sh's host section), built against the wheel
 # here: the GPU image may have no C compiler for mpicc.
 OPAL_PREFIX="$PWD/$ompi" "$ompi/bin/mpicc" -O2 -o "$out/bin/mpi_bench" tools/bench/mpi_bench.c
-tests=../shared/third_party/nccl-tests
+tests=${NCCL_TESTS_DIR:?set NCCL_TESTS_DIR to an unmodified checkout of NVIDIA/nccl-tests}
 if [ ! -x .gpu/nccl-tests/all_reduce_perf ]; then
   make -C "$tests" -j"$(nproc)" MPI=1 MPI_HOME="$PWD/$ompi" CUDA_HOME=/usr/local/cuda NCCL_HOME=/usr/local/cuda \
     NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" BUILDDIR="$PWD/.gpu/nccl-tests" >/dev/null
@@ -53,5 +55,5 @@ for t in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall
 done
 cp "$wheel" "$out/"
 cp tools/gpu/*.py "$out/"
-mkdir -p "$out/msccl" && cp ../shared/testdata/msccl/*.xml "$out/msccl/"
+mkdir -p "$out/msccl" && cp tests/data/msccl/*.xml "$out/msccl/"
 du -sh "$out"
