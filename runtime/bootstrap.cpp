@@ -197,12 +197,17 @@ std::vector<unsigned char> Bootstrap::recv(int peer, uint64_t tag, bool despite_
     for (auto other = inbox_.lower_bound({peer, seq << 16}); other != inbox_.end() && other->first.first == peer &&
                                                               other->first.second >> 16 == seq;
          ++other)
-      if (other->first.second != tag && !other->second.empty())
-        throw InvalidUsage(fmt::format(
+      if (other->first.second != tag && !other->second.empty()) {
+        const std::string message = fmt::format(
             "rank {}: {} runs a {} where this rank runs a {} (bootstrap step {}): every rank must make the same calls "
             "(collectives, split, shrink) in the same order",
             rank(), describe(peer), to_string(static_cast<BootstrapOp>(other->first.second >> 8 & 0xff)),
-            to_string(static_cast<BootstrapOp>(tag >> 8 & 0xff)), seq));
+            to_string(static_cast<BootstrapOp>(tag >> 8 & 0xff)), seq);
+        // The bootstrap's steps are out of step for good: the communicator fails, and its peers hear it.
+        lock.unlock();
+        state_->fail(ErrorKind::kInvalidUsage, message);
+        throw InvalidUsage(message);
+      }
     if (mesh_[peer]->departed || mesh_[peer]->eof)
       throw RemoteError(fmt::format("rank {}: {} left the communicator while this rank waited for its message",
                                     rank(), describe(peer)));
