@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "collectives/tuner.hpp"
+#include "core/address_space.hpp"
+#include "core/datatype.hpp"
 #include "runtime/device/device_executor.hpp"
 #include "runtime/executor.hpp"
 
@@ -38,9 +40,25 @@ struct CollectiveCall {
 // first): InvalidArgument naming `fn` and the argument where count x element size (x ranks, for a
 // buffer that holds every rank's part) overflows or describes memory past what this process can
 // address. A wrapped size would move nothing and report success; an unaddressable one would crash.
-void check_call_sizes(const CollectiveCall& call, int nranks, int rank, const char* fn);
+// Inline, a few compares: the refusal, with its message, is out of line (refuse_call_sizes).
+inline void check_call_sizes(const CollectiveCall& call, int nranks, int rank, const char* fn);
 // The bytes of a point-to-point transfer of `count` elements of `type`, checked the same way.
 size_t checked_transfer_bytes(const void* buffer, size_t count, DataType type, int rank, const char* fn);
+// Throws the InvalidArgument that check_call_sizes found a reason for.
+[[noreturn]] void refuse_call_sizes(const CollectiveCall& call, int nranks, int rank, const char* fn);
+
+inline void check_call_sizes(const CollectiveCall& call, int nranks, int rank, const char* fn) {
+  const Collective c = call.collective;
+  const uint64_t n = static_cast<uint64_t>(nranks);
+  const uint64_t in_parts = c == Collective::kReduceScatter || c == Collective::kAllToAll || c == Collective::kScatter ? n : 1;
+  const uint64_t out_parts = c == Collective::kAllGather || c == Collective::kAllToAll || c == Collective::kGather ? n : 1;
+  const uint64_t esize = size_of(call.reduction.type);
+  const std::optional<uint64_t> in = checked_bytes(static_cast<uint64_t>(call.count), esize, in_parts);
+  const std::optional<uint64_t> out = checked_bytes(static_cast<uint64_t>(call.count), esize, out_parts);
+  if (call.count < 0 || !in || !out || (call.input && !addressable(call.input, *in)) ||
+      (call.output && !addressable(call.output, *out)))
+    refuse_call_sizes(call, nranks, rank, fn);
+}
 
 // What runs a call: a prepared plan, or the one-shot mailbox path (collectives/oneshot.hpp).
 struct Choice {
