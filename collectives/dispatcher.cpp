@@ -533,14 +533,13 @@ double Dispatcher::predict_us(const CollectiveCall& call) {
   return plan::simulate(p, t, static_cast<uint64_t>(call.count * esize), model).time_us;
 }
 
-void refuse_call_sizes(const CollectiveCall& call, int nranks, int rank, const char* fn) {
+void check_call_sizes_exactly(const CollectiveCall& call, int nranks, int rank, const char* fn) {
   TUTTI_CHECK(call.count >= 0, InvalidArgument, "{}: rank {}: count {} is past 2^63", fn, rank,
               static_cast<uint64_t>(call.count));
   const auto count = static_cast<uint64_t>(call.count);
   check_buffer_size(call.input, count, call.reduction.type, input_parts(call.collective, nranks), "sendbuff", rank, fn);
   check_buffer_size(call.output, count, call.reduction.type, output_parts(call.collective, nranks), "recvbuff", rank,
                     fn);
-  throw InternalError(fmt::format("{}: rank {}: refuse_call_sizes found nothing to refuse", fn, rank));
 }
 
 size_t checked_transfer_bytes(const void* buffer, size_t count, DataType type, int rank, const char* fn) {

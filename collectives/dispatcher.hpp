@@ -40,24 +40,26 @@ struct CollectiveCall {
 // first): InvalidArgument naming `fn` and the argument where count x element size (x ranks, for a
 // buffer that holds every rank's part) overflows or describes memory past what this process can
 // address. A wrapped size would move nothing and report success; an unaddressable one would crash.
-// Inline, a few compares: the refusal, with its message, is out of line (refuse_call_sizes).
+// Inline: a bound that no call of fewer than 2^32 elements on fewer than 2^20 ranks can pass when both
+// buffers end below 2^47 decides most calls in a few instructions; the rest are checked exactly, out
+// of line (check_call_sizes_exactly).
 inline void check_call_sizes(const CollectiveCall& call, int nranks, int rank, const char* fn);
 // The bytes of a point-to-point transfer of `count` elements of `type`, checked the same way.
 size_t checked_transfer_bytes(const void* buffer, size_t count, DataType type, int rank, const char* fn);
-// Throws the InvalidArgument that check_call_sizes found a reason for.
-[[noreturn]] void refuse_call_sizes(const CollectiveCall& call, int nranks, int rank, const char* fn);
+// check_call_sizes without the shortcut.
+void check_call_sizes_exactly(const CollectiveCall& call, int nranks, int rank, const char* fn);
 
 inline void check_call_sizes(const CollectiveCall& call, int nranks, int rank, const char* fn) {
-  const Collective c = call.collective;
-  const uint64_t n = static_cast<uint64_t>(nranks);
-  const uint64_t in_parts = c == Collective::kReduceScatter || c == Collective::kAllToAll || c == Collective::kScatter ? n : 1;
-  const uint64_t out_parts = c == Collective::kAllGather || c == Collective::kAllToAll || c == Collective::kGather ? n : 1;
-  const uint64_t esize = size_of(call.reduction.type);
-  const std::optional<uint64_t> in = checked_bytes(static_cast<uint64_t>(call.count), esize, in_parts);
-  const std::optional<uint64_t> out = checked_bytes(static_cast<uint64_t>(call.count), esize, out_parts);
-  if (call.count < 0 || !in || !out || (call.input && !addressable(call.input, *in)) ||
-      (call.output && !addressable(call.output, *out)))
-    refuse_call_sizes(call, nranks, rank, fn);
+  const auto count = static_cast<uint64_t>(call.count);  // a negative count is past 2^63 here
+  const auto n = static_cast<uint64_t>(nranks);
+  constexpr uint64_t kUserTop = uint64_t{1} << 47;
+  if (count < (uint64_t{1} << 32) && n < (uint64_t{1} << 20)) {
+    const uint64_t bound = count * 8 * n;  // at least the bytes of either buffer, below 2^55
+    if (bound <= kUserTop && reinterpret_cast<uintptr_t>(call.input) <= kUserTop - bound &&
+        reinterpret_cast<uintptr_t>(call.output) <= kUserTop - bound)
+      return;
+  }
+  check_call_sizes_exactly(call, nranks, rank, fn);
 }
 
 // What runs a call: a prepared plan, or the one-shot mailbox path (collectives/oneshot.hpp).
