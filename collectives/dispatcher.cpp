@@ -39,9 +39,6 @@ bool is_inplace(Collective c, const unsigned char* in, const unsigned char* out,
 
 namespace {
 
-
-bool rooted(Collective c) { return c == Collective::kBroadcast || c == Collective::kReduce; }
-
 int64_t input_elems(Collective c, int64_t count, int n) {
   return c == Collective::kReduceScatter || c == Collective::kAllToAll ? count * n : count;
 }
@@ -371,7 +368,7 @@ const Choice& Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int
   auto applicable = [&](const PreparedPlan& pp) {
     const plan::Plan& p = pp.plan;
     if (p.collective != c || p.nranks != n) return false;
-    if (rooted(c) && (p.root != root || p.inplace)) return false;
+    if (has_root(c) && (p.root != root || p.inplace)) return false;
     if (!p.any_count && count % p.chunk_factor != 0) return false;
     // An in-place plan serves an out-of-place reduce-scatter only with a larger output: never.
     if (c == Collective::kReduceScatter && p.inplace && !inplace) return false;
@@ -381,7 +378,7 @@ const Choice& Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int
     const algorithms::Builtin& b = algorithms::find_builtin(name);
     std::map<std::string, int> prm;
     for (auto& p : b.params) {
-      if (p.name == "inplace") prm["inplace"] = rooted(c) ? 0 : inplace;
+      if (p.name == "inplace") prm["inplace"] = has_root(c) ? 0 : inplace;
       if (p.name == "root") prm["root"] = root;
       if (p.name == "chunks" && name == "chain_broadcast")
         prm["chunks"] = static_cast<int>(std::clamp<uint64_t>(bytes >> 20, 1, 16));
@@ -466,9 +463,8 @@ void Dispatcher::check_consistent(const CollectiveCall& call) {
     if (coll != call.collective) mismatch("collective", to_string(call.collective), to_string(coll));
     if (count != call.count) mismatch("count", std::to_string(call.count), std::to_string(count));
     if (type != call.reduction.type) mismatch("datatype", std::string(name(call.reduction.type)), std::string(name(type)));
-    bool reduces = coll == Collective::kAllReduce || coll == Collective::kReduce || coll == Collective::kReduceScatter;
-    if (reduces && op != call.reduction.op) mismatch("op", std::string(name(call.reduction.op)), std::string(name(op)));
-    if (rooted(coll) && root != call.root) mismatch("root", std::to_string(call.root), std::to_string(root));
+    if (reduces(coll) && op != call.reduction.op) mismatch("op", std::string(name(call.reduction.op)), std::string(name(op)));
+    if (has_root(coll) && root != call.root) mismatch("root", std::to_string(call.root), std::to_string(root));
   }
 }
 
@@ -578,11 +574,8 @@ std::function<void()> Dispatcher::start(const CollectiveCall& call) {
 
 void Dispatcher::run(const CollectiveCall& call, Executor& ex) {
   // What this rank's collective call is, for the divergence probe (runtime/comm_state.hpp).
-  const Collective coll = call.collective;
-  const bool rooted_call = coll == Collective::kBroadcast || coll == Collective::kReduce;
-  const bool reducing = coll == Collective::kAllReduce || coll == Collective::kReduce || coll == Collective::kReduceScatter;
-  CallActivity activity(comm_.state(), make_stamp(coll, call.reduction.type, call.reduction.op, reducing,
-                                                  rooted_call ? call.root : -1, static_cast<uint64_t>(call.count)));
+  CallActivity activity(comm_.state(), make_stamp(call.collective, call.reduction.type, call.reduction.op, call.root,
+                                                  static_cast<uint64_t>(call.count)));
   const bool dev = ex.device();
   void* const stream = call.stream;
   const int n = comm_.size(), rank = comm_.rank();
@@ -633,12 +626,12 @@ void Dispatcher::run(const CollectiveCall& call, Executor& ex) {
   args.output = out;
   args.stream = stream;
   if (dev && bytes <= kDeviceLLBytes) args.protocol = Protocol::kLL;
-  if (!rooted(c) && pp->plan.inplace && !inplace) {
+  if (!has_root(c) && pp->plan.inplace && !inplace) {
     // Out-of-place call, in-place plan: put the input where the plan expects it.
     unsigned char* slot = c == Collective::kAllGather ? out + rank * call.count * esize : out;
     ex.copy(slot, in, in_bytes, stream);
     args.input = slot;
-  } else if (!rooted(c) && !pp->plan.inplace && inplace && in != scaled) {
+  } else if (!has_root(c) && !pp->plan.inplace && inplace && in != scaled) {
     // In-place call, out-of-place plan: the plan must read an input it does not overwrite.
     auto* t = static_cast<unsigned char*>(ex.temp(0, in_bytes, stream));
     ex.copy(t, in, in_bytes, stream);

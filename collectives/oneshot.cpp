@@ -48,10 +48,6 @@ bool deep(const Mailbox& mb, Collective c, int64_t count, int64_t esize) {
   return mb.deep(static_cast<uint64_t>(published_bytes(c, count, esize, mb.size())), runs_ahead);
 }
 
-bool reduces(Collective c) {
-  return c == Collective::kAllReduce || c == Collective::kReduce || c == Collective::kReduceScatter;
-}
-
 CallHeader header_of(Collective c, int64_t count, const Reduction& red, int root) {
   CallHeader h{};
   h.collective = static_cast<uint8_t>(c);

@@ -170,10 +170,7 @@ int CollectiveSpec::output_chunks() const {
   }
 }
 
-bool CollectiveSpec::has_root() const {
-  return kind == Collective::kBroadcast || kind == Collective::kReduce || kind == Collective::kGather ||
-         kind == Collective::kScatter;
-}
+bool CollectiveSpec::has_root() const { return tutti::has_root(kind); }
 
 Location CollectiveSpec::canonical(int rank, BufferKind buffer, int index) const {
   if (!inplace || buffer == BufferKind::kScratch || is_state(buffer)) return {buffer, index};

@@ -81,7 +81,7 @@ constexpr Variable kVariables[] = {
     {"TUTTI_DEVICE_SLOT_SIZE", "", "512K",
      "Bytes per slot of a device FIFO (Simple protocol). A call runs in rounds sized so that each transfer of the "
      "plan fits one slot."},
-    {"TUTTI_DEVICE_LL_SLOT_SIZE", "", "32K", "Bytes per slot of a device FIFO in the LL protocol (half is data)."},
+    {"TUTTI_DEVICE_LL_SLOT_SIZE", "", "32K", "Bytes per slot of a device FIFO in the LL protocol (a 32-byte header with the call's stamp, then lines that are half data)."},
     {"TUTTI_DEVICE_FIFO_DEPTH", "", "8",
      "Slots per device FIFO. A plan that the verifier proves deadlock-free only with deeper FIFOs is refused."},
     {"TUTTI_DEVICE_INSTANCES", "", "0",

@@ -37,13 +37,14 @@ inline uint32_t stamp_count(uint64_t count) {
   return kStampHashedCount | static_cast<uint32_t>(h >> 33);
 }
 
-// Low word: collective 5 bits, datatype 4, op 3 (only for reductions), root 20 (only for rooted
-// calls; a root past 2^20 - 2 is taken modulo). High word: stamp_count(count). Never 0, so a plan's
-// stamp differs from point-to-point's.
-inline CallStamp make_stamp(Collective c, DataType type, RedOp op, bool reduces, int root, uint64_t count) {
-  const uint32_t r = root >= 0 ? static_cast<uint32_t>(root) % kStampNoRoot : kStampNoRoot;
+// Low word: collective 5 bits, datatype 4, op 3 (only for reductions and custom plans, which may
+// reduce), root 20 (only for collectives with a root; a root past 2^20 - 2 is taken modulo). High
+// word: stamp_count(count). Never 0, so a plan's stamp differs from point-to-point's.
+inline CallStamp make_stamp(Collective c, DataType type, RedOp op, int root, uint64_t count) {
+  const bool with_op = reduces(c) || c == Collective::kCustom;
+  const uint32_t r = has_root(c) && root >= 0 ? static_cast<uint32_t>(root) % kStampNoRoot : kStampNoRoot;
   const uint32_t call = (static_cast<uint32_t>(c) + 1) | static_cast<uint32_t>(type) << 5 |
-                        (reduces ? static_cast<uint32_t>(op) : 0u) << 9 | r << 12;
+                        (with_op ? static_cast<uint32_t>(op) : 0u) << 9 | r << 12;
   return call | uint64_t{stamp_count(count)} << 32;
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/log.hpp"
 
@@ -27,12 +28,24 @@ void CommState::fail(ErrorKind kind, const std::string& message, bool tell_peers
     kind_ = kind;
     message_ = message;
     failed_.store(true, std::memory_order_release);
+    for (auto [word, value] : stop_words_) std::atomic_ref<int32_t>(*word).store(value, std::memory_order_release);
   }
   TUTTI_WARN("rank {}: {}", rank_, message);
   wake_all();
   if (!tell_peers || aborted()) return;  // an abort tells the peers itself
   std::lock_guard lock(tell_mutex_);
   if (tell_peers_) tell_peers_(message);
+}
+
+void CommState::add_stop_word(int32_t* word, int32_t failed_value) {
+  std::lock_guard lock(mutex_);
+  stop_words_.emplace_back(word, failed_value);
+  if (failed_.load()) std::atomic_ref<int32_t>(*word).store(failed_value, std::memory_order_release);
+}
+
+void CommState::remove_stop_word(int32_t* word) {
+  std::lock_guard lock(mutex_);
+  std::erase_if(stop_words_, [&](const auto& w) { return w.first == word; });
 }
 
 void CommState::set_hooks(std::function<void(const std::string&)> tell_peers, std::function<std::string()> diagnose) {

@@ -9,6 +9,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.hpp"
 #include "runtime/doorbell.hpp"
@@ -85,6 +87,13 @@ class CommState {
   void set_departed(int peer);
   bool departed(int peer) const { return departed_[static_cast<size_t>(peer)].load(std::memory_order_acquire); }
 
+  // Words a device polls in its waits (a device executor's host-mapped stop word, abi.hpp): each is
+  // set to `failed_value` when the communicator fails, so a kernel waiting for a peer that has
+  // failed stops as host waits do, instead of at TUTTI_TIMEOUT. A word added after the failure is
+  // set at once; remove a word before freeing it.
+  void add_stop_word(int32_t* word, int32_t failed_value);
+  void remove_stop_word(int32_t* word);
+
   // Wakes futex sleepers (doorbell), poll() sleepers (event fd) and condition-variable sleepers.
   void wake_all();
   void set_doorbell(Doorbell* bell) { doorbell_ = bell; }
@@ -116,6 +125,7 @@ class CommState {
   std::function<std::string()> probe_;
   std::atomic<double> probe_after_s_{0};
   std::atomic<uint64_t> call_seq_{0}, call_stamp_{0};
+  std::vector<std::pair<int32_t*, int32_t>> stop_words_;  // guarded by mutex_
   int call_depth_ = 0;  // only the thread that drives the communicator begins and ends calls
   Fd event_fd_;
 };

@@ -766,6 +766,10 @@ void run_host_p2p(Communicator& comm, const std::vector<P2pTransfer>& ops) {
   }
 }
 
+CallStamp call_stamp(const plan::Plan& p, const ExecArgs& args) {
+  return make_stamp(p.collective, args.reduction.type, args.reduction.op, p.root, static_cast<uint64_t>(args.count));
+}
+
 void check_call(const PreparedPlan& pp, int nranks, const ExecArgs& args) {
   const plan::Plan& p = pp.plan;
   const int64_t count = args.count;
@@ -859,13 +863,7 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   Layout* const layout = slot.get();
   // Every message of this call carries what the call is, and every receive checks it: ranks that
   // make different calls fail on the first message (runtime/call_stamp.hpp).
-  const Collective c = p.collective;
-  const bool reduces = c == Collective::kAllReduce || c == Collective::kReduce || c == Collective::kReduceScatter ||
-                       c == Collective::kCustom;
-  const bool rooted = c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kGather ||
-                      c == Collective::kScatter;
-  const CallStamp stamp =
-      make_stamp(c, args.reduction.type, args.reduction.op, reduces, rooted ? p.root : -1, static_cast<uint64_t>(args.count));
+  const CallStamp stamp = call_stamp(p, args);
   for (const auto& worker_conns : layout->conns)
     for (Connection* conn : worker_conns) conn->set_stamp(stamp);
   Run* runs = layout->runs.get();

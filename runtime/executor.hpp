@@ -27,6 +27,7 @@
 
 #include "compiler/plan.hpp"
 #include "core/reduce.hpp"
+#include "runtime/call_stamp.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/worker_pool.hpp"
 
@@ -67,6 +68,10 @@ struct ExecArgs {
   // in place; each holds the plan's chunks of it (the call's chunk, or the buffer's unit).
   std::vector<void*> states;
 };
+
+// What every message of a plan's call carries (runtime/call_stamp.hpp), on every executor: the
+// plan's collective and root, the call's type, op and count.
+CallStamp call_stamp(const plan::Plan& plan, const ExecArgs& args);
 
 // One ncclSend (send) or ncclRecv of a group.
 struct P2pTransfer {

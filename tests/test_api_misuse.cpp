@@ -106,8 +106,13 @@ void expect_every_rank_failed(const std::vector<Outcome>& outcomes, const std::s
 
 class CountMismatch : public ::testing::TestWithParam<const char*> {};
 
+// "emulated": every buffer is a device buffer on the emulated device, whose FIFOs carry the stamp in
+// each message's descriptor or LL header (runtime/device/abi.hpp).
 TEST_P(CountMismatch, FailsOnEveryRankAsThreads) {
-  ScopedEnv env({{"TUTTI_TRANSPORT", GetParam()}, {"TUTTI_TIMEOUT", "60"}});
+  const bool device = std::string(GetParam()) == "emulated";
+  ScopedEnv env({{"TUTTI_TRANSPORT", device ? "shm" : GetParam()},
+                 {"TUTTI_DEVICE", device ? "emulated" : nullptr},
+                 {"TUTTI_TIMEOUT", "60"}});
   for (const Mismatch& k : mismatches()) {
     std::vector<Outcome> outcomes(2);
     on_nccl_ranks(2, [&](int r, ncclComm_t comm) { outcomes[r] = run_mismatch(k, r, comm); });
@@ -115,7 +120,7 @@ TEST_P(CountMismatch, FailsOnEveryRankAsThreads) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, CountMismatch, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Transports, CountMismatch, ::testing::Values("shm", "tcp", "emulated"));
 
 // One rank per process: the test runs itself under tutti-run, each process checks its own rank.
 TEST(CountMismatchProcesses, FailsOnEveryRank) {

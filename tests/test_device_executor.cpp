@@ -431,8 +431,97 @@ TEST(DeviceExecutor, WaitsTimeOutAndAbortNamingWhereTheyStopped) {
     if (aborter.joinable()) aborter.join();
     // The failure stays recorded: the next call reports it instead of running on broken FIFOs.
     EXPECT_THROW(ex[0]->run(*p, args(0)), Error);
-    if (!abort) test_support::on_ranks(comms, [&](int r, Communicator&) { ex[r]->close(); });
+    // The timeout failed the communicator (its peer was told): closing keeps the memory, as after an
+    // abort, instead of waiting in a barrier no failed communicator can hold.
+    if (!abort) {
+      EXPECT_TRUE(comms[0]->state().failed());
+      test_support::on_ranks(comms, [&](int r, Communicator&) { ex[r]->close(); });
+    }
   }
+}
+
+// Ranks whose calls differ (count, type, op) fail at their first message, on every rank that
+// receives one, naming both calls: in Simple (the stamp in the descriptor) and in LL (the stamp in
+// the slot's header line). Counts of ratio two with small slots are the case that returned wrong
+// data before: both calls send full slots, so sizes alone cannot tell them apart.
+TEST(DeviceExecutor, CallsThatDifferFailOnEveryRankThatReceivesNamingBothCalls) {
+  Prepared p = builtin("ring_allreduce", 2);
+  struct Case {
+    const char* what;
+    int64_t count1;
+    DataType type1;
+    RedOp op1;
+    const char* names;  // what rank 0's message names of rank 1's call
+  };
+  const Case cases[] = {
+      {"count", 2048, DataType::kFloat32, RedOp::kSum, "all_reduce of 2048 float (sum)"},
+      {"type", 4096, DataType::kInt32, RedOp::kSum, "all_reduce of 4096 int32 (sum)"},
+      {"op", 4096, DataType::kFloat32, RedOp::kMax, "(max)"},
+  };
+  for (int32_t protocol : {kProtoSimple, kProtoLL})
+    for (const Case& c : cases) {
+      SCOPED_TRACE(fmt::format("{} {}", protocol == kProtoLL ? "LL" : "Simple", c.what));
+      auto comms = Communicator::create_local(2);
+      DeviceOptions d;
+      d.slot_bytes = 4096;
+      d.ll_slot_bytes = 2048;
+      d.protocol = protocol;
+      d.timeout_s = 120;  // a missed mismatch fails the test by its kind, not by hanging it
+      std::vector<std::unique_ptr<DeviceExecutor>> ex;
+      for (int r = 0; r < 2; ++r) ex.push_back(std::make_unique<DeviceExecutor>(*comms[r], make_emulated_backend(), d));
+      std::vector<std::vector<float>> buf(2, std::vector<float>(4096, 1.0f));
+      std::vector<std::string> errors(2);
+      test_support::on_ranks(comms, [&](int r, Communicator&) {
+        ExecArgs a;
+        a.input = a.output = buf[r].data();
+        a.count = r == 0 ? 4096 : c.count1;
+        a.reduction.type = r == 0 ? DataType::kFloat32 : c.type1;
+        a.reduction.op = r == 0 ? RedOp::kSum : c.op1;
+        try {
+          ex[r]->run(*p, a);
+        } catch (const Error& e) {
+          errors[r] = fmt::format("{}: {}", static_cast<int>(e.kind()), e.what());
+          EXPECT_EQ(e.kind(), ErrorKind::kInvalidUsage) << e.what();
+        }
+      });
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_NE(errors[r].find("sent a message of"), std::string::npos) << "rank " << r << ": " << errors[r];
+        EXPECT_NE(errors[r].find(fmt::format("rank {} sent", 1 - r)), std::string::npos) << errors[r];
+      }
+      EXPECT_NE(errors[0].find(c.names), std::string::npos) << errors[0];
+      EXPECT_NE(errors[1].find("this rank runs all_reduce of"), std::string::npos) << errors[1];
+    }
+}
+
+// A kernel that waits for a peer stops when the communicator fails (here: the peer reports a
+// failure of its own), with the communicator's error, although its wait has no timeout: the
+// failure sets the executor's stop word (CommState::add_stop_word), as it wakes host waits.
+TEST(DeviceExecutor, AFailedCommunicatorStopsAWaitingKernel) {
+  Prepared p = builtin("ring_allreduce", 2);
+  auto comms = Communicator::create_local(2);
+  DeviceOptions d;
+  d.timeout_s = 0;  // wait forever: only the failure can end it
+  d.protocol = kProtoSimple;
+  std::vector<std::unique_ptr<DeviceExecutor>> ex;
+  for (int r = 0; r < 2; ++r) ex.push_back(std::make_unique<DeviceExecutor>(*comms[r], make_emulated_backend(), d));
+  std::vector<std::vector<float>> buf(2, std::vector<float>(1024, 1.0f));
+  auto args = [&](int r) {
+    ExecArgs a;
+    a.input = a.output = buf[r].data();
+    a.count = 1024;
+    return a;
+  };
+  test_support::on_ranks(comms, [&](int r, Communicator&) { ex[r]->run(*p, args(r)); });
+  std::thread alone([&] {
+    try {
+      ex[0]->run(*p, args(0));
+      ADD_FAILURE() << "a rank without its peer finished";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 gave up"), std::string::npos) << e.what();
+    }
+  });
+  comms[1]->state().fail(ErrorKind::kRemote, "rank 1 gave up");  // told to rank 0 through the bootstrap
+  alone.join();
 }
 
 }  // namespace

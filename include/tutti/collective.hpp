@@ -26,6 +26,15 @@ enum class Collective { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kRed
 // nccl-tests' names, which every tool prints: all_reduce, all_gather, reduce_scatter, broadcast,
 // reduce, alltoall, gather, scatter, sendrecv, custom.
 const char* to_string(Collective c);
+// Whether a collective combines contributions with the call's reduction op (all_reduce, reduce,
+// reduce_scatter; a custom collective says so through its postcondition instead).
+constexpr bool reduces(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kReduce || c == Collective::kReduceScatter;
+}
+// Whether a collective has a root rank (broadcast, reduce, gather, scatter).
+constexpr bool has_root(Collective c) {
+  return c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kGather || c == Collective::kScatter;
+}
 // Accepts those and MSCCL's (allreduce, allgather, reduce_scatter/reducescatter, ...), any case,
 // with or without '_' and '-'.
 std::optional<Collective> parse_collective(const std::string& text);

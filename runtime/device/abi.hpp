@@ -16,7 +16,7 @@
 // memory and is written through peer pointers (runtime/device/fifo.hpp states the ordering
 // contract):
 //   Fifo { tail, head, pad; Simple slots [depth][slot_bytes]; LL slots [depth][ll_slot_bytes];
-//          descriptors [depth][2] }
+//          descriptors [depth][kDescWords] }
 // tail: messages the sender has posted (Simple); head: messages the receiver has consumed (both
 // protocols). The sender's and receiver's own message counts live in their own memory (FifoView::count)
 // and persist across launches, like NCCL's step counters.
@@ -28,6 +28,14 @@
 // the compiler marked stable_source, from a buffer registered with the communicator, to a peer
 // that can address its memory; it writes descriptor {0, 0} for a message in the slot, and before
 // its launch ends it waits until every message it let a peer read in place has been consumed.
+//
+// Call stamps. Every message says which call sent it (runtime/call_stamp.hpp: collective, type, op,
+// root, count), as messages of the host transports do: a Simple message in its descriptor's third
+// word, an LL message in the header line that opens its slot ({stamp, flag}, like a data line). The
+// receiver compares it with its own call's before it reads any data, so ranks whose calls differ
+// (1M floats against 512K, where both cut the call into rounds of one slot) fail at the first
+// message, naming both calls, instead of one of them returning another call's data. Point-to-point
+// launches carry stamp 0 on both sides.
 
 #include <cstdint>
 
@@ -110,7 +118,7 @@ struct FifoView {
   uint64_t* tail = nullptr;         // receiver's memory, written by the sender
   uint64_t* head = nullptr;         // receiver's memory, written by the receiver
   uint64_t* count = nullptr;        // this rank's memory: messages this side has sent / received
-  uint64_t* desc = nullptr;         // [depth][2], in the receiver's memory: where a message's data is
+  uint64_t* desc = nullptr;         // [depth][kDescWords], in the receiver's memory: where a message's data is
   int32_t peer = -1;                // for error reports
   int32_t direct = 0;               // sender's view: the peer can read this rank's memory in place
 };
@@ -125,13 +133,31 @@ struct RankState {
 // Set by the first wait that gives up; every wait polls it, so one failure stops every block of
 // every rank that shares it. In host-mapped memory on CUDA, so the host reads it at any time.
 struct Status {
-  int32_t failed;  // 0 ok, 1 aborted, 2 timed out, 3 a kernel met a value out of range (kBadIndex)
+  int32_t failed;  // 0 ok, 1 aborted, 2 timed out, kBadIndex, kStampMismatch, kCommFailed
   int32_t block, step, peer;
   int32_t waits_for_block;  // a dependency wait: the block waited for (-1: none)
   int64_t round;
-  int64_t slot, value;  // kBadIndex: the operand's element and its value (a token index)
+  // kBadIndex: the operand's element and its value (a token index). kStampMismatch: value is the
+  // stamp of the peer's message.
+  int64_t slot, value;
 };
-inline constexpr int32_t kBadIndex = 3;
+inline constexpr int32_t kBadIndex = 3;        // a kernel met a value out of range
+inline constexpr int32_t kStampMismatch = 4;  // a message of another call arrived (Status::peer sent it)
+inline constexpr int32_t kCommFailed = 5;     // the communicator failed (the host's stop word said so)
+
+// The host's stop word (LaunchArgs::abort): 0 run, kStopAbort the communicator was aborted or
+// revoked, kStopFailed it failed (this rank or a peer: CommState::add_stop_word).
+inline constexpr int32_t kStopAbort = 1;
+inline constexpr int32_t kStopFailed = 2;
+
+// A Simple message's descriptor: where its data lies (0, 0: in the slot) and its call stamp.
+inline constexpr int kDescWords = 4;
+inline constexpr int kDescStamp = 2;
+// An LL slot opens with its header: one line carrying the stamp, and one unused line, so that data
+// lines stay 32-byte aligned as a pair.
+inline constexpr int64_t kLLHeaderBytes = 32;
+// Data bytes an LL slot of `ll_slot_bytes` holds (each 8 data bytes take a 16-byte line).
+inline constexpr int64_t ll_capacity(int64_t ll_slot_bytes) { return (ll_slot_bytes - kLLHeaderBytes) / 2; }
 
 enum Protocol : int32_t { kProtoSimple = 0, kProtoLL = 1 };
 
@@ -147,7 +173,7 @@ struct LaunchArgs {
   uint64_t* progress = nullptr;  // per thread block (instance * nblocks + block)
   RankState* state = nullptr;
   Status* status = nullptr;          // this rank's failure record
-  const volatile int32_t* abort = nullptr;  // set by the host when the communicator aborts
+  const volatile int32_t* abort = nullptr;  // the host's stop word (kStopAbort, kStopFailed)
   unsigned char* bufs[3] = {nullptr, nullptr, nullptr};
   DevState states[kMaxStates] = {};
   int32_t nstates = 0;
@@ -167,8 +193,9 @@ struct LaunchArgs {
   int64_t rounds = 1;
   int64_t depth = 1;         // slots per FIFO
   int64_t slot_bytes = 0;    // Simple slot
-  int64_t ll_slot_bytes = 0; // LL slot (holds half as many data bytes)
+  int64_t ll_slot_bytes = 0; // LL slot (holds ll_capacity(ll_slot_bytes) data bytes)
   uint64_t timeout_ns = 0;   // 0: wait forever
+  uint64_t stamp = 0;        // this rank's call (runtime/call_stamp.hpp); every message carries it
 };
 
 // Message layout: the chunks of a message follow each other, each starting on a 16-byte boundary.

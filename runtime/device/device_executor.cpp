@@ -89,7 +89,7 @@ struct DeviceExecutor::P2pPlan {
 
 DeviceExecutor::DeviceExecutor(Communicator& comm, std::unique_ptr<Backend> backend, const DeviceOptions& options)
     : comm_(comm), backend_(std::move(backend)), options_(options) {
-  fifo_stride_ = round_up(kFifoHeader + options_.fifo_depth * (options_.slot_bytes + options_.ll_slot_bytes + 16), 256);
+  fifo_stride_ = round_up(kFifoHeader + options_.fifo_depth * (options_.slot_bytes + options_.ll_slot_bytes + kDescWords * 8), 256);
   state_ = static_cast<RankState*>(backend_->alloc(sizeof(RankState)));
   p2p_state_ = static_cast<RankState*>(backend_->alloc(sizeof(RankState)));
   void* view = nullptr;
@@ -99,10 +99,17 @@ DeviceExecutor::DeviceExecutor(Communicator& comm, std::unique_ptr<Backend> back
   abort_dev_ = static_cast<int32_t*>(view);
   std::memset(status_host_, 0, sizeof(Status));
   *abort_host_ = 0;
+  comm_.state().add_stop_word(abort_host_, kStopFailed);
 }
 
 void DeviceExecutor::close() {
   if (aborted_ || closed_) return;
+  // A failed communicator has no barrier to close with, and a peer's kernel may not have seen the
+  // failure yet: the memory stays allocated, as after an abort.
+  if (comm_.state().failed()) {
+    aborted_ = true;
+    return;
+  }
   backend_->synchronize(nullptr);  // this rank's launches
   if (log::enabled(log::Level::kInfo, log::kInit))
     if (uint64_t n = direct_messages()) TUTTI_INFO(log::kInit, "rank {}: peers read {} messages in place", comm_.rank(), n);
@@ -111,6 +118,7 @@ void DeviceExecutor::close() {
 }
 
 DeviceExecutor::~DeviceExecutor() {
+  comm_.state().remove_stop_word(abort_host_);
   // Peers map this rank's FIFOs: free them only once every rank has closed (close()). After an
   // abort, or without close(), a peer's kernel may still use them, so the memory stays allocated.
   if (!closed_ && (aborted_ || (!channels_.empty() && comm_.size() > 1))) {
@@ -144,23 +152,39 @@ DeviceExecutor::~DeviceExecutor() {
 
 void DeviceExecutor::abort() {
   aborted_ = true;
-  std::atomic_ref<int32_t>(*abort_host_).store(1, std::memory_order_release);
+  std::atomic_ref<int32_t>(*abort_host_).store(kStopAbort, std::memory_order_release);
 }
 
 void DeviceExecutor::check() {
   Status s;
   std::memcpy(&s, status_host_, sizeof(Status));
   if (s.failed == 0) return;
-  std::string waiting = s.peer >= 0              ? fmt::format(" (waiting for rank {})", s.peer)
+  std::string waiting = s.failed == kStampMismatch ? std::string()
+                        : s.peer >= 0              ? fmt::format(" (waiting for rank {})", s.peer)
                         : s.waits_for_block >= 0 ? fmt::format(" (waiting for block {} of this rank)", s.waits_for_block)
                                                  : std::string();
   std::string where = fmt::format("rank {}: device plan '{}' stopped at block {} step {}{} in round {}", comm_.rank(),
                                   last_plan_, s.block, s.step, waiting, s.round);
   if (s.failed == 1) throw Aborted(where + ": the communicator was aborted");
+  if (s.failed == kCommFailed) {  // this rank's or a peer's failure, which the communicator holds
+    comm_.state().check(where);
+    throw RemoteError(where + ": the communicator failed");
+  }
+  // A failure of this rank's launch: the communicator fails, so that peers waiting for this rank
+  // (a broadcast's root, which only sends) stop now rather than at TUTTI_TIMEOUT.
+  auto fail = [&](auto error) {
+    comm_.state().fail(error.kind(), error.what());
+    throw error;
+  };
   if (s.failed == kBadIndex)
-    throw InvalidArgument(fmt::format("{}: an index table's slot {} names token {}, outside its token table", where,
-                                      s.slot, s.value));
-  throw Timeout(fmt::format("{}: no progress for {} s (TUTTI_TIMEOUT)", where, options_.timeout_s));
+    fail(InvalidArgument(fmt::format("{}: an index table's slot {} names token {}, outside its token table", where,
+                                     s.slot, s.value)));
+  if (s.failed == kStampMismatch)
+    fail(InvalidUsage(fmt::format("{}: rank {} sent a message of {} but this rank runs {}: every rank must make the "
+                                  "same calls (collective, count, datatype, op, root) in the same order",
+                                  where, s.peer, describe_stamp(static_cast<CallStamp>(s.value)),
+                                  describe_stamp(last_stamp_))));
+  fail(Timeout(fmt::format("{}: no progress for {} s (TUTTI_TIMEOUT)", where, options_.timeout_s)));
 }
 
 void DeviceExecutor::copy(void* dst, const void* src, size_t bytes, void* stream) {
@@ -446,7 +470,7 @@ void DeviceExecutor::check_device_call(const DevicePlan& d, const PreparedPlan& 
                 whole ? std::to_string(have) : std::string("chunks of unequal lengths"));
   }
   // One round over the whole call (abi.hpp, "One pass"): every message must fit a slot as it is.
-  const int64_t capacity = protocol == kProtoLL ? options_.ll_slot_bytes / 2 : options_.slot_bytes;
+  const int64_t capacity = protocol == kProtoLL ? ll_capacity(options_.ll_slot_bytes) : options_.slot_bytes;
   const int64_t esize = static_cast<int64_t>(size_of(args.reduction.type));
   const int64_t chunk_bytes = (args.count + p.chunk_factor - 1) / p.chunk_factor * esize;
   const int64_t largest = std::max(d.max_message_chunks * round_up(chunk_bytes, kChunkAlign),
@@ -494,9 +518,11 @@ void DeviceExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   a.slot_bytes = options_.slot_bytes;
   a.ll_slot_bytes = options_.ll_slot_bytes;
   a.timeout_ns = static_cast<uint64_t>(options_.timeout_s * 1e9);
+  a.stamp = call_stamp(p, args);
+  last_stamp_ = a.stamp;
   // Rounds: the largest message of the plan (max_message_chunks chunks, each padded to 16 bytes)
   // must fit one slot.
-  const int64_t capacity = a.protocol == kProtoLL ? a.ll_slot_bytes / 2 : a.slot_bytes;
+  const int64_t capacity = a.protocol == kProtoLL ? ll_capacity(a.ll_slot_bytes) : a.slot_bytes;
   const int64_t per_chunk = capacity / u.plan.max_message_chunks / kChunkAlign * kChunkAlign;
   const int64_t chunk_elems = per_chunk / a.esize;
   TUTTI_CHECK(chunk_elems >= 1, InvalidArgument,
@@ -647,7 +673,7 @@ void DeviceExecutor::run_p2p(const std::vector<P2pTransfer>& ops, void* stream) 
     a.depth = options_.fifo_depth;
     a.slot_bytes = options_.slot_bytes;
     a.ll_slot_bytes = options_.ll_slot_bytes;
-    a.round_elems = (a.protocol == kProtoLL ? a.ll_slot_bytes / 2 : a.slot_bytes) / kChunkAlign * kChunkAlign;
+    a.round_elems = (a.protocol == kProtoLL ? ll_capacity(a.ll_slot_bytes) : a.slot_bytes) / kChunkAlign * kChunkAlign;
     a.rounds = std::max<int64_t>(1, (a.count + a.round_elems - 1) / a.round_elems);
     a.timeout_ns = static_cast<uint64_t>(options_.timeout_s * 1e9);
     a.bufs[op.send ? kBufInput : kBufOutput] = static_cast<unsigned char*>(op.buffer);
@@ -660,6 +686,7 @@ void DeviceExecutor::run_p2p(const std::vector<P2pTransfer>& ops, void* stream) 
     lanes.push_back(it->second);
   }
   last_plan_ = "point-to-point";
+  last_stamp_ = 0;
   if (!launches.empty()) backend_->launch_group(launches, lanes, options_.threads, stream);
   check();
 }

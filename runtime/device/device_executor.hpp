@@ -85,8 +85,8 @@ class DeviceExecutor final : public Executor {
   // runtime/transport/transport.hpp), known once connected; "self" for this rank.
   const char* transport_to(int peer) const;
   // Collective: waits for this rank's launches, then for every rank to get here, after which no
-  // peer touches this rank's FIFOs and the destructor frees them. Not after abort(): then the
-  // memory stays allocated.
+  // peer touches this rank's FIFOs and the destructor frees them. Not after abort(), nor once the
+  // communicator has failed: then the memory stays allocated.
   void close();
   // Memory registered with the communicator (ncclCommRegister): a plan's send from a call buffer
   // that lies wholly inside it, to a rank of this process on the same GPU, lets the peer read the
@@ -124,6 +124,7 @@ class DeviceExecutor final : public Executor {
   std::map<std::pair<int, bool>, std::unique_ptr<P2pPlan>> p2p_;  // by (peer, send)
   RankState* p2p_state_ = nullptr;  // point-to-point launches run beside each other: their own epochs
   RankState* state_ = nullptr;  // device memory
+  CallStamp last_stamp_ = 0;  // the last launch's call, for a mismatch's message
   Status* status_host_ = nullptr;
   Status* status_dev_ = nullptr;
   int32_t* abort_host_ = nullptr;

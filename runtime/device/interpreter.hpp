@@ -198,7 +198,10 @@ struct WaitSite {
 TUTTI_HD bool keep_waiting(const LaunchArgs& a, const WaitSite& site, uint64_t& since) {
   if (mem::load_volatile(&a.status->failed) != 0) return false;
   int32_t cause = 0;
-  if (a.abort && mem::load_volatile(a.abort) != 0) cause = 1;
+  if (a.abort) {
+    const int32_t stop = mem::load_volatile(a.abort);
+    cause = stop == 0 ? 0 : stop == kStopFailed ? kCommFailed : 1;
+  }
   uint64_t now = mem::now_ns();
   if (since == 0) since = now;
   if (!cause && a.timeout_ns && now - since > a.timeout_ns) cause = 2;
@@ -223,6 +226,35 @@ TUTTI_HD bool wait_ge(const LaunchArgs& a, const uint64_t* p, uint64_t target, c
     if (++spins % mem::kSpinsPerCheck == 0 && !keep_waiting(a, site, since)) return false;
     mem::pause(p, static_cast<uint32_t>(v), spins);
   }
+}
+
+// Thread 0 of a receiver: the stamp of message `seq` on `in` (its descriptor in Simple, its header
+// line in LL, which it waits for) against this rank's call. False when the wait gave up or the
+// message is another call's (Status::failed = kStampMismatch, naming the sender and its stamp).
+TUTTI_HD bool stamp_matches(const LaunchArgs& a, const FifoView* in, uint64_t seq, const unsigned char* rslot,
+                            const WaitSite& site) {
+  uint64_t stamp = 0;
+  if (a.protocol == kProtoLL) {
+    uint64_t since = 0;
+    int spins = 0;
+    while (!mem::ll_load(rslot, static_cast<uint32_t>(seq), &stamp)) {
+      if (++spins % mem::kSpinsPerCheck == 0 && !keep_waiting(a, site, since)) return false;
+      mem::pause_word(rslot + 12, spins);
+    }
+  } else {
+    stamp = mem::load_acquire(in->desc + ((seq - 1) % static_cast<uint64_t>(a.depth)) * kDescWords + kDescStamp);
+  }
+  if (stamp == a.stamp) return true;
+  if (mem::claim(&a.status->failed, kStampMismatch)) {
+    a.status->block = site.block;
+    a.status->step = site.step;
+    a.status->peer = in->peer;
+    a.status->waits_for_block = -1;
+    a.status->round = site.round;
+    a.status->slot = 0;
+    a.status->value = static_cast<int64_t>(stamp);
+  }
+  return false;
 }
 
 // --- the block interpreter ---------------------------------------------------------------------
@@ -407,26 +439,34 @@ struct BlockRun {
     const uint64_t recv_seq = in ? *in->count + 1 : 0;
     WaitSite site{block, index, in ? in->peer : out ? out->peer : -1, round_no};
 
-    // Thread 0 waits for a free slot to send into and, in Simple, for the message to receive.
-    bool failed = false;
-    if (team.rank() == 0) {
-      if (out && send_seq > static_cast<uint64_t>(a.depth))
-        failed = !wait_ge(a, out->head, send_seq - static_cast<uint64_t>(a.depth), site);
-      if (!failed && in && !ll) failed = !wait_ge(a, in->tail, recv_seq, site);
-    }
-    if (team.sync_or(failed)) return false;
-
     const int64_t slot_size = ll ? a.ll_slot_bytes : a.slot_bytes;
     unsigned char* sslot = out ? (ll ? out->ll : out->simple) + ((send_seq - 1) % a.depth) * slot_size : nullptr;
     const unsigned char* rslot = in ? (ll ? in->ll : in->simple) + ((recv_seq - 1) % a.depth) * slot_size : nullptr;
     const uint32_t send_flag = static_cast<uint32_t>(send_seq), recv_flag = static_cast<uint32_t>(recv_seq);
 
+    // Thread 0 waits for a free slot to send into (then, in LL, writes the message's header) and
+    // for the message to receive, whose stamp it checks before any thread reads its data.
+    bool failed = false;
+    if (team.rank() == 0) {
+      if (out && send_seq > static_cast<uint64_t>(a.depth))
+        failed = !wait_ge(a, out->head, send_seq - static_cast<uint64_t>(a.depth), site);
+      if (!failed && out && ll) mem::ll_store(sslot, a.stamp, send_flag);
+      if (!failed && in && !ll) failed = !wait_ge(a, in->tail, recv_seq, site);
+      if (!failed && in) failed = !stamp_matches(a, in, recv_seq, rslot, site);
+    }
+    if (team.sync_or(failed)) return false;
+    if (ll) {  // data lines follow the header
+      if (sslot) sslot += kLLHeaderBytes;
+      if (rslot) rslot += kLLHeaderBytes;
+    }
+
     // A direct send moves no data: its descriptor says where the peer reads it.
     const bool direct = sends_direct(a, s, out);
     if (out && !ll && team.rank() == 0) {
-      uint64_t* d = out->desc + ((send_seq - 1) % a.depth) * 2;
+      uint64_t* d = out->desc + ((send_seq - 1) % a.depth) * kDescWords;
       d[0] = direct ? reinterpret_cast<uint64_t>(a.bufs[a.srcs[s.first_src].buf]) : 0;
       d[1] = direct ? static_cast<uint64_t>(a.srcs[s.first_src].index) : 0;
+      d[kDescStamp] = a.stamp;
     }
     if (direct) {
       team.sync();
@@ -441,7 +481,7 @@ struct BlockRun {
     unsigned char* remote = nullptr;
     int64_t remote_index = 0;
     if (in && !ll) {
-      const uint64_t* d = in->desc + ((recv_seq - 1) % a.depth) * 2;
+      const uint64_t* d = in->desc + ((recv_seq - 1) % a.depth) * kDescWords;
       remote = reinterpret_cast<unsigned char*>(mem::load_acquire(d));
       remote_index = static_cast<int64_t>(mem::load_acquire(d + 1));
     }
