@@ -574,8 +574,11 @@ std::function<void()> Dispatcher::start(const CollectiveCall& call) {
 
 void Dispatcher::run(const CollectiveCall& call, Executor& ex) {
   // What this rank's collective call is, for the divergence probe (runtime/comm_state.hpp).
-  CallActivity activity(comm_.state(), make_stamp(call.collective, call.reduction.type, call.reduction.op, call.root,
-                                                  static_cast<uint64_t>(call.count)));
+  // The same stamp every message of the call carries (the chosen plan has the call's collective and
+  // root), computed once.
+  const CallStamp stamp =
+      make_stamp(call.collective, call.reduction.type, call.reduction.op, call.root, static_cast<uint64_t>(call.count));
+  CallActivity activity(comm_.state(), stamp);
   const bool dev = ex.device();
   void* const stream = call.stream;
   const int n = comm_.size(), rank = comm_.rank();
@@ -625,6 +628,7 @@ void Dispatcher::run(const CollectiveCall& call, Executor& ex) {
   args.input = in;
   args.output = out;
   args.stream = stream;
+  args.stamp = stamp;
   if (dev && bytes <= kDeviceLLBytes) args.protocol = Protocol::kLL;
   if (!has_root(c) && pp->plan.inplace && !inplace) {
     // Out-of-place call, in-place plan: put the input where the plan expects it.

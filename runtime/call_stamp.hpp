@@ -42,7 +42,8 @@ inline uint32_t stamp_count(uint64_t count) {
 // word: stamp_count(count). Never 0, so a plan's stamp differs from point-to-point's.
 inline CallStamp make_stamp(Collective c, DataType type, RedOp op, int root, uint64_t count) {
   const bool with_op = reduces(c) || c == Collective::kCustom;
-  const uint32_t r = has_root(c) && root >= 0 ? static_cast<uint32_t>(root) % kStampNoRoot : kStampNoRoot;
+  uint32_t r = kStampNoRoot;
+  if (has_root(c) && root >= 0) r = static_cast<uint32_t>(root) < kStampNoRoot ? static_cast<uint32_t>(root) : static_cast<uint32_t>(root) % kStampNoRoot;
   const uint32_t call = (static_cast<uint32_t>(c) + 1) | static_cast<uint32_t>(type) << 5 |
                         (with_op ? static_cast<uint32_t>(op) : 0u) << 9 | r << 12;
   return call | uint64_t{stamp_count(count)} << 32;

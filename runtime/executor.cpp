@@ -767,6 +767,7 @@ void run_host_p2p(Communicator& comm, const std::vector<P2pTransfer>& ops) {
 }
 
 CallStamp call_stamp(const plan::Plan& p, const ExecArgs& args) {
+  if (args.stamp != 0) return args.stamp;
   return make_stamp(p.collective, args.reduction.type, args.reduction.op, p.root, static_cast<uint64_t>(args.count));
 }
 

@@ -67,10 +67,13 @@ struct ExecArgs {
   // The plan's state buffers (plan::Plan::states), in order: the user's memory, read and written
   // in place; each holds the plan's chunks of it (the call's chunk, or the buffer's unit).
   std::vector<void*> states;
+  // The call's stamp (call_stamp below) when the caller has it already (the dispatcher computes it
+  // for the divergence probe); 0: the executor computes it.
+  CallStamp stamp = 0;
 };
 
 // What every message of a plan's call carries (runtime/call_stamp.hpp), on every executor: the
-// plan's collective and root, the call's type, op and count.
+// plan's collective and root, the call's type, op and count (args.stamp where the caller set it).
 CallStamp call_stamp(const plan::Plan& plan, const ExecArgs& args);
 
 // One ncclSend (send) or ncclRecv of a group.
