@@ -22,7 +22,7 @@
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/reduce.hpp"
-#include "runtime/executor.hpp"
+#include "runtime/cpu_executor.hpp"
 #include "runtime/wire.hpp"
 
 namespace tutti::tuning {

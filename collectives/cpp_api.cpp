@@ -6,11 +6,12 @@
 
 #include "collectives/dispatcher.hpp"
 #include "compiler/compile.hpp"
+#include "compiler/plan_file.hpp"
 #include "core/datatype.hpp"
 #include "core/error.hpp"
 #include "runtime/call_queue.hpp"
 #include "runtime/communicator.hpp"
-#include "runtime/executor.hpp"
+#include "runtime/cpu_executor.hpp"
 #include "runtime/rendezvous.hpp"
 #include "runtime/shared_buffers.hpp"
 #include "runtime/unique_id.hpp"

@@ -1,5 +1,6 @@
 #include "collectives/dispatcher.hpp"
 
+#include "compiler/plan_file.hpp"
 #include "core/address_space.hpp"
 #include "runtime/call_stamp.hpp"
 

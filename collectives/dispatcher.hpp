@@ -21,7 +21,7 @@
 #include "core/address_space.hpp"
 #include "core/datatype.hpp"
 #include "runtime/device/device_executor.hpp"
-#include "runtime/executor.hpp"
+#include "runtime/cpu_executor.hpp"
 
 namespace tutti {
 

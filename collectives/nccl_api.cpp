@@ -19,10 +19,11 @@
 #include <vector>
 
 #include "collectives/dispatcher.hpp"
+#include "compiler/plan_file.hpp"
 #include "runtime/shared_buffers.hpp"
 #include "collectives/include/nccl.h"
 #include "collectives/include/tutti_nccl.h"
-#include "compiler/plan.hpp"
+#include "plan/plan.hpp"
 #include "compiler/verify.hpp"
 #include "core/address_space.hpp"
 #include "core/env.hpp"

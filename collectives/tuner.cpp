@@ -17,7 +17,7 @@
 #include "core/error.hpp"
 #include "core/function_ref.hpp"
 #include "core/log.hpp"
-#include "runtime/executor.hpp"
+#include "runtime/cpu_executor.hpp"
 #include "runtime/wire.hpp"
 
 namespace tutti::tuning {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "compiler/plan.hpp"
+#include "plan/plan.hpp"
 #include "compiler/verify.hpp"
 #include "tutti/dsl.hpp"
 

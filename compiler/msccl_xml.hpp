@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "compiler/plan.hpp"
+#include "plan/plan.hpp"
 
 namespace tutti::plan {
 

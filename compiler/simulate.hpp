@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "compiler/plan.hpp"
+#include "plan/plan.hpp"
 #include "topologies/topology.hpp"
 
 namespace tutti::plan {

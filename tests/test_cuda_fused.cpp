@@ -18,6 +18,7 @@
 #include "collectives/include/tutti_nccl.h"
 #include "compiler/compile.hpp"
 #include "runtime/cuda/cuda_reduce.hpp"
+#include "runtime/cpu_executor.hpp"
 #include "runtime/device/device_executor.hpp"
 #include "support/ranks.hpp"
 #include "support/fused_cases.hpp"

@@ -12,10 +12,12 @@
 
 #include "collectives/algorithms/registry.hpp"
 #include "compiler/compile.hpp"
+#include "compiler/plan_file.hpp"
 #include "core/reduce.hpp"
+#include "runtime/cpu_executor.hpp"
 #include "runtime/device/device_executor.hpp"
 #include "runtime/device/host_staging.hpp"
-#include "runtime/instruction_semantics.hpp"
+#include "plan/semantics.hpp"
 #include "support/env.hpp"
 #include "support/ranks.hpp"
 #include "support/sanitizers.hpp"

@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "compiler/compile.hpp"
+#include "runtime/cpu_executor.hpp"
 #include "runtime/device/device_executor.hpp"
 #include "runtime/device/kernels.hpp"
 #include "support/ranks.hpp"

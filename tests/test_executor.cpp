@@ -7,8 +7,8 @@
 
 #include "collectives/algorithms/registry.hpp"
 #include "compiler/compile.hpp"
-#include "runtime/executor.hpp"
-#include "runtime/instruction_semantics.hpp"
+#include "runtime/cpu_executor.hpp"
+#include "plan/semantics.hpp"
 #include "runtime/worker_pool.hpp"
 #include "support/env.hpp"
 #include "support/sanitizers.hpp"

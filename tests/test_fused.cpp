@@ -19,7 +19,7 @@
 #include "fused_kernels/epilogue_kernels.hpp"
 #include "fused_kernels/optimizer_kernels.hpp"
 #include "runtime/device/kernels.hpp"
-#include "runtime/executor.hpp"
+#include "runtime/cpu_executor.hpp"
 #include "tutti/fused.hpp"
 #include "support/errors.hpp"
 #include "support/ranks.hpp"

@@ -12,7 +12,7 @@
 #include "compiler/msccl_xml.hpp"
 #include "core/error.hpp"
 #include "runtime/device/device_plan.hpp"
-#include "runtime/executor.hpp"
+#include "runtime/cpu_executor.hpp"
 #include "tutti/dsl.hpp"
 #include "tutti/kernel.hpp"
 #include "support/errors.hpp"

@@ -9,7 +9,7 @@
 #include "collectives/algorithms/registry.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/msccl_xml.hpp"
-#include "compiler/plan.hpp"
+#include "plan/plan.hpp"
 #include "core/error.hpp"
 
 using namespace tutti;

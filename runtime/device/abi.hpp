@@ -1,7 +1,8 @@
 #pragma once
 // What the host hands a device plan interpreter: plain structs of fixed size, no pointers to host
 // objects, the same on the CUDA device and on the emulated device (runtime/device/interpreter.hpp).
-// Host/device neutral: <cstdint>, and the element-wise programs' code (core/element_program.hpp).
+// Host/device neutral: <cstdint>, the element-wise programs' code (core/element_program.hpp) and the
+// opcodes (plan/semantics.hpp).
 //
 // A flattened plan (runtime/device/device_plan.hpp) is five arrays per rank: blocks, steps, the
 // operands of the steps, their dependencies and the scalars of their kernels. Refs are canonical:
@@ -40,6 +41,7 @@
 #include <cstdint>
 
 #include "core/element_program.hpp"
+#include "plan/semantics.hpp"
 
 namespace tutti::device {
 
@@ -81,7 +83,7 @@ struct DevDep {
 };
 
 struct DevStep {
-  uint8_t op = 0;      // plan::Opcode value (runtime/instruction_semantics.hpp)
+  plan::Opcode op = plan::Opcode::kNop;  // plan/semantics.hpp
   uint8_t signal = 0;  // another block depends on this step: publish progress after it
   uint8_t stable_src = 0;  // a send whose source a peer may read in place (plan::Instruction::stable_source)
   uint16_t nsrcs = 0;

@@ -10,7 +10,7 @@
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "runtime/instruction_semantics.hpp"
+#include "plan/semantics.hpp"
 #include "runtime/wire.hpp"
 
 namespace tutti::device {
@@ -631,7 +631,7 @@ void DeviceExecutor::run_p2p(const std::vector<P2pTransfer>& ops, void* stream) 
       pp = std::make_unique<P2pPlan>();
       DevBlock block{0, 1};
       DevStep step;
-      step.op = op.send ? 1 : 2;  // send, recv
+      step.op = op.send ? plan::Opcode::kSend : plan::Opcode::kRecv;
       step.count = 1;
       DevRef ref{0, op.send ? kBufInput : kBufOutput};
       if (op.send) {

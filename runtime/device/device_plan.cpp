@@ -174,7 +174,7 @@ DevicePlan flatten(const PreparedPlan& pp, int rank) {
     out.blocks.push_back(DevBlock{static_cast<int32_t>(out.steps.size()), static_cast<int32_t>(b.steps.size())});
     for (const plan::Instruction& in : b.steps) {
       DevStep s;
-      s.op = static_cast<uint8_t>(in.op);
+      s.op = in.op;
       s.count = in.count();
       s.first_src = static_cast<int32_t>(out.srcs.size());
       s.nsrcs = static_cast<uint16_t>(in.srcs.size());

@@ -6,7 +6,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "runtime/device/fifo.hpp"
-#include "runtime/instruction_semantics.hpp"
+#include "plan/semantics.hpp"
 
 namespace tutti::device {
 

@@ -33,7 +33,7 @@
 #include "runtime/communicator.hpp"
 #include "runtime/device/backend.hpp"
 #include "runtime/device/device_executor.hpp"
-#include "runtime/executor.hpp"
+#include "runtime/cpu_executor.hpp"
 
 namespace tutti::device {
 

@@ -24,7 +24,7 @@
 #include "runtime/device/abi.hpp"
 #include "runtime/device/fifo.hpp"
 #include "runtime/device/kernels.hpp"
-#include "runtime/instruction_semantics.hpp"
+#include "plan/semantics.hpp"
 
 namespace tutti::device {
 
@@ -309,7 +309,7 @@ struct BlockRun {
         TUTTI_UNROLL
         for (int j = 0; j < kUnroll; ++j) acc[j] = combine<E>(a.op, acc[j], x[j]);
       }
-      if (s.op == 9 && s.kernel == 1) {
+      if (s.op == plan::Opcode::kCompute && s.kernel == 1) {
         const double f = factor(s);
         TUTTI_UNROLL
         for (int j = 0; j < kUnroll; ++j) acc[j] = scale_pack<E>(acc[j], f);
@@ -430,8 +430,8 @@ struct BlockRun {
 
   // Runs one step in round `r`; false when a wait gave up or a kernel failed.
   TUTTI_HD bool step(const DevStep& s, int32_t index, const Round& r, int64_t round_no) {
-    if (s.op == 9 && s.kernel >= 2) return kernel_step(s, index, r, round_no);
-    const exec::OpShape shape = exec::shape_of(s.op);
+    if (s.op == plan::Opcode::kCompute && s.kernel >= 2) return kernel_step(s, index, r, round_no);
+    const plan::OpShape shape = plan::shape_of(s.op);
     const bool ll = a.protocol == kProtoLL;
     const FifoView* out = shape.send ? &a.send[instance * a.nsend + s.send_conn] : nullptr;
     const FifoView* in = shape.recv ? &a.recv[instance * a.nrecv + s.recv_conn] : nullptr;
@@ -487,8 +487,8 @@ struct BlockRun {
     }
 
     // Operands: which local sources combine, in order.
-    const int sources = exec::op_info(s.op).local_sources;
-    const int nlocal = sources == exec::kAllSources ? s.nsrcs : sources;
+    const int sources = plan::op_info(s.op).local_sources;
+    const int nlocal = sources == plan::kAllSources ? s.nsrcs : sources;
     int64_t offset = 0;  // data offset of the chunk in the message
     for (int64_t c = 0; c < s.count; ++c) {
       int64_t bytes = 0, b2 = 0;
@@ -496,7 +496,7 @@ struct BlockRun {
       const unsigned char* src0 = nullptr;
       if (nlocal > 0) src0 = chunk_at(a, r, a.srcs[s.first_src].buf, a.srcs[s.first_src].index + c, &b2);
       if (!dst) bytes = b2;
-      if (s.op == 3 && src0 == dst) {  // a copy onto itself (in-place aliasing): nothing to move
+      if (s.op == plan::Opcode::kCopy && src0 == dst) {  // a copy onto itself (in-place aliasing): nothing to move
         offset += (bytes + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
         continue;
       }
@@ -549,7 +549,7 @@ struct BlockRun {
               k == 0 ? src0 : chunk_at(a, r, a.srcs[s.first_src + k].buf, a.srcs[s.first_src + k].index + c, &nb);
           acc = combine<E>(a.op, acc, load_local(p, u, valid));
         }
-        if (s.op == 9 && s.kernel == 1) acc = scale_pack<E>(acc, factor(s));
+        if (s.op == plan::Opcode::kCompute && s.kernel == 1) acc = scale_pack<E>(acc, factor(s));
         if (dst) store_local(dst, u, valid, acc);
         if (out) {
           if (ll) {

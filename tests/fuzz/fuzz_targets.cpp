@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "compiler/msccl_xml.hpp"
-#include "compiler/plan.hpp"
+#include "plan/plan.hpp"
 #include "compiler/verify.hpp"
 #include "runtime/bootstrap.hpp"
 #include "topologies/topology.hpp"

@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
       for (int reduce = 0; reduce < 2; ++reduce) {
         Image img{};
         img.block = {0, 1};
-        img.step.op = reduce ? 4 : 3;  // reduce, copy
+        img.step.op = reduce ? plan::Opcode::kReduce : plan::Opcode::kCopy;
         img.step.nsrcs = reduce ? 2 : 1;
         img.step.count = 1;
         img.step.dst = DevRef{0, kBufOutput};

@@ -16,6 +16,7 @@
 #include "collectives/algorithms/registry.hpp"
 #include "compiler/compile.hpp"
 #include "compiler/msccl_xml.hpp"
+#include "compiler/plan_file.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 

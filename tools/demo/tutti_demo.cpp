@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "compiler/compile.hpp"
+#include "compiler/plan_file.hpp"
 #include "core/error.hpp"
 #include "tutti/dsl.hpp"
 

@@ -14,6 +14,7 @@
 #include "collectives/calibrate.hpp"
 #include "collectives/tuner.hpp"
 #include "compiler/compile.hpp"
+#include "compiler/plan_file.hpp"
 #include "compiler/simulate.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"

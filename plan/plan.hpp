@@ -1,5 +1,6 @@
 #pragma once
-// The Plan: what the compiler hands the runtime. Per rank, a list of blocks; each block is an ordered
+// The Plan: what the compiler hands the runtime, a layer of its own between them (the compiler
+// makes and verifies plans, executors run them; neither includes the other). Per rank, a list of blocks; each block is an ordered
 // list of instructions run by one worker (a CPU worker or a CUDA thread block). Instructions name
 // their local chunks explicitly, their peers and channel explicitly, and any number of dependencies
 // on steps of other blocks of the same rank. No field has a fixed cap.
@@ -26,23 +27,12 @@
 #include <string>
 #include <vector>
 
+#include "plan/semantics.hpp"
 #include "tutti/collective.hpp"
 #include "tutti/kernel.hpp"
 
 namespace tutti::plan {
 
-enum class Opcode : uint8_t {
-  kNop,
-  kSend,
-  kRecv,
-  kCopy,
-  kReduce,
-  kRecvCopySend,
-  kRecvReduceSend,
-  kRecvReduceCopy,
-  kRecvReduceCopySend,
-  kCompute,
-};
 const char* to_string(Opcode op);
 std::optional<Opcode> parse_opcode(const std::string& text);
 bool sends(Opcode op);
@@ -175,7 +165,7 @@ Plan parse_json(const std::string& text);
 // The text of a plan file: regular files only (a FIFO, a device or a directory is refused without
 // blocking), at most Limits::kFileBytes, checked while reading. InvalidArgument naming the file.
 std::string read_file(const std::string& path);
-Plan load_file(const std::string& path);  // .json or .xml (MSCCL)
-void save_file(const Plan& plan, const std::string& path);
+// Plan files, .json or MSCCL's .xml (load_file, save_file), are the compiler's, whose importer and
+// exporter read and write XML: compiler/plan_file.hpp.
 
 }  // namespace tutti::plan

@@ -1,4 +1,4 @@
-#include "compiler/plan.hpp"
+#include "plan/plan.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -17,39 +17,25 @@
 #include <string_view>
 #include <tuple>
 
-#include "compiler/msccl_xml.hpp"
 #include "core/error.hpp"
-#include "runtime/instruction_semantics.hpp"
 
 namespace tutti::plan {
 
 using nlohmann::json;
 
-// The table in instruction_semantics.hpp is indexed by these values.
-static_assert(std::string_view(exec::op_info(static_cast<int>(Opcode::kNop)).name) == "nop" &&
-              std::string_view(exec::op_info(static_cast<int>(Opcode::kSend)).name) == "send" &&
-              std::string_view(exec::op_info(static_cast<int>(Opcode::kRecv)).name) == "recv" &&
-              std::string_view(exec::op_info(static_cast<int>(Opcode::kCopy)).name) == "copy" &&
-              std::string_view(exec::op_info(static_cast<int>(Opcode::kReduce)).name) == "reduce" &&
-              std::string_view(exec::op_info(static_cast<int>(Opcode::kRecvCopySend)).name) == "recv_copy_send" &&
-              std::string_view(exec::op_info(static_cast<int>(Opcode::kRecvReduceSend)).name) == "recv_reduce_send" &&
-              std::string_view(exec::op_info(static_cast<int>(Opcode::kRecvReduceCopy)).name) == "recv_reduce_copy" &&
-              std::string_view(exec::op_info(static_cast<int>(Opcode::kRecvReduceCopySend)).name) ==
-                  "recv_reduce_copy_send" &&
-              std::string_view(exec::op_info(static_cast<int>(Opcode::kCompute)).name) == "compute",
-              "runtime/instruction_semantics.hpp's opcode table follows plan::Opcode");
 
-const char* to_string(Opcode op) { return exec::op_info(static_cast<int>(op)).name; }
+
+const char* to_string(Opcode op) { return op_info(op).name; }
 
 std::optional<Opcode> parse_opcode(const std::string& text) {
-  for (int i = 0; i < exec::kNumOpcodes; ++i)
-    if (text == exec::op_info(i).name) return static_cast<Opcode>(i);
+  for (int i = 0; i < kNumOpcodes; ++i)
+    if (text == op_info(static_cast<Opcode>(i)).name) return static_cast<Opcode>(i);
   return std::nullopt;
 }
 
-bool sends(Opcode op) { return exec::shape_of(static_cast<int>(op)).send; }
-bool receives(Opcode op) { return exec::shape_of(static_cast<int>(op)).recv; }
-bool stores(Opcode op) { return exec::shape_of(static_cast<int>(op)).store; }
+bool sends(Opcode op) { return shape_of(op).send; }
+bool receives(Opcode op) { return shape_of(op).recv; }
+bool stores(Opcode op) { return shape_of(op).store; }
 
 std::string Ref::describe() const {
   if (count == 1) return fmt::format("{}[{}]", to_string(buffer), index);
@@ -544,21 +530,5 @@ std::string read_file(const std::string& path) {
   return text;
 }
 
-Plan load_file(const std::string& path) {
-  const std::string text = read_file(path);
-  try {
-    if (path.size() >= 4 && path.substr(path.size() - 4) == ".xml") return import_msccl_xml(text);
-    return parse_json(text);
-  } catch (const Error& e) {
-    rethrow_with_context(e, path);
-  }
-}
-
-void save_file(const Plan& plan, const std::string& path) {
-  std::ofstream out(path);
-  TUTTI_CHECK(out.good(), InvalidArgument, "cannot write plan file {}", path);
-  if (path.size() >= 4 && path.substr(path.size() - 4) == ".xml") out << export_msccl_xml(plan);
-  else out << to_json(plan) << "\n";
-}
 
 }  // namespace tutti::plan

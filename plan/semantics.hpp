@@ -1,7 +1,9 @@
 #pragma once
-// What a Plan instruction does to bytes, written once for every executor: the CPU interpreter
-// (runtime/executor.cpp) and, later, the CUDA kernel include this header. Host/device neutral:
-// no exceptions, no allocation, plain integer arithmetic.
+// What a Plan instruction does to bytes, written once for every executor: the opcodes, the table of
+// what each one does, and the chunk geometry. The Plan's types (plan/plan.hpp), the CPU interpreter
+// (runtime/cpu_executor.cpp) and the device interpreter (runtime/device/interpreter.hpp, compiled
+// by nvcc too) include it. Host/device neutral: no exceptions, no allocation, plain integer
+// arithmetic.
 //
 // Chunk geometry. A call moves `count` elements per rank piece (NCCL's count: the allreduce count,
 // the allgather sendcount, the reduce-scatter recvcount). A buffer is a sequence of pieces of `count`
@@ -19,6 +21,25 @@
 #include <cstdint>
 
 #include "core/element.hpp"  // TUTTI_HD
+
+namespace tutti::plan {
+
+// What an instruction does (plan/plan.hpp describes each; op_info below is their table).
+enum class Opcode : uint8_t {
+  kNop,
+  kSend,
+  kRecv,
+  kCopy,
+  kReduce,
+  kRecvCopySend,
+  kRecvReduceSend,
+  kRecvReduceCopy,
+  kRecvReduceCopySend,
+  kCompute,
+};
+inline constexpr int kNumOpcodes = 10;
+
+}  // namespace tutti::plan
 
 namespace tutti::exec {
 
@@ -49,6 +70,10 @@ TUTTI_HD int64_t tile_bytes(int64_t t, int64_t bytes, int64_t tile) {
   return b < 0 ? 0 : (b < tile ? b : tile);
 }
 
+}  // namespace tutti::exec
+
+namespace tutti::plan {
+
 // How each opcode uses the connection and the local operands.
 struct OpShape {
   bool recv;          // takes a message from recv_peer
@@ -59,31 +84,30 @@ struct OpShape {
 };
 
 // The one table of opcodes: name (JSON, logs), shape, and how many local sources an instruction
-// combines (kAllSources: every one of srcs). Indexed by the plan::Opcode value; plan.cpp (names,
-// sends/receives/stores for the lowering, importer, verifier and simulator), the CPU executor and
-// the device interpreter all read it. A constexpr function rather than an array so device code can
-// use it too.
-inline constexpr int kNumOpcodes = 10;
+// combines (kAllSources: every one of srcs). plan.cpp (names, sends/receives/stores for the lowering,
+// importers, verifier and simulator), the CPU executor and the device interpreter all read it. A
+// constexpr function rather than an array so device code can use it too.
 inline constexpr int kAllSources = -1;
 struct OpInfo {
   const char* name;
   OpShape shape;
   int local_sources;
 };
-TUTTI_HD constexpr OpInfo op_info(int opcode) {
-  switch (opcode) {
-    case 1: return {"send", {false, true, false, false, false}, 1};
-    case 2: return {"recv", {true, false, false, true, false}, 0};
-    case 3: return {"copy", {false, false, false, true, false}, 1};
-    case 4: return {"reduce", {false, false, false, true, false}, kAllSources};
-    case 5: return {"recv_copy_send", {true, true, false, true, false}, 0};
-    case 6: return {"recv_reduce_send", {true, true, true, false, true}, 1};
-    case 7: return {"recv_reduce_copy", {true, false, true, true, true}, 1};
-    case 8: return {"recv_reduce_copy_send", {true, true, true, true, true}, 1};
-    case 9: return {"compute", {false, false, false, true, false}, 1};
-    default: return {"nop", {false, false, false, false, false}, 0};
+TUTTI_HD constexpr OpInfo op_info(Opcode op) {
+  switch (op) {
+    case Opcode::kNop: break;
+    case Opcode::kSend: return {"send", {false, true, false, false, false}, 1};
+    case Opcode::kRecv: return {"recv", {true, false, false, true, false}, 0};
+    case Opcode::kCopy: return {"copy", {false, false, false, true, false}, 1};
+    case Opcode::kReduce: return {"reduce", {false, false, false, true, false}, kAllSources};
+    case Opcode::kRecvCopySend: return {"recv_copy_send", {true, true, false, true, false}, 0};
+    case Opcode::kRecvReduceSend: return {"recv_reduce_send", {true, true, true, false, true}, 1};
+    case Opcode::kRecvReduceCopy: return {"recv_reduce_copy", {true, false, true, true, true}, 1};
+    case Opcode::kRecvReduceCopySend: return {"recv_reduce_copy_send", {true, true, true, true, true}, 1};
+    case Opcode::kCompute: return {"compute", {false, false, false, true, false}, 1};
   }
+  return {"nop", {false, false, false, false, false}, 0};
 }
-TUTTI_HD constexpr OpShape shape_of(int opcode) { return op_info(opcode).shape; }
+TUTTI_HD constexpr OpShape shape_of(Opcode op) { return op_info(op).shape; }
 
-}  // namespace tutti::exec
+}  // namespace tutti::plan
