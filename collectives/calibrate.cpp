@@ -14,7 +14,6 @@
 #include <thread>
 
 #include "collectives/algorithms/registry.hpp"
-#include "collectives/dispatcher.hpp"
 #include "collectives/oneshot.hpp"
 #include "collectives/tuner.hpp"
 #include "compiler/compile.hpp"
@@ -319,7 +318,7 @@ void measure_oneshot(Communicator& comm, Calibration& c) {
       if (count == 0) continue;
       if (!oneshot_fits(*mb, coll, static_cast<int64_t>(count), 4)) break;
       sizes.push_back(s);
-      cands.push_back({Candidate{kOneShot, {}}, Candidate{default_algorithm(coll, s, n, comm.crowded_host()), {}}});
+      cands.push_back({Candidate{kOneShot, {}}, Candidate{algorithms::default_algorithm(coll, s, n, comm.crowded_host()), {}}});
       iters.push_back(s <= (4u << 10) ? 100 : 20);
     }
     if (sizes.empty()) continue;
@@ -525,57 +524,107 @@ std::pair<double, double> fit_alpha_beta(const std::vector<std::pair<uint64_t, d
   return {alpha, 1e-3 / g};  // bytes/us -> GB/s
 }
 
-Calibration calibrate(Communicator& comm) {
-  const int n = comm.size();
-  TUTTI_CHECK(n >= 2, InvalidArgument, "calibration needs at least 2 ranks, the communicator has {}", n);
-  Calibration c;
-  c.transport = comm.transport_to(comm.rank() == 0 ? 1 : 0);
-  c.nranks = n;
-  c.cores = static_cast<int>(std::thread::hardware_concurrency());
-  for (uint64_t s = 8; s <= (4u << 20); s *= 8) {
-    const int iters = s <= (32u << 10) ? 1000 : s <= (512u << 10) ? 50 : 10;
-    c.pingpong.emplace_back(s, pingpong(comm, s, iters));
-  }
-  c.pingpong.emplace_back(4u << 20, pingpong(comm, 4u << 20, 10));
-  c.memory_curve = rates_at_once(comm, false);
-  c.reduce_curve = rates_at_once(comm, true);
+namespace {
+
+// What a rank measured that the ranks then agree on (calibrate): every rank takes rank 0's
+// transport and ring times, and the slowest memory rate and local instruction.
+struct RankMeasurements {
   double mem = 0;  // the 8 MiB copy's rate: the collective's buffers out of cache
-  for (auto& [touched, gbps] : c.memory_curve)
-    if (touched == (16u << 20)) mem = gbps;
-  const double both_ways = exchange_rate(comm, 4u << 20, 10);
-  // Single copy against the FIFO, under a ring's load, where process ranks can use it (every rank
-  // must agree to measure: the exchange is collective).
-  bool single_copy = true;
-  for (int p = 0; p < n; ++p)
-    if (p != comm.rank() && !comm.connection(p, 0).can_single_copy()) single_copy = false;
-  {
-    wire::Writer v;
-    v.put<uint8_t>(single_copy ? 1 : 0);
-    for (auto& bytes : comm.bootstrap().allgather(v.bytes())) single_copy &= bytes.at(0) == 1;
-  }
-  std::vector<std::pair<uint64_t, std::pair<double, double>>> copy_points;
-  if (single_copy) {
-    const uint64_t was = comm.options().shm_single_copy_threshold;
-    const bool adaptive = comm.options().shm_single_copy_adaptive;
-    for (uint64_t s = 64u << 10; s <= (64u << 20); s *= 4) {  // each mode alone, not chosen by rates
-      const int iters = std::max<int>(2, static_cast<int>((32u << 20) / s));
-      comm.set_single_copy(UINT64_MAX, false);
-      const double fifo = exchange_rate(comm, s, iters);
-      comm.set_single_copy(s, false);
-      const double direct = exchange_rate(comm, s, iters);
-      copy_points.push_back({s, {fifo, direct}});
-    }
-    comm.set_single_copy(was, adaptive);
-  }
-  // The curve under a collective's load: ping-pong times up to 512 B (latency-bound, one message
-  // each way looks the same), exchange times from 4 KiB.
+  double both_ways = 0;
+  double ring_us = 0;
+  double local_us = 0;
+  // One-way times under a collective's load, without and with reducing receives.
   std::vector<std::pair<uint64_t, double>> load;
   std::vector<std::pair<uint64_t, double>> reducing;
+  // Single copy against the FIFO: size -> (FIFO GB/s, single-copy GB/s); empty where not measured.
+  std::vector<std::pair<uint64_t, std::pair<double, double>>> copy_points;
+};
+
+std::vector<std::pair<uint64_t, double>> measure_pingpong(Communicator& comm) {
+  std::vector<std::pair<uint64_t, double>> points;
+  for (uint64_t s = 8; s <= (4u << 20); s *= 8) {
+    const int iters = s <= (32u << 10) ? 1000 : s <= (512u << 10) ? 50 : 10;
+    points.emplace_back(s, pingpong(comm, s, iters));
+  }
+  points.emplace_back(4u << 20, pingpong(comm, 4u << 20, 10));
+  return points;
+}
+
+// Whether process ranks can use single copy between every pair (every rank must agree to measure:
+// the exchange is collective).
+bool every_rank_can_single_copy(Communicator& comm) {
+  bool single_copy = true;
+  for (int p = 0; p < comm.size(); ++p)
+    if (p != comm.rank() && !comm.connection(p, 0).can_single_copy()) single_copy = false;
+  wire::Writer v;
+  v.put<uint8_t>(single_copy ? 1 : 0);
+  for (auto& bytes : comm.bootstrap().allgather(v.bytes())) single_copy &= bytes.at(0) == 1;
+  return single_copy;
+}
+
+// Single copy against the FIFO, under a ring's load.
+std::vector<std::pair<uint64_t, std::pair<double, double>>> measure_single_copy(Communicator& comm) {
+  std::vector<std::pair<uint64_t, std::pair<double, double>>> copy_points;
+  const uint64_t was = comm.options().shm_single_copy_threshold;
+  const bool adaptive = comm.options().shm_single_copy_adaptive;
+  for (uint64_t s = 64u << 10; s <= (64u << 20); s *= 4) {  // each mode alone, not chosen by rates
+    const int iters = std::max<int>(2, static_cast<int>((32u << 20) / s));
+    comm.set_single_copy(UINT64_MAX, false);
+    const double fifo = exchange_rate(comm, s, iters);
+    comm.set_single_copy(s, false);
+    const double direct = exchange_rate(comm, s, iters);
+    copy_points.push_back({s, {fifo, direct}});
+  }
+  comm.set_single_copy(was, adaptive);
+  return copy_points;
+}
+
+// Exchange times from 4 KiB, without and with reducing receives (the curve under a collective's load).
+void measure_load(Communicator& comm, RankMeasurements& m) {
   for (uint64_t s = 4096; s <= (16u << 20); s *= 2) {
     const int iters = s <= (64u << 10) ? 200 : s <= (1u << 20) ? 20 : 5;
-    load.emplace_back(s, static_cast<double>(s) / (exchange_rate(comm, s, iters) * 1e3));
-    reducing.emplace_back(s, static_cast<double>(s) / (exchange_rate(comm, s, iters, true) * 1e3));
+    m.load.emplace_back(s, static_cast<double>(s) / (exchange_rate(comm, s, iters) * 1e3));
+    m.reducing.emplace_back(s, static_cast<double>(s) / (exchange_rate(comm, s, iters, true) * 1e3));
   }
+}
+
+// The time of a plan of `k` local copies of one element each on every rank.
+double local_copies_us(int n, CpuExecutor& ex, const ExecArgs& args, int k) {
+  plan::Plan local;
+  local.name = "calibration_copies";
+  local.collective = Collective::kCustom;  // each rank copies its own input: no standard collective
+  local.nranks = n;
+  local.chunk_factor = k;
+  local.ranks.resize(static_cast<size_t>(n));
+  for (auto& rp : local.ranks) {
+    rp.input_chunks = rp.output_chunks = k;
+    rp.blocks.push_back(plan::Block{0, 0, {}});
+    for (int i = 0; i < k; ++i) {
+      plan::Instruction in;
+      in.op = plan::Opcode::kCopy;
+      in.srcs = {plan::Ref{BufferKind::kInput, i, 1}};
+      in.dst = plan::Ref{BufferKind::kOutput, i, 1};
+      rp.blocks[0].steps.push_back(in);
+    }
+  }
+  plan::certify(local);
+  auto pp = PreparedPlan::make(std::move(local));
+  ExecArgs a = args;
+  a.count = k;
+  for (int i = 0; i < 20; ++i) ex.run(*pp, a);
+  std::vector<double> times;
+  for (int r = 0; r < 9; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < 100; ++i) ex.run(*pp, a);
+    times.push_back(us_since(t0) / 100);
+  }
+  return median(times);
+}
+
+// The executor's overheads: per dependent receive (the ring time) and per instruction that waits
+// on no peer.
+void measure_executor(Communicator& comm, RankMeasurements& m) {
+  const int n = comm.size();
   // The executor: 2(n-1) dependent messages of a ring all-reduce of 8 bytes.
   auto ring = ring_allreduce(n);
   float in[64] = {}, out[64] = {};
@@ -592,91 +641,96 @@ Calibration calibrate(Communicator& comm) {
     for (int i = 0; i < 100; ++i) ex.run(*ring, args);
     rounds.push_back(us_since(t0) / 100);
   }
-  double ring_us = median(rounds);
+  m.ring_us = median(rounds);
   // Instructions that wait on no peer: a plan of k local copies of one element each, timed at
   // k = 1 and k = 17; the difference per copy is what the executor spends on such an instruction
   // (a tiny share of a receive's, whose time includes waking up for its message).
-  auto copies = [&](int k) {
-    plan::Plan local;
-    local.name = "calibration_copies";
-    local.collective = Collective::kCustom;  // each rank copies its own input: no standard collective
-    local.nranks = n;
-    local.chunk_factor = k;
-    local.ranks.resize(static_cast<size_t>(n));
-    for (auto& rp : local.ranks) {
-      rp.input_chunks = rp.output_chunks = k;
-      rp.blocks.push_back(plan::Block{0, 0, {}});
-      for (int i = 0; i < k; ++i) {
-        plan::Instruction in;
-        in.op = plan::Opcode::kCopy;
-        in.srcs = {plan::Ref{BufferKind::kInput, i, 1}};
-        in.dst = plan::Ref{BufferKind::kOutput, i, 1};
-        rp.blocks[0].steps.push_back(in);
-      }
-    }
-    plan::certify(local);
-    auto pp = PreparedPlan::make(std::move(local));
-    ExecArgs a = args;
-    a.count = k;
-    for (int i = 0; i < 20; ++i) ex.run(*pp, a);
-    std::vector<double> times;
-    for (int r = 0; r < 9; ++r) {
-      auto t0 = Clock::now();
-      for (int i = 0; i < 100; ++i) ex.run(*pp, a);
-      times.push_back(us_since(t0) / 100);
-    }
-    return median(times);
-  };
-  const double local_us = std::max(0.0, (copies(17) - copies(1)) / 16);
-  // Every rank gets rank 0's transport fit and ring time, and the slowest memory rate and local
-  // instruction.
+  m.local_us = std::max(0.0, (local_copies_us(n, ex, args, 17) - local_copies_us(n, ex, args, 1)) / 16);
+}
+
+// Every rank gets rank 0's transport fit and ring time, and the slowest memory rate and local
+// instruction: into `c` (pingpong, exchange_gbps, local_instruction_us) and `m` (the rest).
+void agree(Communicator& comm, RankMeasurements& m, Calibration& c) {
   wire::Writer w;
-  w.put<double>(mem).put<double>(ring_us).put<double>(both_ways).put<double>(local_us);
-  for (auto& [sz, t] : load) w.put<double>(t);
-  for (auto& [sz, t] : reducing) w.put<double>(t);
+  w.put<double>(m.mem).put<double>(m.ring_us).put<double>(m.both_ways).put<double>(m.local_us);
+  for (auto& [sz, t] : m.load) w.put<double>(t);
+  for (auto& [sz, t] : m.reducing) w.put<double>(t);
   for (auto& [s, t] : c.pingpong) w.put<double>(t);
-  for (auto& [s, r] : copy_points) w.put<double>(r.first).put<double>(r.second);
+  for (auto& [s, r] : m.copy_points) w.put<double>(r.first).put<double>(r.second);
   auto all = comm.bootstrap().allgather(w.bytes());
   double slowest_mem = 1e300;
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < comm.size(); ++r) {
     wire::Reader rd(all[r], "calibration");
     slowest_mem = std::min(slowest_mem, rd.get<double>());
     double ring_r = rd.get<double>(), both_r = rd.get<double>();
     c.local_instruction_us = std::max(c.local_instruction_us, rd.get<double>());
     if (r == 0) {
-      ring_us = ring_r;
+      m.ring_us = ring_r;
       c.exchange_gbps = both_r;
-      for (auto& p : load) p.second = rd.get<double>();
-      for (auto& p : reducing) p.second = rd.get<double>();
+      for (auto& p : m.load) p.second = rd.get<double>();
+      for (auto& p : m.reducing) p.second = rd.get<double>();
       for (auto& p : c.pingpong) p.second = rd.get<double>();
-      for (auto& p : copy_points) p.second.first = rd.get<double>(), p.second.second = rd.get<double>();
+      for (auto& p : m.copy_points) p.second.first = rd.get<double>(), p.second.second = rd.get<double>();
     }
   }
+  m.mem = slowest_mem;
+}
+
+// The calibration's model from the agreed measurements: the curves under load, the transport fit,
+// the instruction overhead and the single-copy threshold.
+void fit_model(const RankMeasurements& m, Calibration& c) {
+  // The curve under a collective's load: ping-pong times up to 512 B (latency-bound, one message
+  // each way looks the same), exchange times from 4 KiB.
   for (auto& p : c.pingpong)
     if (p.first <= 512) c.curve.push_back(p);
-  for (auto& p : load) c.curve.push_back(p);
+  for (auto& p : m.load) c.curve.push_back(p);
   for (auto& p : c.pingpong)
     if (p.first <= 512) c.reduce_exchange.push_back(p);
-  for (auto& p : reducing) c.reduce_exchange.push_back(p);
+  for (auto& p : m.reducing) c.reduce_exchange.push_back(p);
   auto [alpha, beta] = fit_alpha_beta(c.pingpong);
   c.alpha_us = alpha;
   c.beta_gbps = beta;
-  c.memory_gbps = slowest_mem;
-  c.instruction_us = std::max(0.0, ring_us / (2.0 * (n - 1)) - alpha);
-  if (!copy_points.empty()) {
-    c.single_copy = copy_points;
-    c.single_copy_threshold = choose_single_copy_threshold(copy_points);
+  c.memory_gbps = m.mem;
+  c.instruction_us = std::max(0.0, m.ring_us / (2.0 * (c.nranks - 1)) - alpha);
+  if (!m.copy_points.empty()) {
+    c.single_copy = m.copy_points;
+    c.single_copy_threshold = choose_single_copy_threshold(m.copy_points);
   }
-  // Both are the same on every rank: interleaved_sweep returns the slowest rank's times everywhere.
-  // Waits, the mailbox, FIFOs and tiles are shared-memory settings (dispatchers apply them there).
-  if (c.transport == "shm") {
-    measure_spin(comm, c);
-    const int was = comm.options().spin;
-    comm.set_spin(c.spin_us);  // the mailbox as it will run
-    measure_oneshot(comm, c);
-    comm.set_spin(was);
-    measure_fifo_and_tile(comm, c);
-  }
+}
+
+// Both are the same on every rank: interleaved_sweep returns the slowest rank's times everywhere.
+// Waits, the mailbox, FIFOs and tiles are shared-memory settings (dispatchers apply them there).
+void measure_shm_settings(Communicator& comm, Calibration& c) {
+  measure_spin(comm, c);
+  const int was = comm.options().spin;
+  comm.set_spin(c.spin_us);  // the mailbox as it will run
+  measure_oneshot(comm, c);
+  comm.set_spin(was);
+  measure_fifo_and_tile(comm, c);
+}
+
+}  // namespace
+
+Calibration calibrate(Communicator& comm) {
+  const int n = comm.size();
+  TUTTI_CHECK(n >= 2, InvalidArgument, "calibration needs at least 2 ranks, the communicator has {}", n);
+  Calibration c;
+  c.transport = comm.transport_to(comm.rank() == 0 ? 1 : 0);
+  c.nranks = n;
+  c.cores = static_cast<int>(std::thread::hardware_concurrency());
+  c.pingpong = measure_pingpong(comm);
+  c.memory_curve = rates_at_once(comm, false);
+  c.reduce_curve = rates_at_once(comm, true);
+  RankMeasurements m;
+  for (auto& [touched, gbps] : c.memory_curve)
+    if (touched == (16u << 20)) m.mem = gbps;
+  m.both_ways = exchange_rate(comm, 4u << 20, 10);
+  if (every_rank_can_single_copy(comm)) m.copy_points = measure_single_copy(comm);
+  measure_load(comm, m);
+  measure_executor(comm, m);
+  agree(comm, m, c);
+  fit_model(m, c);
+  if (c.transport == "shm") measure_shm_settings(comm, c);
   return c;
 }
 

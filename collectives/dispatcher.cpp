@@ -325,32 +325,106 @@ std::shared_ptr<const PreparedPlan> Dispatcher::builtin(const std::string& name,
   return prepared;
 }
 
-std::string default_algorithm(Collective c, uint64_t bytes, int n, bool crowded) {
-  switch (c) {
-    case Collective::kAllReduce:
-      // One shot while latency dominates (one message each way per peer), then halving-doubling,
-      // then the ring, whose every byte crosses each link once.
-      return bytes <= (32u << 10) && n <= 16 ? "allpairs_allreduce"
-             : bytes > (512u << 10) || n <= 2 ? "ring_allreduce"
-                                              : "rhd_allreduce";
-    case Collective::kAllGather: return bytes <= (32u << 10) && n > 2 ? "bruck_allgather" : "ring_allgather";
-    case Collective::kReduceScatter: return "ring_reducescatter";
-    case Collective::kBroadcast:
-      // The chain pipelines chunks through every rank, which pays only while every rank runs: 4
-      // processes on 2 cores took 2x longer from 128 KiB to 4 MiB than with the tree (log n
-      // steps), whose every receiver also forwards less (docs/PERFORMANCE.md).
-      return bytes <= (64u << 10) || crowded ? "tree_broadcast" : "chain_broadcast";
-    case Collective::kReduce: return "tree_reduce";
-    case Collective::kAllToAll: return "pairwise_alltoall";
-    default: throw InvalidArgument(fmt::format("no built-in algorithm for {}", to_string(c)));
-  }
-}
-
 uint64_t Dispatcher::oneshot_threshold(Collective c) const {
   if (oneshot_threshold_) return *oneshot_threshold_;
   auto it = calibrated_oneshot_.find(c);
   if (it != calibrated_oneshot_.end()) return it->second;
   return comm_.crowded_host() ? kCrowdedOneshotThreshold : kDefaultOneshotThreshold;
+}
+
+bool Dispatcher::ChoiceQuery::applicable(const PreparedPlan& pp) const {
+  const plan::Plan& p = pp.plan;
+  if (p.collective != c || p.nranks != n) return false;
+  if (has_root(c) && (p.root != root || p.inplace)) return false;
+  if (!p.any_count && count % p.chunk_factor != 0) return false;
+  // An in-place plan serves an out-of-place reduce-scatter only with a larger output: never.
+  if (c == Collective::kReduceScatter && p.inplace && !inplace) return false;
+  return true;
+}
+
+std::map<std::string, int> Dispatcher::ChoiceQuery::params_for(const std::string& name) const {
+  const algorithms::Builtin& b = algorithms::find_builtin(name);
+  std::map<std::string, int> prm;
+  for (auto& p : b.params) {
+    if (p.name == "inplace") prm["inplace"] = has_root(c) ? 0 : inplace;
+    if (p.name == "root") prm["root"] = root;
+    if (p.name == "chunks" && name == "chain_broadcast")
+      prm["chunks"] = static_cast<int>(std::clamp<uint64_t>(bytes >> 20, 1, 16));
+  }
+  return prm;
+}
+
+std::shared_ptr<const PreparedPlan> Dispatcher::applicable_builtin(const ChoiceQuery& q, const std::string& name) {
+  for (const auto& b : algorithms::builtins())
+    if (b.name == name && b.collective == q.c) {
+      auto prm = q.params_for(name);
+      std::map<std::string, int> full;
+      try {
+        full = algorithms::resolve(b, q.n, prm);
+      } catch (const InvalidArgument&) {
+        return nullptr;  // not for this rank count
+      }
+      auto pp = builtin(name, full);
+      if (q.applicable(*pp)) return pp;
+    }
+  return nullptr;
+}
+
+// TUTTI_ALGO/NCCL_ALGO: the one-shot path, a loaded plan or a built-in (by name or family) of that name.
+Choice Dispatcher::forced_choice(const ChoiceQuery& q) {
+  if (!algo_) return {};
+  std::string want = lower(*algo_);
+  if (want == tuning::kOneShot && q.fits) return Choice::one_shot();
+  for (auto& pp : loaded_plans())
+    if (lower(pp->plan.name) == want && q.applicable(*pp)) return pp;
+  std::string coll = to_string(q.c);
+  for (const std::string& name : {want, want + "_" + coll})
+    if (auto pp = applicable_builtin(q, name)) return pp;
+  static std::once_flag warned;
+  std::call_once(warned, [&] { TUTTI_INFO(log::kTuning, "TUTTI_ALGO={} does not apply to {}; using the default", *algo_, coll); });
+  return {};
+}
+
+// Loaded plans whose size window holds the call, the first loaded first.
+Choice Dispatcher::loaded_choice(const ChoiceQuery& q) {
+  for (auto& pp : loaded_plans())
+    if (q.applicable(*pp) && pp->plan.min_bytes <= q.bytes && q.bytes <= pp->plan.max_bytes) return pp;
+  return {};
+}
+
+Choice Dispatcher::candidate_choice(const ChoiceQuery& q, const tuning::Candidate& cand) {
+  if (cand.algorithm == tuning::kOneShot) return q.fits ? Choice::one_shot() : Choice{};
+  const algorithms::Builtin& b = algorithms::find_builtin(cand.algorithm);
+  if (b.collective != q.c) return {};
+  auto prm = q.params_for(cand.algorithm);
+  for (auto& [k, v] : cand.params) prm[k] = v;
+  std::map<std::string, int> full;
+  try {
+    full = algorithms::resolve(b, q.n, prm);
+  } catch (const InvalidArgument& e) {
+    TUTTI_WARN("decision table entry {} does not apply to {} ranks: {}", cand.describe(), q.n, e.what());
+    return {};
+  }
+  auto pp = builtin(cand.algorithm, full);
+  return q.applicable(*pp) ? Choice(pp) : Choice{};
+}
+
+// The decision table (or, with TUTTI_TUNE=1, a measurement of this size).
+Choice Dispatcher::table_choice(const ChoiceQuery& q) {
+  return tuned(q.c, q.bytes, [&](const tuning::Candidate& cand) { return candidate_choice(q, cand); });
+}
+
+// Small calls on one host: the one-shot mailbox, while it beats the plans (see PERFORMANCE.md).
+Choice Dispatcher::oneshot_choice(const ChoiceQuery& q) const {
+  if (q.fits && q.bytes <= oneshot_threshold(q.c)) return Choice::one_shot();
+  return {};
+}
+
+Choice Dispatcher::default_choice(const ChoiceQuery& q) {
+  const std::string name = algorithms::default_algorithm(q.c, q.bytes, q.n, comm_.crowded_host());
+  auto pp = applicable_builtin(q, name);
+  TUTTI_CHECK(pp != nullptr, InternalError, "built-in {} does not apply to {} ranks", name, q.n);
+  return pp;
 }
 
 const Choice& Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int root, int64_t count, int64_t esize,
@@ -363,85 +437,17 @@ const Choice& Dispatcher::choose(Collective c, bool inplace, uint64_t bytes, int
     last_key_ = key;
     return *(last_chosen_ = &hit->second);
   }
-  const int n = comm_.size();
   // The mailbox lives in host memory: device buffers always run plans.
   const bool fits = !device && comm_.mailbox() && oneshot_fits(*comm_.mailbox(), c, count, esize);
-  auto applicable = [&](const PreparedPlan& pp) {
-    const plan::Plan& p = pp.plan;
-    if (p.collective != c || p.nranks != n) return false;
-    if (has_root(c) && (p.root != root || p.inplace)) return false;
-    if (!p.any_count && count % p.chunk_factor != 0) return false;
-    // An in-place plan serves an out-of-place reduce-scatter only with a larger output: never.
-    if (c == Collective::kReduceScatter && p.inplace && !inplace) return false;
-    return true;
-  };
-  auto params_for = [&](const std::string& name) {
-    const algorithms::Builtin& b = algorithms::find_builtin(name);
-    std::map<std::string, int> prm;
-    for (auto& p : b.params) {
-      if (p.name == "inplace") prm["inplace"] = has_root(c) ? 0 : inplace;
-      if (p.name == "root") prm["root"] = root;
-      if (p.name == "chunks" && name == "chain_broadcast")
-        prm["chunks"] = static_cast<int>(std::clamp<uint64_t>(bytes >> 20, 1, 16));
-    }
-    return prm;
-  };
-  auto try_builtin = [&](const std::string& name) -> std::shared_ptr<const PreparedPlan> {
-    for (const auto& b : algorithms::builtins())
-      if (b.name == name && b.collective == c) {
-        auto prm = params_for(name);
-        std::map<std::string, int> full;
-        try {
-          full = algorithms::resolve(b, n, prm);
-        } catch (const InvalidArgument&) {
-          return nullptr;  // not for this rank count
-        }
-        auto pp = builtin(name, full);
-        if (applicable(*pp)) return pp;
-      }
-    return nullptr;
-  };
-  auto remember = [&](Choice ch) -> const Choice& {
-    last_key_ = key;
-    return *(last_chosen_ = &(chosen_[key] = std::move(ch)));  // map nodes stay put
-  };
-  if (const auto& forced = algo_) {
-    std::string want = lower(*forced);
-    if (want == tuning::kOneShot && fits) return remember(Choice::one_shot());
-    for (auto& pp : loaded_plans())
-      if (lower(pp->plan.name) == want && applicable(*pp)) return remember(pp);
-    std::string coll = to_string(c);
-    for (const std::string& name : {want, want + "_" + coll})
-      if (auto pp = try_builtin(name)) return remember(pp);
-    static std::once_flag warned;
-    std::call_once(warned, [&] { TUTTI_INFO(log::kTuning, "TUTTI_ALGO={} does not apply to {}; using the default", *forced, coll); });
-  }
-  for (auto& pp : loaded_plans())
-    if (applicable(*pp) && pp->plan.min_bytes <= bytes && bytes <= pp->plan.max_bytes) return remember(pp);
-  // The decision table (or, with TUTTI_TUNE=1, a measurement of this size).
-  auto from_table = [&](const tuning::Candidate& cand) -> Choice {
-    if (cand.algorithm == tuning::kOneShot) return fits ? Choice::one_shot() : Choice{};
-    const algorithms::Builtin& b = algorithms::find_builtin(cand.algorithm);
-    if (b.collective != c) return {};
-    auto prm = params_for(cand.algorithm);
-    for (auto& [k, v] : cand.params) prm[k] = v;
-    std::map<std::string, int> full;
-    try {
-      full = algorithms::resolve(b, n, prm);
-    } catch (const InvalidArgument& e) {
-      TUTTI_WARN("decision table entry {} does not apply to {} ranks: {}", cand.describe(), n, e.what());
-      return {};
-    }
-    auto pp = builtin(cand.algorithm, full);
-    return applicable(*pp) ? Choice(pp) : Choice{};
-  };
-  if (auto ch = tuned(c, bytes, from_table)) return remember(ch);
-  // Small calls on one host: the one-shot mailbox, while it beats the plans (see PERFORMANCE.md).
-  if (fits && bytes <= oneshot_threshold(c)) return remember(Choice::one_shot());
-  const std::string name = default_algorithm(c, bytes, n, comm_.crowded_host());
-  auto pp = try_builtin(name);
-  TUTTI_CHECK(pp != nullptr, InternalError, "built-in {} does not apply to {} ranks", name, n);
-  return remember(pp);
+  const ChoiceQuery q{c, inplace, bytes, root, count, comm_.size(), fits};
+  // The first source that decides wins.
+  Choice ch = forced_choice(q);
+  if (!ch) ch = loaded_choice(q);
+  if (!ch) ch = table_choice(q);
+  if (!ch) ch = oneshot_choice(q);
+  if (!ch) ch = default_choice(q);
+  last_key_ = key;
+  return *(last_chosen_ = &(chosen_[key] = std::move(ch)));  // map nodes stay put
 }
 
 void Dispatcher::check_consistent(const CollectiveCall& call) {

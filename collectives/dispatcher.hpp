@@ -87,13 +87,6 @@ inline constexpr uint64_t kDefaultOneshotThreshold = 8 << 10;
 // calls 1.5-4x faster; docs/PERFORMANCE.md), which is also what the calibration chose on such hosts.
 inline constexpr uint64_t kCrowdedOneshotThreshold = 128 << 10;
 
-// The built-in plan the dispatcher runs for host memory where no table, plan file or forced
-// algorithm decides and the call does not take the one-shot path: latency-bound sizes want few
-// steps, bandwidth-bound ones want every byte to cross each link once. (The calibration measures
-// the one-shot path against it.) `crowded`: every rank is on one host with more ranks than cores
-// (Communicator::crowded_host), where a pipeline whose stages wait for ranks that are not running
-// loses to fewer, longer steps.
-std::string default_algorithm(Collective c, uint64_t bytes, int nranks, bool crowded);
 
 struct DispatcherOptions {
   std::optional<std::string> algo;         // a forced algorithm
@@ -163,6 +156,31 @@ class Dispatcher {
   // choose() for a whole call, as run() would choose for it (start() and predict_us() ask too).
   const Choice& choose_for(const CollectiveCall& call);
   std::shared_ptr<const PreparedPlan> builtin(const std::string& name, std::map<std::string, int> params);
+  // What choose() is asked, as its sources see it: the call's shape, and whether the one-shot
+  // mailbox can take the call at all.
+  struct ChoiceQuery {
+    Collective c;
+    bool inplace;
+    uint64_t bytes;
+    int root;
+    int64_t count;
+    int n;
+    bool fits;
+    // Whether a plan runs this call (collective, ranks, root, chunking, in-place).
+    bool applicable(const PreparedPlan& pp) const;
+    // The parameters of built-in `name` that the call decides (in-place, root, chunks).
+    std::map<std::string, int> params_for(const std::string& name) const;
+  };
+  // The sources choose() asks in this order; each returns an empty Choice where it does not decide.
+  Choice forced_choice(const ChoiceQuery& q);
+  static Choice loaded_choice(const ChoiceQuery& q);
+  Choice table_choice(const ChoiceQuery& q);
+  Choice oneshot_choice(const ChoiceQuery& q) const;
+  Choice default_choice(const ChoiceQuery& q);
+  // Built-in `name` for the call, if it applies (else nullptr).
+  std::shared_ptr<const PreparedPlan> applicable_builtin(const ChoiceQuery& q, const std::string& name);
+  // A decision table entry's candidate as a choice for the call, if it applies.
+  Choice candidate_choice(const ChoiceQuery& q, const tuning::Candidate& cand);
   void check_consistent(const CollectiveCall& call);
   void apply_calibration();
   void warn_about_settings();

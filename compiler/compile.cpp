@@ -86,6 +86,8 @@ class Lowering {
   }
 
  private:
+  using Cell = std::pair<int, int64_t>;  // canonical (buffer, index)
+
   Ref ref(const dsl::ChunkLoc& l) const {
     Ref r{l.buffer.kind, l.index, l.count};
     if (l.buffer.kind == BufferKind::kScratch) r.index += offsets_[l.rank].at(l.buffer.name);
@@ -93,8 +95,8 @@ class Lowering {
   }
 
   // Canonical (buffer, index) keys of a ref on a rank.
-  std::vector<std::pair<int, int64_t>> cells(int rank, const Ref& r) const {
-    std::vector<std::pair<int, int64_t>> v;
+  std::vector<Cell> cells(int rank, const Ref& r) const {
+    std::vector<Cell> v;
     for (int64_t k = 0; k < r.count; ++k) {
       Location l = spec_.canonical(rank, r.buffer, static_cast<int>(r.index + k));
       v.push_back({static_cast<int>(l.buffer), l.index});
@@ -206,100 +208,35 @@ class Lowering {
     return spec_.postcondition(rank, static_cast<int>(cell.second)).has_value();
   }
 
-  // Copy propagation: after local copies X -> Y, a send of Y may send X and a reducing receive into
-  // Y may take X as its operand (X is unchanged meanwhile), so neither waits for the copies. A copy
-  // nothing else reads before its cells are overwritten, and whose final value does not matter, is
-  // dead. Out-of-place plans start with such copies, one per chunk (input -> output); this removes a
-  // full pass over the data from them. A use may span several chunks (halving-doubling sends half
-  // the buffer at once): it is redirected when every cell it reads still equals a source cell and
-  // those sources are consecutive chunks of one buffer.
-  void forward_copies(int r) {
-    auto& L = lists_[r];
-    using Cell = std::pair<int, int64_t>;
-    struct Alias {
-      Ref source;       // one chunk
-      Cell source_cell;  // its cell
-      int copy;         // the instruction that made the cell equal to it
-    };
-    // Phase 1: which uses could read the sources instead. alias[cell]: the source chunk a cell
-    // equals through a live copy, until either is written.
-    std::map<Cell, Alias> alias;
-    struct Use {
-      int instr;
-      Ref source;
-      std::set<int> copies;
-      bool reducing;
-    };
+  // The source chunk a cell equals through a live copy (forward_copies, phase 1).
+  struct Alias {
+    Ref source;        // one chunk
+    Cell source_cell;  // its cell
+    int copy;          // the instruction that made the cell equal to it
+  };
+
+  // A send or reducing receive that could read the copies' sources instead of their destinations.
+  struct Use {
+    int instr;
+    Ref source;
+    std::set<int> copies;
+    bool reducing;
+  };
+
+  struct Forwarding {
     std::vector<Use> uses;
     std::map<int, size_t> use_of;  // instruction -> index in uses
-    for (int j = 0; j < static_cast<int>(L.size()); ++j) {
-      LInstr& u = L[j];
-      if (u.dead) continue;
-      const bool send = u.ins.op == Opcode::kSend;
-      const bool reducing = u.ins.op == Opcode::kRecvReduceCopy && u.ins.dst && u.ins.srcs[0] == *u.ins.dst;
-      if (send || reducing) {
-        auto cs = cells(r, u.ins.srcs[0]);
-        std::optional<Ref> src;
-        std::set<int> copies;
-        bool ok = true;
-        for (size_t k = 0; k < cs.size() && ok; ++k) {
-          auto it = alias.find(cs[k]);
-          ok = it != alias.end() && L[it->second.copy].channel == u.channel;
-          if (!ok) break;
-          const Ref& x = it->second.source;
-          if (k == 0) src = Ref{x.buffer, x.index, static_cast<int64_t>(cs.size())};
-          else ok = x.buffer == src->buffer && x.index == src->index + static_cast<int64_t>(k);
-          copies.insert(it->second.copy);
-        }
-        if (ok && src) {
-          use_of[j] = uses.size();
-          uses.push_back({j, *src, copies, reducing});
-        }
-      }
-      if (!u.ins.dst) continue;
-      auto written = cells(r, *u.ins.dst);
-      std::set<Cell> w;
-      for (const Ref& out : u.ins.writes())
-        for (auto& cell : cells(r, out)) w.insert(cell);
-      for (auto it = alias.begin(); it != alias.end();)
-        it = w.count(it->first) || w.count(it->second.source_cell) ? alias.erase(it) : std::next(it);
-      if (u.ins.op == Opcode::kCopy && !overlaps(r, u.ins.srcs[0], *u.ins.dst)) {
-        auto from = cells(r, u.ins.srcs[0]);
-        for (int64_t k = 0; k < u.ins.dst->count; ++k) {
-          Ref x{u.ins.srcs[0].buffer, u.ins.srcs[0].index + k, 1};
-          alias[written[static_cast<size_t>(k)]] = {x, from[static_cast<size_t>(k)], j};
-        }
-      }
+    std::vector<bool> redirect;    // per use
+
+    bool redirected(int instr) const {
+      auto it = use_of.find(instr);
+      return it != use_of.end() && redirect[it->second];
     }
-    // Phase 2: a copy is needed when a cell it wrote is read, other than by a redirected use, before
-    // it is overwritten, or matters at the end. A reducing receive is redirected only when every copy
-    // it reads through is dead (a kept copy must stay its destination's writer), so demoting one can
-    // make more copies needed: repeat until nothing changes.
-    std::vector<bool> redirect(uses.size(), true);
-    std::set<int> needed;
-    for (bool changed = true; changed;) {
-      changed = false;
-      needed.clear();
-      for (int i = 0; i < static_cast<int>(L.size()); ++i) {
-        const LInstr& c = L[i];
-        if (c.dead || c.ins.op != Opcode::kCopy || overlaps(r, c.ins.srcs[0], *c.ins.dst)) continue;
-        std::set<Cell> live;
-        for (auto& cell : cells(r, *c.ins.dst)) live.insert(cell);
-        bool need = false;
-        for (int j = i + 1; j < static_cast<int>(L.size()) && !need && !live.empty(); ++j) {
-          const LInstr& u = L[j];
-          if (u.dead) continue;
-          auto it = use_of.find(j);
-          const bool redirected = it != use_of.end() && redirect[it->second];
-          if (!redirected)
-            for (auto& src : u.ins.srcs)
-              for (auto& cell : cells(r, src)) need |= live.count(cell) > 0;
-          for (const Ref& out : u.ins.writes())
-            for (auto& cell : cells(r, out)) live.erase(cell);
-        }
-        for (auto& cell : live) need |= checked_at_end(r, cell);
-        if (need) needed.insert(i);
-      }
+
+    // A reducing receive is redirected only when every copy it reads through is dead (a kept copy
+    // must stay its destination's writer). Returns whether any use was demoted.
+    bool demote_reducing(const std::set<int>& needed) {
+      bool changed = false;
       for (size_t k = 0; k < uses.size(); ++k) {
         if (!uses[k].reducing || !redirect[k]) continue;
         for (int c : uses[k].copies)
@@ -309,12 +246,134 @@ class Lowering {
             break;
           }
       }
+      return changed;
     }
-    for (size_t k = 0; k < uses.size(); ++k)
-      if (redirect[k]) L[uses[k].instr].ins.srcs[0] = uses[k].source;
+  };
+
+  // Copy propagation: after local copies X -> Y, a send of Y may send X and a reducing receive into
+  // Y may take X as its operand (X is unchanged meanwhile), so neither waits for the copies. A copy
+  // nothing else reads before its cells are overwritten, and whose final value does not matter, is
+  // dead. Out-of-place plans start with such copies, one per chunk (input -> output); this removes a
+  // full pass over the data from them. A use may span several chunks (halving-doubling sends half
+  // the buffer at once): it is redirected when every cell it reads still equals a source cell and
+  // those sources are consecutive chunks of one buffer.
+  void forward_copies(int r) {
+    auto& L = lists_[r];
+    Forwarding fw = forwardable_uses(r);
+    // Phase 2: a copy is needed when a cell it wrote is read, other than by a redirected use, before
+    // it is overwritten, or matters at the end. A reducing receive is redirected only when every copy
+    // it reads through is dead, so demoting one can make more copies needed: repeat until nothing
+    // changes.
+    fw.redirect.assign(fw.uses.size(), true);
+    std::set<int> needed;
+    for (bool changed = true; changed;) {
+      needed = needed_copies(r, fw);
+      changed = fw.demote_reducing(needed);
+    }
+    for (size_t k = 0; k < fw.uses.size(); ++k)
+      if (fw.redirect[k]) L[fw.uses[k].instr].ins.srcs[0] = fw.uses[k].source;
     for (int i = 0; i < static_cast<int>(L.size()); ++i)
-      if (!L[i].dead && L[i].ins.op == Opcode::kCopy && !overlaps(r, L[i].ins.srcs[0], *L[i].ins.dst) && !needed.count(i))
-        L[i].dead = true;
+      if (forwardable_copy(r, L[i]) && !needed.count(i)) L[i].dead = true;
+  }
+
+  // A live local copy whose source and destination do not overlap: the kind forward_copies removes.
+  bool forwardable_copy(int r, const LInstr& li) const {
+    return !li.dead && li.ins.op == Opcode::kCopy && !overlaps(r, li.ins.srcs[0], *li.ins.dst);
+  }
+
+  // Phase 1 of forward_copies: which uses could read the sources instead.
+  Forwarding forwardable_uses(int r) const {
+    const auto& L = lists_[r];
+    // alias[cell]: the source chunk a cell equals through a live copy, until either is written.
+    std::map<Cell, Alias> alias;
+    Forwarding fw;
+    for (int j = 0; j < static_cast<int>(L.size()); ++j) {
+      const LInstr& u = L[j];
+      if (u.dead) continue;
+      const bool send = u.ins.op == Opcode::kSend;
+      const bool reducing = u.ins.op == Opcode::kRecvReduceCopy && u.ins.dst && u.ins.srcs[0] == *u.ins.dst;
+      if (send || reducing) {
+        std::set<int> copies;
+        if (auto src = aliased_source(r, u, alias, copies)) {
+          fw.use_of[j] = fw.uses.size();
+          fw.uses.push_back({j, *src, copies, reducing});
+        }
+      }
+      track_aliases(r, j, alias);
+    }
+    return fw;
+  }
+
+  // The consecutive source chunks that every cell u reads equals through copies on u's channel, if
+  // there are such; `copies` collects those copies.
+  std::optional<Ref> aliased_source(int r, const LInstr& u, const std::map<Cell, Alias>& alias,
+                                    std::set<int>& copies) const {
+    auto cs = cells(r, u.ins.srcs[0]);
+    std::optional<Ref> src;
+    for (size_t k = 0; k < cs.size(); ++k) {
+      auto it = alias.find(cs[k]);
+      if (it == alias.end() || lists_[r][it->second.copy].channel != u.channel) return std::nullopt;
+      const Ref& x = it->second.source;
+      if (k == 0) src = Ref{x.buffer, x.index, static_cast<int64_t>(cs.size())};
+      else if (x.buffer != src->buffer || x.index != src->index + static_cast<int64_t>(k)) return std::nullopt;
+      copies.insert(it->second.copy);
+    }
+    return src;
+  }
+
+  // Updates alias past instruction j: what it writes no longer equals anything, and a copy makes its
+  // destination cells equal to its source chunks.
+  void track_aliases(int r, int j, std::map<Cell, Alias>& alias) const {
+    const LInstr& u = lists_[r][j];
+    if (!u.ins.dst) return;
+    std::set<Cell> w;
+    for (const Ref& out : u.ins.writes())
+      for (auto& cell : cells(r, out)) w.insert(cell);
+    for (auto it = alias.begin(); it != alias.end();)
+      it = w.count(it->first) || w.count(it->second.source_cell) ? alias.erase(it) : std::next(it);
+    if (!forwardable_copy(r, u)) return;
+    auto written = cells(r, *u.ins.dst);
+    auto from = cells(r, u.ins.srcs[0]);
+    for (int64_t k = 0; k < u.ins.dst->count; ++k) {
+      Ref x{u.ins.srcs[0].buffer, u.ins.srcs[0].index + k, 1};
+      alias[written[static_cast<size_t>(k)]] = {x, from[static_cast<size_t>(k)], j};
+    }
+  }
+
+  // The forwardable copies still needed with the uses fw currently redirects.
+  std::set<int> needed_copies(int r, const Forwarding& fw) const {
+    const auto& L = lists_[r];
+    std::set<int> needed;
+    for (int i = 0; i < static_cast<int>(L.size()); ++i)
+      if (forwardable_copy(r, L[i]) && copy_needed(r, i, fw)) needed.insert(i);
+    return needed;
+  }
+
+  // Whether a cell copy i wrote is read, other than by a redirected use, before it is overwritten,
+  // or matters at the end.
+  bool copy_needed(int r, int i, const Forwarding& fw) const {
+    const auto& L = lists_[r];
+    std::set<Cell> live;
+    for (auto& cell : cells(r, *L[i].ins.dst)) live.insert(cell);
+    for (int j = i + 1; j < static_cast<int>(L.size()) && !live.empty(); ++j) {
+      const LInstr& u = L[j];
+      if (u.dead) continue;
+      if (!fw.redirected(j) && any_cell(r, u.ins.srcs, [&](const Cell& c) { return live.count(c) > 0; })) return true;
+      for (const Ref& out : u.ins.writes())
+        for (auto& cell : cells(r, out)) live.erase(cell);
+    }
+    for (auto& cell : live)
+      if (checked_at_end(r, cell)) return true;
+    return false;
+  }
+
+  // Whether some cell of refs satisfies pred.
+  template <class Pred>
+  bool any_cell(int r, const std::vector<Ref>& refs, Pred pred) const {
+    for (const Ref& x : refs)
+      for (auto& c : cells(r, x))
+        if (pred(c)) return true;
+    return false;
   }
 
   bool overlaps(int r, const Ref& a, const Ref& b) const {
@@ -326,79 +385,96 @@ class Lowering {
   }
 
   void fuse_rank(int r) {
+    fuse_sends(r);
+    drop_unused_stores(r);
+  }
+
+  // Folds each send into the receive that last stored the data it carries: recv + send become
+  // recv_copy_send, recv_reduce_copy + send recv_reduce_copy_send.
+  void fuse_sends(int r) {
     auto& L = lists_[r];
-    std::map<std::pair<int, int64_t>, int> last_write;
-    auto writes_of = [&](const LInstr& li) {
-      decltype(cells(r, {})) out;
-      for (const Ref& w : li.ins.writes())
-        for (auto& c : cells(r, w)) out.push_back(c);
-      return out;
-    };
+    std::map<Cell, int> last_write;
     for (int j = 0; j < static_cast<int>(L.size()); ++j) {
       LInstr& s = L[j];
       if (s.ins.op == Opcode::kSend) {
-        int target = -1;
-        auto cs = cells(r, s.ins.srcs[0]);
-        auto w = last_write.find(cs[0]);
-        auto fusable = [&](int i) {
-          const LInstr& rv = L[i];
-          if (rv.dead || rv.channel != s.channel || rv.block_hint != s.block_hint) return false;
-          if (rv.ins.op != Opcode::kRecv && rv.ins.op != Opcode::kRecvReduceCopy) return false;
-          auto rc = cells(r, *rv.ins.dst);
-          if (rc.size() != cs.size()) return false;
-          for (auto& c : rc)
-            if (last_write.at(c) != i) return false;  // overwritten since
-          // Moving the send back to i must not reorder it with other sends on its connection.
-          for (int k = i + 1; k < j; ++k)
-            if (!L[k].dead && sends(L[k].ins.op) && L[k].ins.send_peer == s.ins.send_peer && L[k].channel == s.channel)
-              return false;
-          return true;
-        };
-        if (w != last_write.end() && fusable(w->second) && L[w->second].ins.dst == s.ins.srcs[0]) {
-          target = w->second;
-        } else {
-          // Across indices: a received location that still holds exactly the data this send carries.
-          for (int i = j - 1; i >= 0 && target < 0; --i)
-            if (receives(L[i].ins.op) && L[i].ins.dst && fusable(i)) {
-              // Only a plain recv stores exactly what arrived, which is what `value` records.
-              if (L[i].ins.op == Opcode::kRecv && L[i].value == s.value) target = i;
-            }
-          if (target >= 0) s.ins.srcs[0] = *L[target].ins.dst;
-        }
+        const int target = fusion_target(r, j, last_write);
         if (target >= 0) {
           LInstr& rv = L[target];
+          // A no-op for a receive into the send's own source; across indices the send now reads
+          // the received location.
+          s.ins.srcs[0] = *rv.ins.dst;
           rv.ins.op = rv.ins.op == Opcode::kRecv ? Opcode::kRecvCopySend : Opcode::kRecvReduceCopySend;
           rv.ins.send_peer = s.ins.send_peer;
           s.dead = true;
         }
       }
       if (!s.dead)
-        for (auto& c : writes_of(s)) last_write[c] = j;
+        for (const Ref& w : s.ins.writes())
+          for (auto& c : cells(r, w)) last_write[c] = j;
     }
-    // recv_reduce_copy_send whose stored value is never read before being overwritten.
+  }
+
+  // The receive send j can be fused into, or -1.
+  int fusion_target(int r, int j, const std::map<Cell, int>& last_write) const {
+    const auto& L = lists_[r];
+    const LInstr& s = L[j];
+    auto cs = cells(r, s.ins.srcs[0]);
+    auto w = last_write.find(cs[0]);
+    if (w != last_write.end() && fusable(r, w->second, j, cs.size(), last_write) && L[w->second].ins.dst == s.ins.srcs[0])
+      return w->second;
+    // Across indices: a received location that still holds exactly the data this send carries.
+    for (int i = j - 1; i >= 0; --i)
+      if (receives(L[i].ins.op) && L[i].ins.dst && fusable(r, i, j, cs.size(), last_write)) {
+        // Only a plain recv stores exactly what arrived, which is what `value` records.
+        if (L[i].ins.op == Opcode::kRecv && L[i].value == s.value) return i;
+      }
+    return -1;
+  }
+
+  // Whether receive i, storing n cells, can take over send j.
+  bool fusable(int r, int i, int j, size_t n, const std::map<Cell, int>& last_write) const {
+    const auto& L = lists_[r];
+    const LInstr& rv = L[i];
+    const LInstr& s = L[j];
+    if (rv.dead || rv.channel != s.channel || rv.block_hint != s.block_hint) return false;
+    if (rv.ins.op != Opcode::kRecv && rv.ins.op != Opcode::kRecvReduceCopy) return false;
+    auto rc = cells(r, *rv.ins.dst);
+    if (rc.size() != n) return false;
+    for (auto& c : rc)
+      if (last_write.at(c) != i) return false;  // overwritten since
+    // Moving the send back to i must not reorder it with other sends on its connection.
+    for (int k = i + 1; k < j; ++k)
+      if (!L[k].dead && sends(L[k].ins.op) && L[k].ins.send_peer == s.ins.send_peer && L[k].channel == s.channel)
+        return false;
+    return true;
+  }
+
+  // recv_reduce_copy_send whose stored value is never read before being overwritten.
+  void drop_unused_stores(int r) {
+    auto& L = lists_[r];
     for (int i = 0; i < static_cast<int>(L.size()); ++i) {
       LInstr& rv = L[i];
-      if (rv.dead || rv.ins.op != Opcode::kRecvReduceCopySend) continue;
-      bool unused = true;
-      for (auto& c : cells(r, *rv.ins.dst)) {
-        bool decided = false;
-        for (int k = i + 1; k < static_cast<int>(L.size()) && !decided; ++k) {
-          if (L[k].dead) continue;
-          for (auto& s : L[k].ins.srcs)
-            for (auto& sc : cells(r, s))
-              if (sc == c) unused = false, decided = true;
-          if (decided) break;
-          for (const Ref& w : L[k].ins.writes())
-            for (auto& dc : cells(r, w))
-              if (dc == c) decided = true;
-        }
-        if (!decided && checked_at_end(r, c)) unused = false;
-      }
-      if (unused) {
-        rv.ins.op = Opcode::kRecvReduceSend;
-        rv.ins.dst.reset();
-      }
+      if (rv.dead || rv.ins.op != Opcode::kRecvReduceCopySend || stored_value_used(r, i)) continue;
+      rv.ins.op = Opcode::kRecvReduceSend;
+      rv.ins.dst.reset();
     }
+  }
+
+  // Whether a later step reads a cell instruction i stores before one overwrites it, or the cell
+  // matters at the end.
+  bool stored_value_used(int r, int i) const {
+    const auto& L = lists_[r];
+    for (auto& c : cells(r, *L[i].ins.dst)) {
+      auto is_c = [&](const Cell& x) { return x == c; };
+      bool decided = false;
+      for (int k = i + 1; k < static_cast<int>(L.size()) && !decided; ++k) {
+        if (L[k].dead) continue;
+        if (any_cell(r, L[k].ins.srcs, is_c)) return true;
+        decided = any_cell(r, L[k].ins.writes(), is_c);
+      }
+      if (!decided && checked_at_end(r, c)) return true;
+    }
+    return false;
   }
 
   // Dependencies from data flow in program order (RAW, WAR, WAW on canonical cells).

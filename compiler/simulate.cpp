@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include "core/error.hpp"
 
@@ -129,45 +130,114 @@ double CostModel::reduce_rate_gbps(double working_set) const {
   return rate_at(reduce_curve, working_set, memory_rate_gbps(working_set) / reduce_factor);
 }
 
-Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, const CostModel& m) {
-  TUTTI_CHECK(t.nranks() >= p.nranks, InvalidArgument, "simulate: plan '{}' needs {} ranks, topology '{}' maps {}", p.name,
-              p.nranks, t.name, t.nranks());
-  const double chunk_bytes = static_cast<double>(bytes) / p.chunk_factor;
-  std::vector<double> mem(p.nranks), red(p.nranks);  // copy and reduction rates, bytes per us, per rank
-  std::vector<double> touched(p.nranks);  // bytes of buffers a rank's plan touches
-  std::vector<bool> gpu(p.nranks, false), shares_gpu(p.nranks, false);
-  const ProtocolCost& proto = m.protocol(p.protocol);
-  for (int r = 0; r < p.nranks; ++r) {
-    const topo::Device& d = t.devices[t.rank_device[r]];
-    const RankPlan& rp = p.ranks[r];
-    int64_t state_chunks = 0;  // the user's buffers of the call's chunk size (statistics are tiny)
-    for (const StateBuffer& sb : p.states) state_chunks += sb.unit ? 0 : sb.chunks;
-    touched[r] =
-        static_cast<double>((p.inplace ? std::max(rp.input_chunks, rp.output_chunks) : rp.input_chunks + rp.output_chunks) +
-                            rp.scratch_chunks + state_chunks) * chunk_bytes;
-    double gbps = m.memory_rate_gbps(touched[r]);
-    double reduce_gbps = m.reduce_rate_gbps(touched[r]);
-    if (d.type == topo::DeviceType::kGpu) {
-      gpu[r] = true;
-      for (int q = 0; q < p.nranks; ++q) shares_gpu[r] = shares_gpu[r] || (q != r && t.rank_device[q] == t.rank_device[r]);
-      auto it = d.attrs.find("sm");
-      const GpuRates g = gpu_rates(it == d.attrs.end() ? 80 : std::atoi(it->second.c_str()));
-      gbps = g.copy_gbps;
-      reduce_gbps = g.reduce_gbps;
-    }
-    mem[r] = gbps * 1e3;
-    red[r] = reduce_gbps * 1e3;
-  }
+namespace {
+
+using Route = std::vector<std::pair<int, int>>;  // (link id, direction) of each hop
+using Connection = std::tuple<int, int, int>;     // (sender, receiver, channel)
+
+// The discrete-event simulation of one plan on one topology (simulate.hpp): each rank's rates and
+// each block's progress, then events until every instruction of every block has finished.
+struct Simulator {
+  struct BlockState {
+    const plan::Block* block;
+    size_t pc = 0;
+    double busy_until = 0;
+    int waiting = -1;  // transfer this block's current send waits for
+    bool running = false;
+  };
+
+  const Plan& p;
+  const topo::Topology& t;
+  const CostModel& m;
+  const double chunk_bytes;
+  const ProtocolCost& proto;
+  std::vector<double> mem, red;  // copy and reduction rates, bytes per us, per rank
+  std::vector<double> touched;   // bytes of buffers a rank's plan touches
+  std::vector<bool> gpu, shares_gpu;
   std::map<int, Curve> curves, reduce_curves;  // virtual shm link id -> measured curves (plain, reducing receive)
   // Links of a rank-to-rank path; shared memory inside one device is a virtual link of that device.
-  std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> route;
+  std::map<std::pair<int, int>, Route> route;
   std::map<int, double> link_rate;  // bytes per us, per link id (virtual ids are negative)
-  auto links_of = [&](int a, int b) -> const std::vector<std::pair<int, int>>& {
+  std::vector<std::vector<BlockState>> blocks;
+  std::vector<std::map<int64_t, size_t>> index;
+  std::vector<Transfer> transfers;
+  std::map<Connection, std::vector<int>> sent;  // connection -> transfers in order
+  std::map<Connection, size_t> received;        // connection -> receives started
+  Prediction out;
+  double now = 0;
+  size_t total = 0, finished = 0;
+
+  Simulator(const Plan& plan, const topo::Topology& topology, uint64_t bytes, const CostModel& model)
+      : p(plan),
+        t(topology),
+        m(model),
+        chunk_bytes(static_cast<double>(bytes) / plan.chunk_factor),
+        proto(model.protocol(plan.protocol)),
+        mem(plan.nranks),
+        red(plan.nranks),
+        touched(plan.nranks),
+        gpu(plan.nranks, false),
+        shares_gpu(plan.nranks, false),
+        blocks(plan.nranks),
+        index(plan.nranks) {
+    set_up_ranks();
+    set_up_blocks();
+  }
+
+  // Set-up: each rank's copy and reduction rates, from its device (GPU) or from the cost model at
+  // the bytes its plan touches (CPU).
+  void set_up_ranks() {
+    int64_t state_chunks = 0;  // the user's buffers of the call's chunk size (statistics are tiny)
+    for (const StateBuffer& sb : p.states) state_chunks += sb.unit ? 0 : sb.chunks;
+    for (int r = 0; r < p.nranks; ++r) {
+      const topo::Device& d = t.devices[t.rank_device[r]];
+      const RankPlan& rp = p.ranks[r];
+      touched[r] =
+          static_cast<double>((p.inplace ? std::max(rp.input_chunks, rp.output_chunks) : rp.input_chunks + rp.output_chunks) +
+                              rp.scratch_chunks + state_chunks) * chunk_bytes;
+      double gbps = m.memory_rate_gbps(touched[r]);
+      double reduce_gbps = m.reduce_rate_gbps(touched[r]);
+      if (d.type == topo::DeviceType::kGpu) {
+        gpu[r] = true;
+        for (int q = 0; q < p.nranks; ++q) shares_gpu[r] = shares_gpu[r] || (q != r && t.rank_device[q] == t.rank_device[r]);
+        auto it = d.attrs.find("sm");
+        const GpuRates g = gpu_rates(it == d.attrs.end() ? 80 : std::atoi(it->second.c_str()));
+        gbps = g.copy_gbps;
+        reduce_gbps = g.reduce_gbps;
+      }
+      mem[r] = gbps * 1e3;
+      red[r] = reduce_gbps * 1e3;
+    }
+  }
+
+  // Set-up: every block at its first instruction, and where each block id sits in its rank.
+  void set_up_blocks() {
+    for (int r = 0; r < p.nranks; ++r)
+      for (size_t b = 0; b < p.ranks[r].blocks.size(); ++b) {
+        blocks[r].push_back({&p.ranks[r].blocks[b]});
+        index[r][p.ranks[r].blocks[b].id] = b;
+        total += p.ranks[r].blocks[b].steps.size();
+      }
+  }
+
+  // The widest link between devices u and v (-1: none).
+  int widest_link(int u, int v) const {
+    int best = -1;
+    for (size_t li = 0; li < t.links.size(); ++li) {
+      const topo::Link& l = t.links[li];
+      if (((l.a == u && l.b == v) || (l.a == v && l.b == u)) && (best < 0 || l.gbps > t.links[best].gbps))
+        best = static_cast<int>(li);
+    }
+    return best;
+  }
+
+  // The route from rank a to rank b, worked out on its first use.
+  const Route& links_of(int a, int b) {
     auto key = std::make_pair(a, b);
     auto it = route.find(key);
     if (it != route.end()) return it->second;
     topo::Path path = t.path(a, b);
-    std::vector<std::pair<int, int>> ls;
+    Route ls;
     if (path.devices.size() == 1) {
       int id = -1 - path.devices[0];
       link_rate[id] = path.gbps * 1e3;
@@ -179,12 +249,7 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
     }
     for (size_t h = 0; h + 1 < path.devices.size(); ++h) {
       int u = path.devices[h], v = path.devices[h + 1];
-      int best = -1;
-      for (size_t li = 0; li < t.links.size(); ++li) {
-        const topo::Link& l = t.links[li];
-        if (((l.a == u && l.b == v) || (l.a == v && l.b == u)) && (best < 0 || l.gbps > t.links[best].gbps))
-          best = static_cast<int>(li);
-      }
+      int best = widest_link(u, v);
       link_rate[best] = t.links[best].gbps * 1e3;
       ls.push_back({best, u < v ? 0 : 1});
     }
@@ -197,114 +262,144 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
       ls = {{egress, 0}, {ingress, 0}};
     }
     return route.emplace(key, ls).first->second;
-  };
-  auto latency_of = [&](int a, int b) { return t.path(a, b).latency_us; };
+  }
 
-  struct Block {
-    const plan::Block* block;
-    size_t pc = 0;
-    double busy_until = 0;
-    int waiting = -1;  // transfer this block's current send waits for
-    bool running = false;
-  };
-  std::vector<std::vector<Block>> blocks(p.nranks);
-  std::vector<std::map<int64_t, size_t>> index(p.nranks);
-  for (int r = 0; r < p.nranks; ++r)
-    for (size_t b = 0; b < p.ranks[r].blocks.size(); ++b) {
-      blocks[r].push_back({&p.ranks[r].blocks[b]});
-      index[r][p.ranks[r].blocks[b].id] = b;
-    }
-  std::vector<Transfer> transfers;
-  std::map<std::tuple<int, int, int>, std::vector<int>> sent;  // connection -> transfers in order
-  std::map<std::tuple<int, int, int>, size_t> received;        // connection -> receives started
-  Prediction out;
-  double now = 0;
-  size_t total = 0, finished = 0;
-  for (auto& rb : blocks)
-    for (auto& b : rb) total += b.block->steps.size();
+  double latency_of(int a, int b) const { return t.path(a, b).latency_us; }
 
-  while (finished < total) {
-    // Start whatever can start now.
-    bool started = true;
-    while (started) {
-      started = false;
-      for (int r = 0; r < p.nranks; ++r)
-        for (auto& b : blocks[r]) {
-          if (b.running || b.pc >= b.block->steps.size() || b.busy_until > now) continue;
-          const Instruction& in = b.block->steps[b.pc];
-          bool ready = true;
-          for (auto& d : in.deps)
-            if (blocks[r][index[r].at(d.block)].pc <= static_cast<size_t>(d.step)) ready = false;
-          if (!ready) continue;
-          double local = 0;
-          if (receives(in.op)) {
-            auto key = std::make_tuple(in.recv_peer, r, b.block->channel);
-            size_t k = received[key];
-            auto& list = sent[key];
-            if (k >= list.size() || transfers[list[k]].done > now) continue;  // not here yet
-            received[key] = k + 1;
-          }
-          // A statistic's chunk (a state buffer with a unit) is a few elements, 8 bytes each at most.
-          const BufferKind payload = in.dst ? in.dst->buffer : in.srcs.empty() ? BufferKind::kInput : in.srcs[0].buffer;
-          double msg = p.unit(payload) ? static_cast<double>(in.count() * p.unit(payload)) * 8.0
-                                       : static_cast<double>(in.count()) * chunk_bytes;
-          if (in.op == Opcode::kCompute && in.dst)  // a kernel is costed by its output 0, 4-byte elements for a unit
-            msg = p.unit(in.dst->buffer) ? static_cast<double>(in.count() * p.unit(in.dst->buffer)) * 4.0
-                                         : static_cast<double>(in.count()) * chunk_bytes;
-          if (in.op == Opcode::kCopy) local = msg / mem[r];
-          if (in.op == Opcode::kCompute) {  // its registered cost
-            const KernelDef& k = kernel_def(in.kernel);
-            double cost = k.copy_cost;
-            if (k.cost_of) {
-              std::vector<double> values;
-              for (const ScalarArg& a : in.scalars) values.push_back(a.slot >= 0 ? 0.0 : a.value);
-              cost = k.cost_of(values.data());
-            }
-            local = cost * msg / mem[r];
-          }
-          if (in.op == Opcode::kReduce) local = msg / red[r];
-          if (in.op == Opcode::kRecvReduceCopy || in.op == Opcode::kRecvReduceSend || in.op == Opcode::kRecvReduceCopySend) {
-            // A reduction instead of the copy out: measured under load where the path has a
-            // reducing curve, else the local rates' difference.
-            local = std::max(0.0, msg / red[r] - msg / mem[r]);
-            const auto& ls = links_of(in.recv_peer, r);
-            if (ls.size() == 1 && reduce_curves.count(ls[0].first) && curves.count(ls[0].first))
-              local = std::max(0.0, measured_us(reduce_curves.at(ls[0].first), msg, touched[r]) -
-                                        measured_us(curves.at(ls[0].first), msg, touched[r]));
-          }
-          const double overhead = in.op == Opcode::kNop ? 0
-                                  : shares_gpu[r]       ? kSharedGpuInstructionUs
-                                  : receives(in.op)     ? m.instruction_us
-                                                        : m.local_instruction_us.value_or(m.instruction_us);
-          double begin = now + overhead + local;
-          b.running = true;
-          started = true;
-          if (sends(in.op)) {
-            Transfer x;
-            x.links = links_of(r, in.send_peer);
-            x.start = begin + latency_of(r, in.send_peer) + (gpu[r] ? proto.latency_us : 0.0);
-            x.left = gpu[r] ? msg / proto.bandwidth : msg;  // line overhead rides along with the data
-            if (x.links.size() == 1 && curves.count(x.links[0].first)) {
-              // Measured: the curve's time for this size when as many flows share the path as
-              // during the measurement, latency included.
-              const Curve& c = curves.at(x.links[0].first);
-              x.start = begin;
-              x.curve_link = x.links[0].first;
-              x.curve_rate = c.flows * std::max(msg, 1.0) / std::max(measured_us(c, msg, touched[r]), 1e-6);
-              x.left = std::max(msg, 1.0);
-            }
-            transfers.push_back(x);
-            int id = static_cast<int>(transfers.size()) - 1;
-            sent[{r, in.send_peer, b.block->channel}].push_back(id);
-            b.waiting = id;
-            ++out.transfers;
-            out.bytes_moved += msg;
-          } else {
-            b.busy_until = begin;
-          }
-        }
+  // Event loop: start what can start, move to the next event, until every instruction finished.
+  void run() {
+    while (finished < total) {
+      // Start whatever can start now.
+      while (start_ready()) {
+      }
+      advance(next_event());
     }
-    // Rates of flowing transfers: each link's bandwidth shared equally among its transfers.
+  }
+
+  // One pass over every block, starting each instruction that can start now; true if any did
+  // (which may let another start).
+  bool start_ready() {
+    bool started = false;
+    for (int r = 0; r < p.nranks; ++r)
+      for (BlockState& b : blocks[r])
+        if (try_start(r, b)) started = true;
+    return started;
+  }
+
+  // Step issue: starts block b's next instruction on rank r if it is ready now.
+  bool try_start(int r, BlockState& b) {
+    if (b.running || b.pc >= b.block->steps.size() || b.busy_until > now) return false;
+    const Instruction& in = b.block->steps[b.pc];
+    if (!deps_done(r, in)) return false;
+    if (receives(in.op) && !take_message(r, in, b.block->channel)) return false;
+    const double msg = message_bytes(in);
+    const double local = local_us(r, in, msg);
+    double begin = now + overhead_us(r, in) + local;
+    b.running = true;
+    if (sends(in.op))
+      send(r, b, in, begin, msg);
+    else
+      b.busy_until = begin;
+    return true;
+  }
+
+  // Every dependency is looked up, even past one not yet done (an unknown block throws).
+  bool deps_done(int r, const Instruction& in) const {
+    bool ready = true;
+    for (auto& d : in.deps)
+      if (blocks[r][index[r].at(d.block)].pc <= static_cast<size_t>(d.step)) ready = false;
+    return ready;
+  }
+
+  // A receive takes the next transfer sent on its connection, once that has arrived.
+  bool take_message(int r, const Instruction& in, int channel) {
+    auto key = std::make_tuple(in.recv_peer, r, channel);
+    size_t k = received[key];
+    auto& list = sent[key];
+    if (k >= list.size() || transfers[list[k]].done > now) return false;  // not here yet
+    received[key] = k + 1;
+    return true;
+  }
+
+  // Bytes of `count` chunks of buffer `buffer`; a chunk of a state buffer with a unit is that many
+  // elements of `element_bytes`.
+  double chunks_bytes(BufferKind buffer, int64_t count, double element_bytes) const {
+    return p.unit(buffer) ? static_cast<double>(count * p.unit(buffer)) * element_bytes
+                          : static_cast<double>(count) * chunk_bytes;
+  }
+
+  double message_bytes(const Instruction& in) const {
+    if (in.op == Opcode::kCompute && in.dst)  // a kernel is costed by its output 0, 4-byte elements for a unit
+      return chunks_bytes(in.dst->buffer, in.count(), 4.0);
+    // A statistic's chunk (a state buffer with a unit) is a few elements, 8 bytes each at most.
+    const BufferKind payload = in.dst ? in.dst->buffer : in.srcs.empty() ? BufferKind::kInput : in.srcs[0].buffer;
+    return chunks_bytes(payload, in.count(), 8.0);
+  }
+
+  // A compute instruction's registered cost, in copies of its output.
+  static double compute_cost(const Instruction& in) {
+    const KernelDef& k = kernel_def(in.kernel);
+    double cost = k.copy_cost;
+    if (k.cost_of) {
+      std::vector<double> values;
+      for (const ScalarArg& a : in.scalars) values.push_back(a.slot >= 0 ? 0.0 : a.value);
+      cost = k.cost_of(values.data());
+    }
+    return cost;
+  }
+
+  // Local work at memory bandwidth of an instruction moving `msg` bytes on rank r.
+  double local_us(int r, const Instruction& in, double msg) {
+    if (in.op == Opcode::kCopy) return msg / mem[r];
+    if (in.op == Opcode::kCompute) return compute_cost(in) * msg / mem[r];
+    if (in.op == Opcode::kReduce) return msg / red[r];
+    if (in.op == Opcode::kRecvReduceCopy || in.op == Opcode::kRecvReduceSend || in.op == Opcode::kRecvReduceCopySend) {
+      // A reduction instead of the copy out: measured under load where the path has a
+      // reducing curve, else the local rates' difference.
+      double local = std::max(0.0, msg / red[r] - msg / mem[r]);
+      const auto& ls = links_of(in.recv_peer, r);
+      if (ls.size() == 1 && reduce_curves.count(ls[0].first) && curves.count(ls[0].first))
+        local = std::max(0.0, measured_us(reduce_curves.at(ls[0].first), msg, touched[r]) -
+                                  measured_us(curves.at(ls[0].first), msg, touched[r]));
+      return local;
+    }
+    return 0;
+  }
+
+  // The executor's overhead for an instruction on rank r.
+  double overhead_us(int r, const Instruction& in) const {
+    return in.op == Opcode::kNop ? 0
+           : shares_gpu[r]       ? kSharedGpuInstructionUs
+           : receives(in.op)     ? m.instruction_us
+                                 : m.local_instruction_us.value_or(m.instruction_us);
+  }
+
+  // A send's transfer of `msg` bytes, from when its local work ends (`begin`); its block waits for it.
+  void send(int r, BlockState& b, const Instruction& in, double begin, double msg) {
+    Transfer x;
+    x.links = links_of(r, in.send_peer);
+    x.start = begin + latency_of(r, in.send_peer) + (gpu[r] ? proto.latency_us : 0.0);
+    x.left = gpu[r] ? msg / proto.bandwidth : msg;  // line overhead rides along with the data
+    if (x.links.size() == 1 && curves.count(x.links[0].first)) {
+      // Measured: the curve's time for this size when as many flows share the path as
+      // during the measurement, latency included.
+      const Curve& c = curves.at(x.links[0].first);
+      x.start = begin;
+      x.curve_link = x.links[0].first;
+      x.curve_rate = c.flows * std::max(msg, 1.0) / std::max(measured_us(c, msg, touched[r]), 1e-6);
+      x.left = std::max(msg, 1.0);
+    }
+    transfers.push_back(x);
+    int id = static_cast<int>(transfers.size()) - 1;
+    sent[{r, in.send_peer, b.block->channel}].push_back(id);
+    b.waiting = id;
+    ++out.transfers;
+    out.bytes_moved += msg;
+  }
+
+  // Rates of flowing transfers: each link's bandwidth shared equally among its transfers. Returns
+  // the earliest time a transfer starts flowing or would finish at these rates.
+  double share_links() {
     std::map<std::pair<int, int>, int> users;
     for (auto& x : transfers)
       if (x.done == kInf && x.start <= now)
@@ -323,6 +418,12 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
       x.eta = x.left <= 0 ? now : now + x.left / x.rate;
       next = std::min(next, x.eta);
     }
+    return next;
+  }
+
+  // The time of the next event; throws if there is none (the plan stops).
+  double next_event() {
+    double next = share_links();
     for (auto& rb : blocks)
       for (auto& b : rb)
         if (b.running && b.waiting < 0) next = std::min(next, b.busy_until);
@@ -333,7 +434,18 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
     if (next == kInf)
       throw InvalidArgument(fmt::format("simulate: plan '{}' stops at {:.1f} us (unmatched receive or dependency cycle)",
                                         p.name, now));
-    // Advance to the next event.
+    return next;
+  }
+
+  // Advance to the next event: transfers move their bytes, then instructions done by then complete.
+  void advance(double next) {
+    complete_transfers(next);
+    now = next;
+    complete_instructions();
+  }
+
+  // Transfer completion: bytes flowed until `next`, and the transfers that finish by then.
+  void complete_transfers(double next) {
     double dt = next - now;
     for (auto& x : transfers)
       if (x.done == kInf && x.start <= now) {
@@ -343,7 +455,9 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
           x.done = next;
         }
       }
-    now = next;
+  }
+
+  void complete_instructions() {
     for (auto& rb : blocks)
       for (auto& b : rb) {
         if (!b.running) continue;
@@ -356,8 +470,22 @@ Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, cons
         ++finished;
       }
   }
-  out.time_us = now;
-  return out;
+
+  // The final report: when the last instruction finished, and what moved.
+  Prediction report() {
+    out.time_us = now;
+    return out;
+  }
+};
+
+}  // namespace
+
+Prediction simulate(const Plan& p, const topo::Topology& t, uint64_t bytes, const CostModel& m) {
+  TUTTI_CHECK(t.nranks() >= p.nranks, InvalidArgument, "simulate: plan '{}' needs {} ranks, topology '{}' maps {}", p.name,
+              p.nranks, t.name, t.nranks());
+  Simulator sim(p, t, bytes, m);
+  sim.run();
+  return sim.report();
 }
 
 }  // namespace tutti::plan

@@ -127,6 +127,12 @@ class Checker {
   }
 
   void structure() {
+    check_states();
+    for (int node = 0; node < static_cast<int>(nodes_.size()); ++node) check_step(node);
+  }
+
+  // The plan's state buffers are its collective's.
+  void check_states() {
     if (!p_.states.empty() && p_.collective != Collective::kCustom)
       fail("structure", fmt::format("the {} plan names state buffers: only custom collectives have them",
                                     to_string(p_.collective)));
@@ -139,73 +145,96 @@ class Checker {
                                       "collective",
                                       p_.states[k].name, p_.states[k].chunks, p_.states[k].unit, spec_.states[k].chunks,
                                       spec_.states[k].unit));
-    for (int node = 0; node < static_cast<int>(nodes_.size()); ++node) {
-      const Instruction& in = instr(node);
-      const int rank = nodes_[node].rank;
-      const Opcode op = in.op;
-      size_t want_srcs = (op == Opcode::kSend || op == Opcode::kCopy || op == Opcode::kRecvReduceSend ||
-                          op == Opcode::kRecvReduceCopy || op == Opcode::kRecvReduceCopySend)
-                             ? 1
-                             : 0;
-      if (op == Opcode::kCompute) {  // the kernel's operands
-        const KernelDef& k = kernel_def(in.kernel);
-        want_srcs = static_cast<size_t>(k.inputs);
-        if (in.more_dsts.size() + 1 != static_cast<size_t>(k.outputs))
-          fail("structure", fmt::format("{}: kernel '{}' has {} output(s), the step writes {}", at(node), k.name,
-                                        k.outputs, in.more_dsts.size() + (in.dst ? 1 : 0)));
-        if (in.scalars.size() != k.scalars.size())
-          fail("structure", fmt::format("{}: kernel '{}' takes {} scalar(s), the step gives {}", at(node), k.name,
-                                        k.scalars.size(), in.scalars.size()));
-      } else if (!in.more_dsts.empty()) {
-        fail("structure", fmt::format("{}: only compute steps have more than one destination", at(node)));
-      }
-      bool want_dst = stores(op);
-      if (op == Opcode::kReduce) {
-        if (in.srcs.empty()) fail("structure", fmt::format("{}: reduce needs at least one source", at(node)));
-      } else if (in.srcs.size() != want_srcs) {
-        fail("structure", fmt::format("{}: {} takes {} source(s), has {}", at(node), to_string(op), want_srcs, in.srcs.size()));
-      }
-      if (want_dst != in.dst.has_value())
-        fail("structure", fmt::format("{}: {} {} a destination", at(node), to_string(op), want_dst ? "needs" : "takes no"));
-      int64_t count = in.count();
-      if (op != Opcode::kNop && count < 1) fail("structure", fmt::format("{}: moves no chunks", at(node)));
-      for (auto& s : in.srcs) check_ref(node, s, count, "source");
-      // Data moves between chunks of one size; only a kernel that declares mixed units turns data
-      // into a statistic (it checks its operands' lengths itself).
-      if (op != Opcode::kCompute || !kernel_def(in.kernel).mixed_units) {
-        std::vector<Ref> refs = in.srcs;
-        for (const Ref& w : in.writes()) refs.push_back(w);
-        for (const Ref& x : refs)
-          if (p_.unit(x.buffer) != p_.unit(refs[0].buffer))
-            fail("structure", fmt::format("{}: {} chunks hold {}, {} chunks {}", at(node), x.describe(),
-                                          unit_text(x.buffer), refs[0].describe(), unit_text(refs[0].buffer)));
-      }
-      for (const Ref& w : in.writes()) {
-        check_ref(node, w, count, "destination");
-        // NCCL's sendbuff is const: out-of-place collectives must leave the input as it was.
-        if (w.buffer == BufferKind::kInput && !p_.inplace && p_.collective != Collective::kCustom)
-          fail("structure", fmt::format("{}: writes {} although the input of an out-of-place {} is read-only", at(node),
-                                        w.describe(), to_string(p_.collective)));
-      }
-      auto check_peer = [&](int peer, bool wanted, const char* what) {
-        if (!wanted && peer >= 0) fail("structure", fmt::format("{}: {} has a {} peer", at(node), to_string(op), what));
-        if (wanted && (peer < 0 || peer >= p_.nranks || peer == rank))
-          fail("structure", fmt::format("{}: {} peer {} is not another rank of {}", at(node), what, peer, p_.nranks));
-      };
-      check_peer(in.send_peer, sends(op), "send");
-      check_peer(in.recv_peer, receives(op), "receive");
-      for (const Dep& d : in.deps) {
-        auto it = block_index_[rank].find(d.block);
-        if (it == block_index_[rank].end())
-          fail("structure", fmt::format("{}: depends on block {}, which rank {} does not have", at(node), d.block, rank));
-        const Block& db = p_.ranks[rank].blocks[it->second];
-        if (d.step < 0 || d.step >= static_cast<int64_t>(db.steps.size()))
-          fail("structure", fmt::format("{}: depends on step {} of block {}, which has {} steps", at(node), d.step, d.block,
-                                        db.steps.size()));
-        if (it->second == nodes_[node].block && d.step >= nodes_[node].step)
-          fail("structure", fmt::format("{}: depends on step {} of its own block, which comes later", at(node), d.step));
-      }
+  }
+
+  void check_step(int node) {
+    const Instruction& in = instr(node);
+    const Opcode op = in.op;
+    check_operands(node);
+    int64_t count = in.count();
+    if (op != Opcode::kNop && count < 1) fail("structure", fmt::format("{}: moves no chunks", at(node)));
+    for (auto& s : in.srcs) check_ref(node, s, count, "source");
+    check_units(node);
+    for (const Ref& w : in.writes()) {
+      check_ref(node, w, count, "destination");
+      // NCCL's sendbuff is const: out-of-place collectives must leave the input as it was.
+      if (w.buffer == BufferKind::kInput && !p_.inplace && p_.collective != Collective::kCustom)
+        fail("structure", fmt::format("{}: writes {} although the input of an out-of-place {} is read-only", at(node),
+                                      w.describe(), to_string(p_.collective)));
     }
+    check_peer(node, in.send_peer, sends(op), "send");
+    check_peer(node, in.recv_peer, receives(op), "receive");
+    for (const Dep& d : in.deps) check_dep(node, d);
+  }
+
+  // The number of sources and destinations the opcode (or a compute step's kernel) takes.
+  void check_operands(int node) {
+    const Instruction& in = instr(node);
+    const Opcode op = in.op;
+    size_t want_srcs = (op == Opcode::kSend || op == Opcode::kCopy || op == Opcode::kRecvReduceSend ||
+                        op == Opcode::kRecvReduceCopy || op == Opcode::kRecvReduceCopySend)
+                           ? 1
+                           : 0;
+    if (op == Opcode::kCompute) {  // the kernel's operands
+      want_srcs = check_kernel_operands(node);
+    } else if (!in.more_dsts.empty()) {
+      fail("structure", fmt::format("{}: only compute steps have more than one destination", at(node)));
+    }
+    bool want_dst = stores(op);
+    if (op == Opcode::kReduce) {
+      if (in.srcs.empty()) fail("structure", fmt::format("{}: reduce needs at least one source", at(node)));
+    } else if (in.srcs.size() != want_srcs) {
+      fail("structure", fmt::format("{}: {} takes {} source(s), has {}", at(node), to_string(op), want_srcs, in.srcs.size()));
+    }
+    if (want_dst != in.dst.has_value())
+      fail("structure", fmt::format("{}: {} {} a destination", at(node), to_string(op), want_dst ? "needs" : "takes no"));
+  }
+
+  // Checks a compute step's outputs and scalars against its kernel; returns the sources it takes.
+  size_t check_kernel_operands(int node) {
+    const Instruction& in = instr(node);
+    const KernelDef& k = kernel_def(in.kernel);
+    if (in.more_dsts.size() + 1 != static_cast<size_t>(k.outputs))
+      fail("structure", fmt::format("{}: kernel '{}' has {} output(s), the step writes {}", at(node), k.name, k.outputs,
+                                    in.more_dsts.size() + (in.dst ? 1 : 0)));
+    if (in.scalars.size() != k.scalars.size())
+      fail("structure", fmt::format("{}: kernel '{}' takes {} scalar(s), the step gives {}", at(node), k.name,
+                                    k.scalars.size(), in.scalars.size()));
+    return static_cast<size_t>(k.inputs);
+  }
+
+  // Data moves between chunks of one size; only a kernel that declares mixed units turns data
+  // into a statistic (it checks its operands' lengths itself).
+  void check_units(int node) {
+    const Instruction& in = instr(node);
+    if (in.op == Opcode::kCompute && kernel_def(in.kernel).mixed_units) return;
+    std::vector<Ref> refs = in.srcs;
+    for (const Ref& w : in.writes()) refs.push_back(w);
+    for (const Ref& x : refs)
+      if (p_.unit(x.buffer) != p_.unit(refs[0].buffer))
+        fail("structure", fmt::format("{}: {} chunks hold {}, {} chunks {}", at(node), x.describe(), unit_text(x.buffer),
+                                      refs[0].describe(), unit_text(refs[0].buffer)));
+  }
+
+  void check_peer(int node, int peer, bool wanted, const char* what) {
+    const Opcode op = instr(node).op;
+    const int rank = nodes_[node].rank;
+    if (!wanted && peer >= 0) fail("structure", fmt::format("{}: {} has a {} peer", at(node), to_string(op), what));
+    if (wanted && (peer < 0 || peer >= p_.nranks || peer == rank))
+      fail("structure", fmt::format("{}: {} peer {} is not another rank of {}", at(node), what, peer, p_.nranks));
+  }
+
+  void check_dep(int node, const Dep& d) {
+    const int rank = nodes_[node].rank;
+    auto it = block_index_[rank].find(d.block);
+    if (it == block_index_[rank].end())
+      fail("structure", fmt::format("{}: depends on block {}, which rank {} does not have", at(node), d.block, rank));
+    const Block& db = p_.ranks[rank].blocks[it->second];
+    if (d.step < 0 || d.step >= static_cast<int64_t>(db.steps.size()))
+      fail("structure", fmt::format("{}: depends on step {} of block {}, which has {} steps", at(node), d.step, d.block,
+                                    db.steps.size()));
+    if (it->second == nodes_[node].block && d.step >= nodes_[node].step)
+      fail("structure", fmt::format("{}: depends on step {} of its own block, which comes later", at(node), d.step));
   }
 
   int dep_node(int node, const Dep& d) const {
@@ -465,33 +494,54 @@ class Checker {
   }
 
   // --- hazards ------------------------------------------------------------------------------
+  // Vector clocks over all blocks: row(node)[g] counts the steps of global block g that happen
+  // before node, node included.
+  struct Clocks {
+    size_t blocks;
+    std::vector<int32_t> vc;
+    int32_t* row(int node) { return vc.data() + static_cast<size_t>(node) * blocks; }
+    const int32_t* row(int node) const { return vc.data() + static_cast<size_t>(node) * blocks; }
+  };
+
+  // Accesses by (rank, location): (node, whether it writes), in execution order.
+  using Accesses = std::map<std::tuple<int, int, int>, std::vector<std::pair<int, bool>>>;
+
   // Fails on the first race; returns the sends whose sources are stable (see VerifyReport).
   std::vector<VerifyReport::At> hazards() {
-    // Vector clocks over all blocks, filled in the order the simulation executed the nodes (which
-    // respects program order, dependencies and messages).
-    const size_t B = static_cast<size_t>(total_blocks_);
-    std::vector<int32_t> vc(nodes_.size() * B, 0);
-    auto row = [&](int node) { return vc.data() + static_cast<size_t>(node) * B; };
+    const Clocks clocks = vector_clocks();
+    const Accesses access = accesses();
+    check_races(clocks, access);
+    return stable_sends(clocks, access);
+  }
+
+  // Filled in the order the simulation executed the nodes (which respects program order,
+  // dependencies and messages).
+  Clocks vector_clocks() const {
+    Clocks c{static_cast<size_t>(total_blocks_), {}};
+    c.vc.assign(nodes_.size() * c.blocks, 0);
     auto join = [&](int32_t* dst, const int32_t* src) {
-      for (size_t i = 0; i < B; ++i) dst[i] = std::max(dst[i], src[i]);
+      for (size_t i = 0; i < c.blocks; ++i) dst[i] = std::max(dst[i], src[i]);
     };
     for (int node : order_) {
       const Node& n = nodes_[node];
-      int32_t* v = row(node);
-      if (n.step > 0) join(v, row(node - 1));
-      for (const Dep& d : instr(node).deps) join(v, row(dep_node(node, d)));
+      int32_t* v = c.row(node);
+      if (n.step > 0) join(v, c.row(node - 1));
+      for (const Dep& d : instr(node).deps) join(v, c.row(dep_node(node, d)));
       auto m = matched_send_.find(node);
-      if (m != matched_send_.end()) join(v, row(m->second));
+      if (m != matched_send_.end()) join(v, c.row(m->second));
       v[block_base_[n.rank] + n.block] = n.step + 1;
     }
-    auto ordered = [&](int a, int b) {
-      const Node& na = nodes_[a];
-      return row(b)[block_base_[na.rank] + na.block] >= na.step + 1;
-    };
-    std::vector<int> position(nodes_.size());
-    for (size_t i = 0; i < order_.size(); ++i) position[order_[i]] = static_cast<int>(i);
-    // Accesses by (rank, location).
-    std::map<std::tuple<int, int, int>, std::vector<std::pair<int, bool>>> access;
+    return c;
+  }
+
+  // Whether node a happens before node b.
+  bool ordered(const Clocks& c, int a, int b) const {
+    const Node& na = nodes_[a];
+    return c.row(b)[block_base_[na.rank] + na.block] >= na.step + 1;
+  }
+
+  Accesses accesses() const {
+    Accesses access;
     for (int node : order_) {
       const Instruction& in = instr(node);
       const int rank = nodes_[node].rank;
@@ -504,6 +554,13 @@ class Checker {
       for (auto& s : in.srcs) touch(s, false);
       for (const Ref& w : in.writes()) touch(w, true);
     }
+    return access;
+  }
+
+  // Two accesses to a location from different blocks, at least one a write, must be ordered.
+  void check_races(const Clocks& clocks, const Accesses& access) const {
+    std::vector<int> position(nodes_.size());
+    for (size_t i = 0; i < order_.size(); ++i) position[order_[i]] = static_cast<int>(i);
     for (auto& [loc, list] : access) {
       for (size_t i = 0; i < list.size(); ++i)
         for (size_t j = i + 1; j < list.size(); ++j) {
@@ -512,32 +569,42 @@ class Checker {
           if (!wa && !wb) continue;
           if (nodes_[a].block == nodes_[b].block) continue;
           if (position[a] > position[b]) std::swap(a, b), std::swap(wa, wb);
-          if (ordered(a, b)) continue;
-          const char* kind = wa && wb ? "write-after-write" : wa ? "read-after-write" : "write-after-read";
-          fail("hazard", fmt::format("rank {} {}[{}]: {} {} and {} {} are not ordered by any dependency ({} race)",
-                                     std::get<0>(loc), to_string(static_cast<BufferKind>(std::get<1>(loc))),
-                                     std::get<2>(loc), at(a), wa ? "writes" : "reads", at(b), wb ? "writes" : "reads", kind));
+          if (!ordered(clocks, a, b)) report_race(loc, a, wa, b, wb);
         }
     }
-    // A send's source is stable when every write to its chunks happens before it. Every write is
-    // ordered with it (no races, above), so one that is not before it comes after, possibly before
-    // the peer has read the message: then the peer must read a copy.
+  }
+
+  [[noreturn]] void report_race(const std::tuple<int, int, int>& loc, int a, bool wa, int b, bool wb) const {
+    const char* kind = wa && wb ? "write-after-write" : wa ? "read-after-write" : "write-after-read";
+    fail("hazard", fmt::format("rank {} {}[{}]: {} {} and {} {} are not ordered by any dependency ({} race)",
+                               std::get<0>(loc), to_string(static_cast<BufferKind>(std::get<1>(loc))), std::get<2>(loc),
+                               at(a), wa ? "writes" : "reads", at(b), wb ? "writes" : "reads", kind));
+  }
+
+  // A send's source is stable when every write to its chunks happens before it. Every write is
+  // ordered with it (no races, above), so one that is not before it comes after, possibly before
+  // the peer has read the message: then the peer must read a copy.
+  std::vector<VerifyReport::At> stable_sends(const Clocks& clocks, const Accesses& access) const {
     std::vector<VerifyReport::At> stable;
     for (int node = 0; node < static_cast<int>(nodes_.size()); ++node) {
       const Instruction& in = instr(node);
       if (in.op != Opcode::kSend || in.srcs.size() != 1) continue;
-      const int rank = nodes_[node].rank;
-      bool ok = true;
-      for (int64_t k = 0; k < in.srcs[0].count && ok; ++k) {
-        Location l = spec_.canonical(rank, in.srcs[0].buffer, static_cast<int>(in.srcs[0].index + k));
-        auto it = access.find({rank, static_cast<int>(l.buffer), l.index});
-        if (it == access.end()) continue;
-        for (auto [other, write] : it->second)
-          if (write && !ordered(other, node)) ok = false;
-      }
-      if (ok) stable.push_back({rank, nodes_[node].block, nodes_[node].step});
+      if (source_stable(clocks, access, node)) stable.push_back({nodes_[node].rank, nodes_[node].block, nodes_[node].step});
     }
     return stable;
+  }
+
+  bool source_stable(const Clocks& clocks, const Accesses& access, int node) const {
+    const Instruction& in = instr(node);
+    const int rank = nodes_[node].rank;
+    for (int64_t k = 0; k < in.srcs[0].count; ++k) {
+      Location l = spec_.canonical(rank, in.srcs[0].buffer, static_cast<int>(in.srcs[0].index + k));
+      auto it = access.find({rank, static_cast<int>(l.buffer), l.index});
+      if (it == access.end()) continue;
+      for (auto [other, write] : it->second)
+        if (write && !ordered(clocks, other, node)) return false;
+    }
+    return true;
   }
 
   const Plan& p_;

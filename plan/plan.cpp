@@ -310,16 +310,29 @@ Plan parse_json(const std::string& text) {
 }
 
 namespace {
-Plan parse_json_unchecked(const std::string& text) {
-  TUTTI_CHECK(text.size() <= Limits::kFileBytes, InvalidArgument, "plan JSON: {} bytes (at most {})", text.size(),
-              Limits::kFileBytes);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw InvalidArgument(fmt::format("plan JSON: not valid JSON: {}", e.what()));
-  }
-  TUTTI_CHECK(j.is_object(), InvalidArgument, "plan JSON: the top level is not an object");
+// An array where the format has one, an object where it has one: iterating anything else would
+// read a number as a block.
+const json& array_field(const json& a, const std::string& where, const char* key) {
+  TUTTI_CHECK(a.contains(key) && a.at(key).is_array(), InvalidArgument, "plan JSON: {}: '{}' must be an array", where,
+              key);
+  return a.at(key);
+}
+
+void check_object(const json& o, const std::string& where) {
+  TUTTI_CHECK(o.is_object(), InvalidArgument, "plan JSON: {} must be an object", where);
+}
+
+Protocol protocol_field(const json& j) {
+  std::string proto = field<std::string>(j, "protocol", "top level");
+  if (proto == "Simple") return Protocol::kSimple;
+  if (proto == "LL") return Protocol::kLL;
+  if (proto == "LL128") return Protocol::kLL128;
+  if (proto == "auto") return Protocol::kAuto;
+  throw InvalidArgument(fmt::format("plan JSON: unknown protocol '{}'", proto));
+}
+
+// The top level's fields but states and ranks.
+void read_header(const json& j, Plan& p) {
   check_keys(j, {"format", "version", "name", "collective", "nranks", "chunk_factor", "inplace", "root", "protocol",
                  "min_bytes", "max_bytes", "topology", "fifo_depth", "any_count", "states", "ranks"},
              "top level");
@@ -328,7 +341,6 @@ Plan parse_json_unchecked(const std::string& text) {
   int version = field<int>(j, "version", "top level");
   TUTTI_CHECK(version == Plan::kVersion, InvalidArgument, "plan JSON: version {} is not supported (this build reads {})",
               version, Plan::kVersion);
-  Plan p;
   p.name = field<std::string>(j, "name", "top level");
   std::string coll = field<std::string>(j, "collective", "top level");
   auto c = parse_collective(coll);
@@ -342,117 +354,138 @@ Plan parse_json_unchecked(const std::string& text) {
               "plan JSON: chunk_factor is {} (allowed 1..{})", p.chunk_factor, Limits::kChunkFactor);
   p.inplace = field<bool>(j, "inplace", "top level");
   p.root = field<int>(j, "root", "top level");
-  std::string proto = field<std::string>(j, "protocol", "top level");
-  if (proto == "Simple") p.protocol = Protocol::kSimple;
-  else if (proto == "LL") p.protocol = Protocol::kLL;
-  else if (proto == "LL128") p.protocol = Protocol::kLL128;
-  else if (proto == "auto") p.protocol = Protocol::kAuto;
-  else throw InvalidArgument(fmt::format("plan JSON: unknown protocol '{}'", proto));
+  p.protocol = protocol_field(j);
   p.min_bytes = field<uint64_t>(j, "min_bytes", "top level");
   p.max_bytes = field<uint64_t>(j, "max_bytes", "top level");
   p.topology = field<std::string>(j, "topology", "top level");
   // Stated by the verifier; files written before these fields existed read as "not verified".
   if (j.contains("fifo_depth")) p.fifo_depth = field<int64_t>(j, "fifo_depth", "top level");
   if (j.contains("any_count")) p.any_count = field<bool>(j, "any_count", "top level");
-  if (j.contains("states")) {
-    TUTTI_CHECK(j["states"].is_array(), InvalidArgument, "plan JSON: 'states' must be an array");
-    for (const json& b : j["states"]) {
-      std::string where = fmt::format("states[{}]", p.states.size());
-      TUTTI_CHECK(b.is_object(), InvalidArgument, "plan JSON: {} must be an object", where);
-      check_keys(b, {"name", "chunks", "unit"}, where);
-      StateBuffer sb{field<std::string>(b, "name", where), field<int64_t>(b, "chunks", where),
-                     field<int64_t>(b, "unit", where)};
-      // Bounded so that chunk offsets (chunks x unit x 8 bytes) stay far inside int64.
-      constexpr int64_t kMaxChunks = int64_t{1} << 31, kMaxUnit = int64_t{1} << 40;
-      TUTTI_CHECK(sb.chunks >= 0 && sb.chunks < kMaxChunks && sb.unit >= 0 && sb.unit < kMaxUnit &&
-                      (sb.unit == 0 || sb.chunks <= kMaxUnit / sb.unit),
-                  InvalidArgument, "plan JSON: {}: '{}' has {} chunks of unit {} (at most 2^31 chunks and 2^40 elements)",
-                  where, sb.name, sb.chunks, sb.unit);
-      p.states.push_back(std::move(sb));
-    }
+}
+
+// The top level's optional "states".
+void read_states(const json& j, Plan& p) {
+  if (!j.contains("states")) return;
+  TUTTI_CHECK(j["states"].is_array(), InvalidArgument, "plan JSON: 'states' must be an array");
+  for (const json& b : j["states"]) {
+    std::string where = fmt::format("states[{}]", p.states.size());
+    check_object(b, where);
+    check_keys(b, {"name", "chunks", "unit"}, where);
+    StateBuffer sb{field<std::string>(b, "name", where), field<int64_t>(b, "chunks", where),
+                   field<int64_t>(b, "unit", where)};
+    // Bounded so that chunk offsets (chunks x unit x 8 bytes) stay far inside int64.
+    constexpr int64_t kMaxChunks = int64_t{1} << 31, kMaxUnit = int64_t{1} << 40;
+    TUTTI_CHECK(sb.chunks >= 0 && sb.chunks < kMaxChunks && sb.unit >= 0 && sb.unit < kMaxUnit &&
+                    (sb.unit == 0 || sb.chunks <= kMaxUnit / sb.unit),
+                InvalidArgument, "plan JSON: {}: '{}' has {} chunks of unit {} (at most 2^31 chunks and 2^40 elements)",
+                where, sb.name, sb.chunks, sb.unit);
+    p.states.push_back(std::move(sb));
   }
+}
+
+// A step's "deps", if it has them.
+void read_deps(const json& js, const std::string& sw, Instruction& in) {
+  if (!js.contains("deps")) return;
+  for (const json& d : array_field(js, sw, "deps")) {
+    TUTTI_CHECK(d.is_array() && d.size() == 2 && d[0].is_number_integer() && d[1].is_number_integer(),
+                InvalidArgument, "plan JSON: {}: a dependency is [block, step]", sw);
+    in.deps.push_back({integer<int64_t>(d[0], sw, "deps"), integer<int64_t>(d[1], sw, "deps")});
+  }
+}
+
+// A step's "kernel" and "scalars", if it has them.
+void read_kernel(const json& js, const std::string& sw, Instruction& in) {
+  if (js.contains("kernel")) {
+    const std::string name = field<std::string>(js, "kernel", sw);
+    const std::optional<KernelId> id = find_kernel(name);
+    TUTTI_CHECK(id.has_value(), InvalidArgument,
+                "plan JSON: {}: unknown kernel '{}' (register it with tutti::register_kernel before loading the "
+                "plan)",
+                sw, name);
+    in.kernel = *id;
+  }
+  if (js.contains("scalars"))
+    for (const json& a : array_field(js, sw, "scalars")) {
+      // A number is a constant; {"slot": k} the call's k-th value.
+      if (a.is_number()) in.scalars.emplace_back(a.get<double>());
+      else in.scalars.push_back(ScalarArg::per_call(field<int>(a, "slot", sw + " scalar")));
+    }
+}
+
+// Step `sw` ("rank R block B step S").
+Instruction read_step(const json& js, const std::string& sw) {
+  check_object(js, sw);
+  check_keys(js, {"op", "srcs", "dst", "send_peer", "recv_peer", "remote", "deps", "kernel", "scalars", "more_dsts",
+                  "stable_source"},
+             sw);
+  Instruction in;
+  std::string op = field<std::string>(js, "op", sw);
+  auto code = parse_opcode(op);
+  TUTTI_CHECK(code.has_value(), InvalidArgument, "plan JSON: {}: unknown op '{}'", sw, op);
+  in.op = *code;
+  if (js.contains("srcs"))
+    for (const json& s : array_field(js, sw, "srcs")) in.srcs.push_back(parse_ref(s, sw));
+  if (js.contains("dst")) in.dst = parse_ref(js["dst"], sw);
+  if (js.contains("send_peer")) in.send_peer = field<int>(js, "send_peer", sw);
+  if (js.contains("recv_peer")) in.recv_peer = field<int>(js, "recv_peer", sw);
+  if (js.contains("remote")) in.remote = parse_ref(js["remote"], sw);
+  if (js.contains("stable_source")) in.stable_source = field<bool>(js, "stable_source", sw);
+  read_deps(js, sw, in);
+  read_kernel(js, sw, in);
+  if (js.contains("more_dsts"))
+    for (const json& r2 : array_field(js, sw, "more_dsts")) in.more_dsts.push_back(parse_ref(r2, sw));
+  if (in.op == Opcode::kCompute) {
+    const KernelDef& def = kernel_def(in.kernel);
+    TUTTI_CHECK(in.scalars.size() == def.scalars.size(), InvalidArgument,
+                "plan JSON: {}: kernel '{}' takes {} scalar(s), the step gives {}", sw, def.name,
+                def.scalars.size(), in.scalars.size());
+  }
+  return in;
+}
+
+// Block `bw` ("rank R block B").
+Block read_block(const json& jb, const std::string& bw) {
+  check_object(jb, bw);
+  check_keys(jb, {"id", "channel", "steps"}, bw);
+  Block b;
+  b.id = field<int64_t>(jb, "id", bw);
+  b.channel = field<int>(jb, "channel", bw);
+  for (const json& js : array_field(jb, bw, "steps"))
+    b.steps.push_back(read_step(js, fmt::format("{} step {}", bw, b.steps.size())));
+  return b;
+}
+
+RankPlan read_rank(const json& jr, size_t r) {
+  std::string where = fmt::format("rank {}", r);
+  check_object(jr, where);
+  check_keys(jr, {"input_chunks", "output_chunks", "scratch_chunks", "blocks"}, where);
+  RankPlan rp;
+  rp.input_chunks = field<int64_t>(jr, "input_chunks", where);
+  rp.output_chunks = field<int64_t>(jr, "output_chunks", where);
+  rp.scratch_chunks = field<int64_t>(jr, "scratch_chunks", where);
+  for (const json& jb : array_field(jr, where, "blocks"))
+    rp.blocks.push_back(read_block(jb, fmt::format("rank {} block {}", r, rp.blocks.size())));
+  return rp;
+}
+
+Plan parse_json_unchecked(const std::string& text) {
+  TUTTI_CHECK(text.size() <= Limits::kFileBytes, InvalidArgument, "plan JSON: {} bytes (at most {})", text.size(),
+              Limits::kFileBytes);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw InvalidArgument(fmt::format("plan JSON: not valid JSON: {}", e.what()));
+  }
+  TUTTI_CHECK(j.is_object(), InvalidArgument, "plan JSON: the top level is not an object");
+  Plan p;
+  read_header(j, p);
+  read_states(j, p);
   TUTTI_CHECK(j.contains("ranks"), InvalidArgument, "plan JSON: top level: missing field 'ranks'");
   const json& ranks = j.at("ranks");
   TUTTI_CHECK(ranks.is_array() && ranks.size() == static_cast<size_t>(std::max(p.nranks, 0)), InvalidArgument,
               "plan JSON: 'ranks' must list {} ranks", p.nranks);
-  // An array where the format has one, an object where it has one: iterating anything else would
-  // read a number as a block.
-  auto array = [](const json& a, const std::string& where, const char* key) -> const json& {
-    TUTTI_CHECK(a.contains(key) && a.at(key).is_array(), InvalidArgument, "plan JSON: {}: '{}' must be an array", where,
-                key);
-    return a.at(key);
-  };
-  auto object = [](const json& o, const std::string& where) {
-    TUTTI_CHECK(o.is_object(), InvalidArgument, "plan JSON: {} must be an object", where);
-  };
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    std::string where = fmt::format("rank {}", r);
-    object(ranks[r], where);
-    check_keys(ranks[r], {"input_chunks", "output_chunks", "scratch_chunks", "blocks"}, where);
-    RankPlan rp;
-    rp.input_chunks = field<int64_t>(ranks[r], "input_chunks", where);
-    rp.output_chunks = field<int64_t>(ranks[r], "output_chunks", where);
-    rp.scratch_chunks = field<int64_t>(ranks[r], "scratch_chunks", where);
-    for (const json& jb : array(ranks[r], where, "blocks")) {
-      std::string bw = fmt::format("rank {} block {}", r, rp.blocks.size());
-      object(jb, bw);
-      check_keys(jb, {"id", "channel", "steps"}, bw);
-      Block b;
-      b.id = field<int64_t>(jb, "id", bw);
-      b.channel = field<int>(jb, "channel", bw);
-      for (const json& js : array(jb, bw, "steps")) {
-        std::string sw = fmt::format("{} step {}", bw, b.steps.size());
-        object(js, sw);
-        check_keys(js, {"op", "srcs", "dst", "send_peer", "recv_peer", "remote", "deps", "kernel", "scalars", "more_dsts",
-                         "stable_source"},
-                   sw);
-        Instruction in;
-        std::string op = field<std::string>(js, "op", sw);
-        auto code = parse_opcode(op);
-        TUTTI_CHECK(code.has_value(), InvalidArgument, "plan JSON: {}: unknown op '{}'", sw, op);
-        in.op = *code;
-        if (js.contains("srcs"))
-          for (const json& s : array(js, sw, "srcs")) in.srcs.push_back(parse_ref(s, sw));
-        if (js.contains("dst")) in.dst = parse_ref(js["dst"], sw);
-        if (js.contains("send_peer")) in.send_peer = field<int>(js, "send_peer", sw);
-        if (js.contains("recv_peer")) in.recv_peer = field<int>(js, "recv_peer", sw);
-        if (js.contains("remote")) in.remote = parse_ref(js["remote"], sw);
-        if (js.contains("stable_source")) in.stable_source = field<bool>(js, "stable_source", sw);
-        if (js.contains("deps"))
-          for (const json& d : array(js, sw, "deps")) {
-            TUTTI_CHECK(d.is_array() && d.size() == 2 && d[0].is_number_integer() && d[1].is_number_integer(),
-                        InvalidArgument, "plan JSON: {}: a dependency is [block, step]", sw);
-            in.deps.push_back({integer<int64_t>(d[0], sw, "deps"), integer<int64_t>(d[1], sw, "deps")});
-          }
-        if (js.contains("kernel")) {
-          const std::string name = field<std::string>(js, "kernel", sw);
-          const std::optional<KernelId> id = find_kernel(name);
-          TUTTI_CHECK(id.has_value(), InvalidArgument,
-                      "plan JSON: {}: unknown kernel '{}' (register it with tutti::register_kernel before loading the "
-                      "plan)",
-                      sw, name);
-          in.kernel = *id;
-        }
-        if (js.contains("scalars"))
-          for (const json& a : array(js, sw, "scalars")) {
-            // A number is a constant; {"slot": k} the call's k-th value.
-            if (a.is_number()) in.scalars.emplace_back(a.get<double>());
-            else in.scalars.push_back(ScalarArg::per_call(field<int>(a, "slot", sw + " scalar")));
-          }
-        if (js.contains("more_dsts"))
-          for (const json& r2 : array(js, sw, "more_dsts")) in.more_dsts.push_back(parse_ref(r2, sw));
-        if (in.op == Opcode::kCompute) {
-          const KernelDef& def = kernel_def(in.kernel);
-          TUTTI_CHECK(in.scalars.size() == def.scalars.size(), InvalidArgument,
-                      "plan JSON: {}: kernel '{}' takes {} scalar(s), the step gives {}", sw, def.name,
-                      def.scalars.size(), in.scalars.size());
-        }
-        b.steps.push_back(std::move(in));
-      }
-      rp.blocks.push_back(std::move(b));
-    }
-    p.ranks.push_back(std::move(rp));
-  }
+  for (size_t r = 0; r < ranks.size(); ++r) p.ranks.push_back(read_rank(ranks[r], r));
   check_limits(p);
   renumber_blocks(p);
   return p;

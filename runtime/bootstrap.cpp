@@ -40,6 +40,9 @@ void send_hello(int fd, uint64_t secret, wire::FrameType type, const std::vector
   send_exact(fd, hello.data(), hello.size(), deadline, what);
 }
 
+// A connection accepted and not closed since (closed ones stay listed until the end of the round).
+constexpr auto is_open = [](const auto& p) { return bool(p.fd); };
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -500,126 +503,143 @@ void Bootstrap::serve() {
       uint64_t v;
       [[maybe_unused]] ssize_t k = ::read(wake_.get(), &v, sizeof(v));
     }
-    if (fds[0].revents & POLLIN) {
-      while (true) {
-        int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-          // At the descriptor limit the listener stays readable: make room by dropping the oldest
-          // connection that has proven nothing, or stop polling it for a while rather than spin.
-          // (Entries are only closed here, never erased: `order` points at them; remove_if below
-          // erases the closed ones.)
-          if (errno == EMFILE || errno == ENFILE) {
-            auto oldest = std::find_if(pending.begin(), pending.end(), [](const Pending& x) { return bool(x.fd); });
-            if (oldest != pending.end()) {
-              TUTTI_WARN("rank {}: descriptor limit reached; dropped the oldest unauthenticated connection (from {})",
-                         rank(), oldest->addr);
-              oldest->fd.reset();
-            } else {
-              listen_paused_until = now_s() + 0.1;
-            }
-          }
-          break;
-        }
-        set_nodelay(fd);
-        Pending p{Fd(fd), peer_address(fd).to_string(), {}, now_s(), auth::random_nonce()};
-        if (!auth::send_challenge(fd, p.challenge)) continue;
-        if (std::count_if(pending.begin(), pending.end(), [](const Pending& x) { return bool(x.fd); }) >=
-            static_cast<std::ptrdiff_t>(wire::kMaxPendingConnections)) {
-          auto oldest = std::find_if(pending.begin(), pending.end(), [](const Pending& x) { return bool(x.fd); });
-          TUTTI_WARN("rank {}: more than {} connections without a hello; dropped the oldest (from {})", rank(),
-                     wire::kMaxPendingConnections, oldest->addr);
-          oldest->fd.reset();
-        }
-        pending.push_back(std::move(p));
-      }
-    }
-    for (size_t i = 0; i < peers.size(); ++i) {
-      if (!(fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      int peer = peers[i];
-      Peer& p = *mesh_[peer];
-      unsigned char tmp[65536];
-      ssize_t k;
-      while ((k = ::recv(p.fd.get(), tmp, sizeof(tmp), MSG_DONTWAIT)) > 0) p.buf.insert(p.buf.end(), tmp, tmp + k);
-      bool closed = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-      // Parse every complete frame first: a goodbye may be followed at once by EOF.
-      size_t off = 0;
-      while (p.buf.size() - off >= sizeof(wire::FrameHeader)) {
-        wire::FrameHeader h;
-        std::memcpy(&h, p.buf.data() + off, sizeof(h));
-        if (h.magic != wire::kMagic || h.length > wire::kMaxControlBytes) {
-          state_->fail(ErrorKind::kRemote, fmt::format("malformed bootstrap message from {}", describe(peer)));
-          closed = true;
-          off = p.buf.size();
-          break;
-        }
-        if (p.buf.size() - off < sizeof(h) + h.length) break;
-        std::vector<unsigned char> payload(p.buf.begin() + off + sizeof(h), p.buf.begin() + off + sizeof(h) + h.length);
-        off += sizeof(h) + h.length;
-        handle_frame(peer, h.type, h.tag, std::move(payload));
-      }
-      p.buf.erase(p.buf.begin(), p.buf.begin() + off);
-      if (closed) {
-        bool departed;
-        {
-          std::lock_guard lock(state_->mutex());
-          p.eof = true;
-          departed = p.departed;
-          state_->cv().notify_all();
-        }
-        if (!departed)
-          state_->fail(ErrorKind::kRemote,
-                       fmt::format("{} closed its connection without leaving the communicator: the process died or "
-                                   "failed",
-                                   describe(peer)));
-      }
-    }
+    if (fds[0].revents & POLLIN) accept_pending(pending, listen_paused_until);
+    for (size_t i = 0; i < peers.size(); ++i)
+      if (fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) read_mesh(peers[i]);
     for (size_t i = 0; i < order.size(); ++i) {
       Pending& p = *order[i];
       if (!p.fd) continue;  // closed above in this round
       if (!(fds[peers.size() + 2 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      // Read no further than the hello: what follows belongs to the mesh or the transport.
-      size_t want = sizeof(wire::FrameHeader) - std::min(p.buf.size(), sizeof(wire::FrameHeader));
-      if (want == 0) {
-        wire::FrameHeader h;
-        std::memcpy(&h, p.buf.data(), sizeof(h));
-        want = sizeof(h) + h.length - p.buf.size();
-      }
-      unsigned char tmp[512];
-      ssize_t k = ::recv(p.fd.get(), tmp, std::min(want, sizeof(tmp)), MSG_DONTWAIT);
-      if (k <= 0) {
-        if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        TUTTI_WARN("rank {}: refused connection from {}: closed after {} bytes (truncated hello)", rank(), p.addr,
-                   p.buf.size());
-        p.fd.reset();
-        continue;
-      }
-      p.buf.insert(p.buf.end(), tmp, tmp + k);
-      if (p.buf.size() < sizeof(wire::FrameHeader)) continue;
-      wire::FrameHeader h;
-      std::memcpy(&h, p.buf.data(), sizeof(h));
-      bool known = h.type == static_cast<uint32_t>(wire::FrameType::kMeshHello) ||
-                   h.type == static_cast<uint32_t>(wire::FrameType::kTcpHello);
-      if (h.magic != wire::kMagic || !known || h.length > 64 || h.length < sizeof(auth::Mac) + sizeof(int32_t)) {
-        TUTTI_WARN("rank {}: refused connection from {}: not a tutti hello", rank(), p.addr);
-        p.fd.reset();
-        continue;
-      }
-      if (p.buf.size() < sizeof(h) + h.length) continue;
-      try {
-        handle_pending(p);
-      } catch (const Error& e) {
-        TUTTI_WARN("rank {}: refused connection from {}: {}", rank(), p.addr, e.what());
-        p.fd.reset();
-      }
+      read_hello(p);
     }
-    double now = now_s();
-    for (auto& p : pending)
-      if (p.fd && now - p.since > 10) {
-        TUTTI_WARN("rank {}: dropped connection from {}: no complete hello within 10 s", rank(), p.addr);
-        p.fd.reset();
-      }
+    expire_pending(pending);
     pending.remove_if([](const Pending& p) { return !p.fd; });
   }
+}
+
+void Bootstrap::accept_pending(std::list<Pending>& pending, double& listen_paused_until) {
+  while (true) {
+    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      // At the descriptor limit the listener stays readable: make room by dropping the oldest
+      // connection that has proven nothing, or stop polling it for a while rather than spin.
+      // (Entries are only closed here, never erased: serve()'s `order` points at them; its remove_if
+      // erases the closed ones.)
+      if (errno == EMFILE || errno == ENFILE) {
+        auto oldest = std::find_if(pending.begin(), pending.end(), is_open);
+        if (oldest != pending.end()) {
+          TUTTI_WARN("rank {}: descriptor limit reached; dropped the oldest unauthenticated connection (from {})",
+                     rank(), oldest->addr);
+          oldest->fd.reset();
+        } else {
+          listen_paused_until = now_s() + 0.1;
+        }
+      }
+      break;
+    }
+    set_nodelay(fd);
+    Pending p{Fd(fd), peer_address(fd).to_string(), {}, now_s(), auth::random_nonce()};
+    if (!auth::send_challenge(fd, p.challenge)) continue;
+    if (std::count_if(pending.begin(), pending.end(), is_open) >=
+        static_cast<std::ptrdiff_t>(wire::kMaxPendingConnections)) {
+      auto oldest = std::find_if(pending.begin(), pending.end(), is_open);
+      TUTTI_WARN("rank {}: more than {} connections without a hello; dropped the oldest (from {})", rank(),
+                 wire::kMaxPendingConnections, oldest->addr);
+      oldest->fd.reset();
+    }
+    pending.push_back(std::move(p));
+  }
+}
+
+// A readable mesh socket: everything it has, each complete frame handled in order, then its end.
+void Bootstrap::read_mesh(int peer) {
+  Peer& p = *mesh_[peer];
+  unsigned char tmp[65536];
+  ssize_t k;
+  while ((k = ::recv(p.fd.get(), tmp, sizeof(tmp), MSG_DONTWAIT)) > 0) p.buf.insert(p.buf.end(), tmp, tmp + k);
+  bool closed = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  // Parse every complete frame first: a goodbye may be followed at once by EOF.
+  size_t off = 0;
+  while (p.buf.size() - off >= sizeof(wire::FrameHeader)) {
+    wire::FrameHeader h;
+    std::memcpy(&h, p.buf.data() + off, sizeof(h));
+    if (h.magic != wire::kMagic || h.length > wire::kMaxControlBytes) {
+      state_->fail(ErrorKind::kRemote, fmt::format("malformed bootstrap message from {}", describe(peer)));
+      closed = true;
+      off = p.buf.size();
+      break;
+    }
+    if (p.buf.size() - off < sizeof(h) + h.length) break;
+    std::vector<unsigned char> payload(p.buf.begin() + off + sizeof(h), p.buf.begin() + off + sizeof(h) + h.length);
+    off += sizeof(h) + h.length;
+    handle_frame(peer, h.type, h.tag, std::move(payload));
+  }
+  p.buf.erase(p.buf.begin(), p.buf.begin() + off);
+  if (closed) mesh_closed(peer);
+}
+
+// The end of a mesh connection: a failure unless the peer said goodbye first.
+void Bootstrap::mesh_closed(int peer) {
+  Peer& p = *mesh_[peer];
+  bool departed;
+  {
+    std::lock_guard lock(state_->mutex());
+    p.eof = true;
+    departed = p.departed;
+    state_->cv().notify_all();
+  }
+  if (!departed)
+    state_->fail(ErrorKind::kRemote,
+                 fmt::format("{} closed its connection without leaving the communicator: the process died or "
+                             "failed",
+                             describe(peer)));
+}
+
+// A readable connection that has not sent its whole hello yet; handle_pending takes a complete one.
+void Bootstrap::read_hello(Pending& p) {
+  // Read no further than the hello: what follows belongs to the mesh or the transport.
+  size_t want = sizeof(wire::FrameHeader) - std::min(p.buf.size(), sizeof(wire::FrameHeader));
+  if (want == 0) {
+    wire::FrameHeader h;
+    std::memcpy(&h, p.buf.data(), sizeof(h));
+    want = sizeof(h) + h.length - p.buf.size();
+  }
+  unsigned char tmp[512];
+  ssize_t k = ::recv(p.fd.get(), tmp, std::min(want, sizeof(tmp)), MSG_DONTWAIT);
+  if (k <= 0) {
+    if (k < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    TUTTI_WARN("rank {}: refused connection from {}: closed after {} bytes (truncated hello)", rank(), p.addr,
+               p.buf.size());
+    p.fd.reset();
+    return;
+  }
+  p.buf.insert(p.buf.end(), tmp, tmp + k);
+  if (p.buf.size() < sizeof(wire::FrameHeader)) return;
+  wire::FrameHeader h;
+  std::memcpy(&h, p.buf.data(), sizeof(h));
+  bool known = h.type == static_cast<uint32_t>(wire::FrameType::kMeshHello) ||
+               h.type == static_cast<uint32_t>(wire::FrameType::kTcpHello);
+  if (h.magic != wire::kMagic || !known || h.length > 64 || h.length < sizeof(auth::Mac) + sizeof(int32_t)) {
+    TUTTI_WARN("rank {}: refused connection from {}: not a tutti hello", rank(), p.addr);
+    p.fd.reset();
+    return;
+  }
+  if (p.buf.size() < sizeof(h) + h.length) return;
+  try {
+    handle_pending(p);
+  } catch (const Error& e) {
+    TUTTI_WARN("rank {}: refused connection from {}: {}", rank(), p.addr, e.what());
+    p.fd.reset();
+  }
+}
+
+void Bootstrap::expire_pending(std::list<Pending>& pending) {
+  double now = now_s();
+  for (auto& p : pending)
+    if (p.fd && now - p.since > 10) {
+      TUTTI_WARN("rank {}: dropped connection from {}: no complete hello within 10 s", rank(), p.addr);
+      p.fd.reset();
+    }
 }
 
 }  // namespace tutti

@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -119,7 +120,13 @@ class Bootstrap {
     double since;
     std::array<unsigned char, 16> challenge;  // sent at accept (runtime/auth.hpp)
   };
+  // The service thread: polls the listener, the mesh and the connections still sending a hello.
   void serve();
+  void accept_pending(std::list<Pending>& pending, double& listen_paused_until);
+  void read_mesh(int peer);
+  void mesh_closed(int peer);
+  void read_hello(Pending& p);
+  void expire_pending(std::list<Pending>& pending);
   void handle_frame(int peer, uint32_t type, uint64_t tag, std::vector<unsigned char> payload);
   void handle_pending(Pending& p);
   void send_frame(int peer, uint32_t type, uint64_t tag, const std::vector<unsigned char>& payload, Deadline d);

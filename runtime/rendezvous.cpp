@@ -94,6 +94,241 @@ std::string list_missing(const Group& g) {
   return s;
 }
 
+// A connection that has proven nothing yet: the first to go when connections run short.
+bool unauthenticated(const Client& c) { return c.fd && !c.hello; }
+
+void drop(Client& c, const std::string& why) {
+  TUTTI_WARN("rendezvous root: refused connection from {}: {}", c.addr, why);
+  c.fd.reset();
+}
+
+// What is wrong with a joiner for the group of its generation (another size, a rank that is there
+// already), or nothing.
+std::string group_mistake(Group& g, const Client& c) {
+  if (g.nranks != c.nranks)
+    return fmt::format("rank {} (from {}) was started with {} ranks but rank {} with {}", c.rank, c.addr, c.nranks,
+                       g.members.begin()->first, g.nranks);
+  if (g.members.count(c.rank))
+    return fmt::format("rank {} joined twice (from {} and from {}): every rank must be started once, with a "
+                       "rank of its own",
+                       c.rank, g.members[c.rank]->addr, c.addr);
+  return {};
+}
+
+// The root thread's state between polls: the connections, and the group each generation is forming.
+struct RootLoop {
+  using GroupIt = std::map<uint64_t, Group>::iterator;
+
+  RootLoop(int listener, uint64_t secret, bool persistent, std::atomic<bool>& stop)
+      : listener(listener), secret(secret), persistent(persistent), stop(stop) {}
+
+  void accept_connections();
+  void receive(Client& c);
+  void disconnected(Client& c);
+  bool read_hello(Client& c);
+  void join(Client& c);
+  void fail(Group& g, Client& c, const std::string& mistake);
+  void answer(GroupIt it);
+  GroupIt retire(GroupIt it);
+  void expire();
+
+  int listener;
+  uint64_t secret;
+  bool persistent;
+  std::atomic<bool>& stop;
+  std::list<Client> clients;
+  std::map<uint64_t, Group> groups;
+  Clock::time_point listen_paused_until{};
+};
+
+void RootLoop::accept_connections() {
+  while (true) {
+    int fd = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        // Make room by dropping the oldest connection that has proven nothing; if there is
+        // none, wait before trying again.
+        auto oldest = std::find_if(clients.begin(), clients.end(), unauthenticated);
+        if (oldest != clients.end()) drop(*oldest, "descriptor limit reached; dropping the oldest unauthenticated connection");
+        else listen_paused_until = Clock::now() + std::chrono::milliseconds(100);
+      }
+      break;
+    }
+    Client c;
+    c.fd = Fd(fd);
+    c.addr = peer_address(fd).to_string();
+    c.challenge = auth::random_nonce();
+    if (!auth::send_challenge(fd, c.challenge)) continue;  // Fd closes it
+    // A bounded number of connections may be proving themselves at once: the oldest goes.
+    size_t pending = std::count_if(clients.begin(), clients.end(), unauthenticated);
+    if (pending >= wire::kMaxPendingConnections) {
+      auto oldest = std::find_if(clients.begin(), clients.end(), unauthenticated);
+      drop(*oldest, fmt::format("more than {} connections without a hello; dropping the oldest",
+                                wire::kMaxPendingConnections));
+    }
+    clients.push_back(std::move(c));
+  }
+}
+
+// A readable connection: more of its hello, or its end.
+void RootLoop::receive(Client& c) {
+  unsigned char tmp[4096];
+  ssize_t k = ::recv(c.fd.get(), tmp, sizeof(tmp), MSG_DONTWAIT);
+  if (k <= 0) {
+    if (k < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    disconnected(c);
+    return;
+  }
+  if (c.hello) return;  // nothing more is expected; ignore
+  c.buf.insert(c.buf.end(), tmp, tmp + k);
+  if (!read_hello(c)) return;
+  c.hello = true;
+  join(c);
+}
+
+void RootLoop::disconnected(Client& c) {
+  if (!c.hello) {
+    drop(c, fmt::format("connection closed after {} bytes (truncated hello)", c.buf.size()));
+  } else {
+    // A rank that arrived and then went away: it no longer counts as present.
+    TUTTI_WARN("rendezvous root: rank {} (of generation {}) disconnected before all ranks arrived", c.rank,
+               c.generation);
+    auto g = groups.find(c.generation);
+    if (g != groups.end()) g->second.members.erase(c.rank);
+    c.fd.reset();
+  }
+}
+
+// Checks and decodes the hello in c.buf once it is complete. False while it is incomplete, or when
+// it was refused (and the connection dropped).
+bool RootLoop::read_hello(Client& c) {
+  if (c.buf.size() < sizeof(wire::FrameHeader)) return false;
+  wire::FrameHeader h;
+  std::memcpy(&h, c.buf.data(), sizeof(h));
+  if (h.magic != wire::kMagic || h.type != static_cast<uint32_t>(wire::FrameType::kHello)) {
+    drop(c, "not a tutti rendezvous hello (bad magic or type)");
+    return false;
+  }
+  if (h.length > wire::kMaxHelloBytes || h.length < sizeof(auth::Mac) + sizeof(auth::Nonce)) {
+    drop(c, fmt::format("hello claims {} bytes, outside {}..{}", h.length, sizeof(auth::Mac) + sizeof(auth::Nonce),
+                        wire::kMaxHelloBytes));
+    return false;
+  }
+  if (c.buf.size() > sizeof(h) + h.length) {
+    drop(c, "sent more than its hello before the answer");
+    return false;
+  }
+  if (c.buf.size() < sizeof(h) + h.length) return false;
+  try {
+    // mac | rank nonce | body, the MAC over nonce and body keyed with the secret.
+    const unsigned char* p = c.buf.data() + sizeof(h);
+    auth::Mac got;
+    std::memcpy(got.data(), p, got.size());
+    std::memcpy(c.rank_nonce.data(), p + got.size(), c.rank_nonce.size());
+    const unsigned char* signed_part = p + got.size();
+    const size_t signed_bytes = h.length - got.size();
+    if (!auth::equal(got, auth::mac(secret, kHelloPurpose, c.challenge, signed_part, signed_bytes))) {
+      drop(c, "wrong secret (the hello's proof does not match)");
+      return false;
+    }
+    wire::Reader r(signed_part + c.rank_nonce.size(), signed_bytes - c.rank_nonce.size(), "rendezvous hello");
+    c.generation = r.get<uint64_t>();
+    c.rank = r.get<int32_t>();
+    c.nranks = r.get<int32_t>();
+    c.timeout = r.get<double>();
+    c.info = r.get_bytes();
+  } catch (const Error& e) {
+    drop(c, e.what());
+    return false;
+  }
+  return true;
+}
+
+// An authenticated rank joins the group of its generation; the last one completes it.
+void RootLoop::join(Client& c) {
+  if (c.nranks <= 0 || c.rank < 0 || c.rank >= c.nranks) {
+    send_error(c, secret, ErrorKind::kInvalidArgument, fmt::format("rank {} is out of range for {} ranks", c.rank, c.nranks));
+    return;
+  }
+  auto [it, fresh] = groups.try_emplace(c.generation);
+  Group& g = it->second;
+  if (!g.failed.empty()) {
+    send_error(c, secret, ErrorKind::kInvalidArgument, g.failed);
+    return;
+  }
+  if (fresh || g.members.empty()) {
+    g.nranks = c.nranks;
+    g.timeout = c.timeout;
+    g.first = Clock::now();
+  }
+  std::string mistake = group_mistake(g, c);
+  if (!mistake.empty()) {
+    fail(g, c, mistake);
+    return;
+  }
+  g.timeout = std::min(g.timeout, c.timeout);
+  g.members[c.rank] = &c;
+  TUTTI_INFO(log::kBootstrap, "rendezvous root: rank {}/{} arrived from {}", c.rank, c.nranks, c.addr);
+  if (static_cast<int>(g.members.size()) == g.nranks) answer(it);
+}
+
+void RootLoop::fail(Group& g, Client& c, const std::string& mistake) {
+  TUTTI_WARN("rendezvous root: {}", mistake);
+  g.failed = mistake;
+  send_error(c, secret, ErrorKind::kInvalidArgument, mistake);
+  for (auto& [rank, m] : g.members) send_error(*m, secret, ErrorKind::kInvalidArgument, mistake);
+  g.members.clear();
+}
+
+// Every rank of a complete group gets the table of all ranks' info.
+void RootLoop::answer(GroupIt it) {
+  Group& g = it->second;
+  wire::Writer w;
+  w.put<int32_t>(g.nranks);
+  for (auto& [rank, m] : g.members) w.put_bytes(m->info.data(), m->info.size());
+  for (auto& [rank, m] : g.members) {
+    try {
+      send_frame(m->fd.get(), wire::FrameType::kTable, signed_answer(secret, kTablePurpose, m->rank_nonce, w.bytes()),
+                 m->addr);
+    } catch (const Error& e) {
+      TUTTI_WARN("rendezvous root: could not answer rank {}: {}", rank, e.what());
+    }
+    m->fd.reset();
+  }
+  retire(it);
+}
+
+// A group is done with (answered, failed or timed out): a one-shot root stops after it.
+RootLoop::GroupIt RootLoop::retire(GroupIt it) {
+  GroupIt next = groups.erase(it);
+  if (!persistent) stop = true;
+  return next;
+}
+
+// Deadlines: incomplete hellos and incomplete groups.
+void RootLoop::expire() {
+  auto now = Clock::now();
+  for (auto& c : clients)
+    if (c.fd && !c.hello && now - c.since > std::chrono::duration<double>(kHandshakeSeconds))
+      drop(c, "no complete hello in time");
+  for (auto it = groups.begin(); it != groups.end();) {
+    Group& g = it->second;
+    if (!g.failed.empty() && now - g.first > std::chrono::duration<double>(g.timeout > 0 ? g.timeout : 60)) {
+      it = retire(it);  // late ranks of a failed group have been told; later ones time out
+      continue;
+    }
+    if (!g.members.empty() && g.timeout > 0 && now - g.first > std::chrono::duration<double>(g.timeout)) {
+      std::string msg = fmt::format("rendezvous timed out after {} s: ranks {} of {} never arrived", g.timeout,
+                                    list_missing(g), g.nranks);
+      TUTTI_WARN("rendezvous root: {}", msg);
+      for (auto& [rank, m] : g.members) send_error(*m, secret, ErrorKind::kTimeout, msg);
+      it = retire(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 }  // namespace
 
 RendezvousRoot::RendezvousRoot(const SocketAddress& addr, uint64_t secret, bool persistent)
@@ -115,189 +350,27 @@ RendezvousRoot::~RendezvousRoot() {
 }
 
 void RendezvousRoot::run() {
-  std::list<Client> clients;
-  std::map<uint64_t, Group> groups;
-  Clock::time_point listen_paused_until{};
-  auto drop = [&](Client& c, const std::string& why) {
-    TUTTI_WARN("rendezvous root: refused connection from {}: {}", c.addr, why);
-    c.fd.reset();
-  };
+  RootLoop loop(listener_.get(), secret_, persistent_, stop_);
   while (!stop_) {
     std::vector<pollfd> fds{{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
     std::vector<Client*> order;
-    for (auto& c : clients) {
+    for (auto& c : loop.clients) {
       fds.push_back({c.fd.get(), POLLIN, 0});
       order.push_back(&c);
     }
     // At the descriptor limit the listener stays readable: stop polling it for a while rather
     // than spin (each connection that cannot be accepted is someone else's problem until then).
-    if (Clock::now() < listen_paused_until) fds[0].events = 0;
+    if (Clock::now() < loop.listen_paused_until) fds[0].events = 0;
     ::poll(fds.data(), fds.size(), 100);
-    if (fds[0].revents & POLLIN) {
-      while (true) {
-        int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-          if (errno == EMFILE || errno == ENFILE) {
-            // Make room by dropping the oldest connection that has proven nothing; if there is
-            // none, wait before trying again.
-            auto oldest = std::find_if(clients.begin(), clients.end(), [](const Client& c) { return c.fd && !c.hello; });
-            if (oldest != clients.end()) drop(*oldest, "descriptor limit reached; dropping the oldest unauthenticated connection");
-            else listen_paused_until = Clock::now() + std::chrono::milliseconds(100);
-          }
-          break;
-        }
-        Client c;
-        c.fd = Fd(fd);
-        c.addr = peer_address(fd).to_string();
-        c.challenge = auth::random_nonce();
-        if (!auth::send_challenge(fd, c.challenge)) continue;  // Fd closes it
-        // A bounded number of connections may be proving themselves at once: the oldest goes.
-        size_t pending = std::count_if(clients.begin(), clients.end(), [](const Client& x) { return x.fd && !x.hello; });
-        if (pending >= wire::kMaxPendingConnections) {
-          auto oldest = std::find_if(clients.begin(), clients.end(), [](const Client& x) { return x.fd && !x.hello; });
-          drop(*oldest, fmt::format("more than {} connections without a hello; dropping the oldest",
-                                    wire::kMaxPendingConnections));
-        }
-        clients.push_back(std::move(c));
-      }
-    }
+    if (fds[0].revents & POLLIN) loop.accept_connections();
     for (size_t i = 0; i < order.size(); ++i) {
       Client& c = *order[i];
       if (!c.fd) continue;  // dropped above in this round
       if (!(fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      unsigned char tmp[4096];
-      ssize_t k = ::recv(c.fd.get(), tmp, sizeof(tmp), MSG_DONTWAIT);
-      if (k <= 0) {
-        if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        if (!c.hello) {
-          drop(c, fmt::format("connection closed after {} bytes (truncated hello)", c.buf.size()));
-        } else {
-          // A rank that arrived and then went away: it no longer counts as present.
-          TUTTI_WARN("rendezvous root: rank {} (of generation {}) disconnected before all ranks arrived", c.rank,
-                     c.generation);
-          auto g = groups.find(c.generation);
-          if (g != groups.end()) g->second.members.erase(c.rank);
-          c.fd.reset();
-        }
-        continue;
-      }
-      if (c.hello) continue;  // nothing more is expected; ignore
-      c.buf.insert(c.buf.end(), tmp, tmp + k);
-      if (c.buf.size() < sizeof(wire::FrameHeader)) continue;
-      wire::FrameHeader h;
-      std::memcpy(&h, c.buf.data(), sizeof(h));
-      if (h.magic != wire::kMagic || h.type != static_cast<uint32_t>(wire::FrameType::kHello)) {
-        drop(c, "not a tutti rendezvous hello (bad magic or type)");
-        continue;
-      }
-      if (h.length > wire::kMaxHelloBytes || h.length < sizeof(auth::Mac) + sizeof(auth::Nonce)) {
-        drop(c, fmt::format("hello claims {} bytes, outside {}..{}", h.length, sizeof(auth::Mac) + sizeof(auth::Nonce),
-                            wire::kMaxHelloBytes));
-        continue;
-      }
-      if (c.buf.size() > sizeof(h) + h.length) {
-        drop(c, "sent more than its hello before the answer");
-        continue;
-      }
-      if (c.buf.size() < sizeof(h) + h.length) continue;
-      try {
-        // mac | rank nonce | body, the MAC over nonce and body keyed with the secret.
-        const unsigned char* p = c.buf.data() + sizeof(h);
-        auth::Mac got;
-        std::memcpy(got.data(), p, got.size());
-        std::memcpy(c.rank_nonce.data(), p + got.size(), c.rank_nonce.size());
-        const unsigned char* signed_part = p + got.size();
-        const size_t signed_bytes = h.length - got.size();
-        if (!auth::equal(got, auth::mac(secret_, kHelloPurpose, c.challenge, signed_part, signed_bytes))) {
-          drop(c, "wrong secret (the hello's proof does not match)");
-          continue;
-        }
-        wire::Reader r(signed_part + c.rank_nonce.size(), signed_bytes - c.rank_nonce.size(), "rendezvous hello");
-        c.generation = r.get<uint64_t>();
-        c.rank = r.get<int32_t>();
-        c.nranks = r.get<int32_t>();
-        c.timeout = r.get<double>();
-        c.info = r.get_bytes();
-      } catch (const Error& e) {
-        drop(c, e.what());
-        continue;
-      }
-      c.hello = true;
-      if (c.nranks <= 0 || c.rank < 0 || c.rank >= c.nranks) {
-        send_error(c, secret_, ErrorKind::kInvalidArgument, fmt::format("rank {} is out of range for {} ranks", c.rank, c.nranks));
-        continue;
-      }
-      auto [it, fresh] = groups.try_emplace(c.generation);
-      Group& g = it->second;
-      if (!g.failed.empty()) {
-        send_error(c, secret_, ErrorKind::kInvalidArgument, g.failed);
-        continue;
-      }
-      if (fresh || g.members.empty()) {
-        g.nranks = c.nranks;
-        g.timeout = c.timeout;
-        g.first = Clock::now();
-      }
-      std::string mistake;
-      if (g.nranks != c.nranks)
-        mistake = fmt::format("rank {} (from {}) was started with {} ranks but rank {} with {}", c.rank, c.addr,
-                              c.nranks, g.members.begin()->first, g.nranks);
-      else if (g.members.count(c.rank))
-        mistake = fmt::format("rank {} joined twice (from {} and from {}): every rank must be started once, with a "
-                              "rank of its own",
-                              c.rank, g.members[c.rank]->addr, c.addr);
-      if (!mistake.empty()) {
-        TUTTI_WARN("rendezvous root: {}", mistake);
-        g.failed = mistake;
-        send_error(c, secret_, ErrorKind::kInvalidArgument, mistake);
-        for (auto& [rank, m] : g.members) send_error(*m, secret_, ErrorKind::kInvalidArgument, mistake);
-        g.members.clear();
-        continue;
-      }
-      g.timeout = std::min(g.timeout, c.timeout);
-      g.members[c.rank] = &c;
-      TUTTI_INFO(log::kBootstrap, "rendezvous root: rank {}/{} arrived from {}", c.rank, c.nranks, c.addr);
-      if (static_cast<int>(g.members.size()) == g.nranks) {
-        wire::Writer w;
-        w.put<int32_t>(g.nranks);
-        for (auto& [rank, m] : g.members) w.put_bytes(m->info.data(), m->info.size());
-        for (auto& [rank, m] : g.members) {
-          try {
-            send_frame(m->fd.get(), wire::FrameType::kTable, signed_answer(secret_, kTablePurpose, m->rank_nonce, w.bytes()),
-                       m->addr);
-          } catch (const Error& e) {
-            TUTTI_WARN("rendezvous root: could not answer rank {}: {}", rank, e.what());
-          }
-          m->fd.reset();
-        }
-        groups.erase(it);
-        if (!persistent_) stop_ = true;
-      }
+      loop.receive(c);
     }
-    // Deadlines: incomplete hellos and incomplete groups.
-    auto now = Clock::now();
-    for (auto& c : clients)
-      if (c.fd && !c.hello && now - c.since > std::chrono::duration<double>(kHandshakeSeconds))
-        drop(c, "no complete hello in time");
-    for (auto it = groups.begin(); it != groups.end();) {
-      Group& g = it->second;
-      if (!g.failed.empty() && now - g.first > std::chrono::duration<double>(g.timeout > 0 ? g.timeout : 60)) {
-        it = groups.erase(it);  // late ranks of a failed group have been told; later ones time out
-        if (!persistent_) stop_ = true;
-        continue;
-      }
-      if (!g.members.empty() && g.timeout > 0 && now - g.first > std::chrono::duration<double>(g.timeout)) {
-        std::string msg = fmt::format("rendezvous timed out after {} s: ranks {} of {} never arrived", g.timeout,
-                                      list_missing(g), g.nranks);
-        TUTTI_WARN("rendezvous root: {}", msg);
-        for (auto& [rank, m] : g.members) send_error(*m, secret_, ErrorKind::kTimeout, msg);
-        it = groups.erase(it);
-        if (!persistent_) stop_ = true;
-      } else {
-        ++it;
-      }
-    }
-    clients.remove_if([](const Client& c) { return !c.fd; });
+    loop.expire();
+    loop.clients.remove_if([](const Client& c) { return !c.fd; });
   }
   finished_ = true;
 }

@@ -395,6 +395,26 @@ TEST(DeviceExecutor, RefusesPlansThatNeedDeeperFifosThanConfigured) {
   }
 }
 
+// Two ranks' emulated-device executors (Simple, `timeout_s`) that connected and ran `plan` once
+// together on 1024 floats each, ready for one of them to run alone.
+struct TwoRanksRanOnce {
+  std::vector<std::unique_ptr<DeviceExecutor>> ex;
+  std::vector<std::vector<float>> buf = std::vector<std::vector<float>>(2, std::vector<float>(1024, 1.0f));
+  TwoRanksRanOnce(std::vector<std::unique_ptr<Communicator>>& comms, const PreparedPlan& plan, double timeout_s) {
+    DeviceOptions d;
+    d.timeout_s = timeout_s;
+    d.protocol = kProtoSimple;
+    for (int r = 0; r < 2; ++r) ex.push_back(std::make_unique<DeviceExecutor>(*comms[r], make_emulated_backend(), d));
+    test_support::on_ranks(comms, [&](int r, Communicator&) { ex[r]->run(plan, args(r)); });
+  }
+  ExecArgs args(int r) {
+    ExecArgs a;
+    a.input = a.output = buf[r].data();
+    a.count = 1024;
+    return a;
+  }
+};
+
 // A rank whose peer never launches gives up after TUTTI_TIMEOUT with a message naming the block,
 // the step and the peer it waited for; an aborted executor stops at once.
 TEST(DeviceExecutor, WaitsTimeOutAndAbortNamingWhereTheyStopped) {
@@ -402,22 +422,11 @@ TEST(DeviceExecutor, WaitsTimeOutAndAbortNamingWhereTheyStopped) {
   for (bool abort : {false, true}) {
     SCOPED_TRACE(abort ? "abort" : "timeout");
     auto comms = Communicator::create_local(2);
-    DeviceOptions d;
     // 0: no timeout, only the abort can end the wait. 2 s: long enough that the joint first run
     // never times out on a loaded machine, short enough for a test.
-    d.timeout_s = abort ? 0 : 2;
-    d.protocol = kProtoSimple;
-    std::vector<std::unique_ptr<DeviceExecutor>> ex;
-    std::vector<std::vector<float>> buf(2, std::vector<float>(1024, 1.0f));
-    for (int r = 0; r < 2; ++r) ex.push_back(std::make_unique<DeviceExecutor>(*comms[r], make_emulated_backend(), d));
-    auto args = [&](int r) {
-      ExecArgs a;
-      a.input = a.output = buf[r].data();
-      a.count = 1024;
-      return a;
-    };
-    // Both ranks connect and run once; then rank 0 runs alone.
-    test_support::on_ranks(comms, [&](int r, Communicator&) { ex[r]->run(*p, args(r)); });
+    TwoRanksRanOnce two(comms, *p, abort ? 0 : 2);
+    auto& ex = two.ex;
+    auto args = [&](int r) { return two.args(r); };
     std::thread aborter;
     if (abort)
       aborter = std::thread([&] { ex[0]->abort(); });  // before or during the run: either way it stops
@@ -501,19 +510,9 @@ TEST(DeviceExecutor, CallsThatDifferFailOnEveryRankThatReceivesNamingBothCalls) 
 TEST(DeviceExecutor, AFailedCommunicatorStopsAWaitingKernel) {
   Prepared p = builtin("ring_allreduce", 2);
   auto comms = Communicator::create_local(2);
-  DeviceOptions d;
-  d.timeout_s = 0;  // wait forever: only the failure can end it
-  d.protocol = kProtoSimple;
-  std::vector<std::unique_ptr<DeviceExecutor>> ex;
-  for (int r = 0; r < 2; ++r) ex.push_back(std::make_unique<DeviceExecutor>(*comms[r], make_emulated_backend(), d));
-  std::vector<std::vector<float>> buf(2, std::vector<float>(1024, 1.0f));
-  auto args = [&](int r) {
-    ExecArgs a;
-    a.input = a.output = buf[r].data();
-    a.count = 1024;
-    return a;
-  };
-  test_support::on_ranks(comms, [&](int r, Communicator&) { ex[r]->run(*p, args(r)); });
+  TwoRanksRanOnce two(comms, *p, 0);  // wait forever: only the failure can end it
+  auto& ex = two.ex;
+  auto args = [&](int r) { return two.args(r); };
   std::thread alone([&] {
     try {
       ex[0]->run(*p, args(0));

@@ -226,9 +226,9 @@ TEST(Dispatcher, CrowdedHostsTakeTheMailboxFurtherAndBroadcastByTree) {
     EXPECT_EQ(wrong[r], 0) << "rank " << r;
     EXPECT_NE(plans[r].find(crowded ? "tree_broadcast" : "chain_broadcast"), std::string::npos) << plans[r];
   }
-  EXPECT_EQ(default_algorithm(Collective::kBroadcast, 1 << 20, n, true), "tree_broadcast");
-  EXPECT_EQ(default_algorithm(Collective::kBroadcast, 1 << 20, n, false), "chain_broadcast");
-  EXPECT_EQ(default_algorithm(Collective::kBroadcast, 4 << 10, n, false), "tree_broadcast");
+  EXPECT_EQ(algorithms::default_algorithm(Collective::kBroadcast, 1 << 20, n, true), "tree_broadcast");
+  EXPECT_EQ(algorithms::default_algorithm(Collective::kBroadcast, 1 << 20, n, false), "chain_broadcast");
+  EXPECT_EQ(algorithms::default_algorithm(Collective::kBroadcast, 4 << 10, n, false), "tree_broadcast");
   // Small enough for the mailbox: one shot up to kCrowdedOneshotThreshold on a crowded host.
   std::vector<std::string> mid(n);
   on_ranks(comms, [&](int rank, Communicator& comm) {

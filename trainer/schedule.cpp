@@ -6,6 +6,7 @@
 #include <array>
 #include <deque>
 #include <map>
+#include <utility>
 
 #include "tutti/types.hpp"
 
@@ -208,81 +209,108 @@ double pipeline_bubble_formula(int pp, int microbatches) {
   return static_cast<double>(pp - 1) / static_cast<double>(microbatches + pp - 1);
 }
 
-ScheduleReport check_schedule(const Schedule& s) {
-  const int pp = s.pp, vp = s.vp, m = s.microbatches, S = s.stages();
+namespace {
+
+// Where each op of one (micro-batch, chunk) sits in a rank's list: its index, -1 where absent.
+constexpr int kOps = 8;
+using OpPositions = std::array<int64_t, kOps>;
+
+[[noreturn]] void fail_action(const Schedule& s, int r, size_t i, const std::string& why) {
+  throw InvalidArgument(fmt::format("schedule {}: {}: {}", to_string(s.kind), s.describe(r, i), why));
+}
+
+void check_shape(const Schedule& s) {
+  const int pp = s.pp, vp = s.vp, m = s.microbatches;
   if (pp < 1 || vp < 1 || m < 1 || static_cast<int>(s.ranks.size()) != pp)
     throw InvalidArgument(fmt::format("schedule: pp {}, vp {}, {} micro-batches and {} rank lists do not fit", pp, vp,
                                       m, s.ranks.size()));
-  auto fail = [&](int r, size_t i, const std::string& why) {
-    throw InvalidArgument(fmt::format("schedule {}: {}: {}", to_string(s.kind), s.describe(r, i), why));
-  };
+}
 
-  // 1. Fields, and each (micro-batch, chunk, op) once per rank, in order.
-  constexpr int kOps = 8;
-  for (int r = 0; r < pp; ++r) {
-    const auto& list = s.ranks[static_cast<size_t>(r)];
-    std::vector<std::array<int64_t, kOps>> at(static_cast<size_t>(m * vp));
-    for (auto& x : at) x.fill(-1);
-    for (size_t i = 0; i < list.size(); ++i) {
-      const PipeAction& a = list[i];
-      if (a.microbatch < 0 || a.microbatch >= m || a.chunk < 0 || a.chunk >= vp) {
-        throw InvalidArgument(
-            fmt::format("schedule {}: rank {} action {}: micro-batch {} or chunk {} is outside {} "
-                        "micro-batches of {} chunks",
-                        to_string(s.kind), r, i, a.microbatch, a.chunk, m, vp));
-      }
-      if (static_cast<int>(a.op) >= kOps) fail(r, i, "unknown action");
-      const bool split_op = a.op == PipeOp::kBackwardInput || a.op == PipeOp::kBackwardWeight;
-      if (a.op == PipeOp::kBackward && s.split_backward)
-        fail(r, i, "this schedule splits the backward into input and weight halves");
-      if (split_op && !s.split_backward) fail(r, i, "this schedule does not split the backward");
-      if (is_communication(a.op) && s.peer_of(r, a) < 0)
-        fail(r, i, fmt::format("stage {} has no neighbour on that side", s.stage_of(r, a.chunk)));
-      int64_t& slot = at[static_cast<size_t>(a.microbatch * vp + a.chunk)][static_cast<size_t>(a.op)];
-      if (slot >= 0) fail(r, i, fmt::format("repeats action {}", slot));
-      slot = static_cast<int64_t>(i);
-    }
-    for (int mb = 0; mb < m; ++mb)
-      for (int c = 0; c < vp; ++c) {
-        const auto& p = at[static_cast<size_t>(mb * vp + c)];
-        auto pos = [&](PipeOp op) { return p[static_cast<size_t>(op)]; };
-        const int stage = s.stage_of(r, c);
-        const std::string what = fmt::format("rank {}: micro-batch {} of chunk {} (stage {})", r, mb, c, stage);
-        auto need = [&](bool cond, const std::string& why) {
-          if (!cond) throw InvalidArgument(fmt::format("schedule {}: {}: {}", to_string(s.kind), what, why));
-        };
-        const int64_t f = pos(PipeOp::kForward);
-        const int64_t b = s.split_backward ? pos(PipeOp::kBackwardInput) : pos(PipeOp::kBackward);
-        need(f >= 0, "has no forward");
-        need(b >= 0, "has no backward");
-        need(f < b, "runs backward before forward");
-        if (s.split_backward) need(pos(PipeOp::kBackwardWeight) > b, "has no weight gradient after its backward-input");
-        if (stage > 0) {
-          need(pos(PipeOp::kRecvActivation) >= 0 && pos(PipeOp::kRecvActivation) < f,
-               "forward before its input is received");
-          need(pos(PipeOp::kSendGrad) > b, "never sends its input gradient back after the backward");
-        } else {
-          need(pos(PipeOp::kRecvActivation) < 0 && pos(PipeOp::kSendGrad) < 0, "the first stage has no previous stage");
-        }
-        if (stage < S - 1) {
-          need(pos(PipeOp::kSendActivation) > f, "never sends its output on after the forward");
-          need(pos(PipeOp::kRecvGrad) >= 0 && pos(PipeOp::kRecvGrad) < b,
-               "backward before its output gradient is received");
-        } else {
-          need(pos(PipeOp::kSendActivation) < 0 && pos(PipeOp::kRecvGrad) < 0, "the last stage has no next stage");
-        }
-      }
+// Action i of rank r: its fields, and whether the schedule's kind and the stage allow its op.
+void check_action(const Schedule& s, int r, size_t i) {
+  const PipeAction& a = s.ranks[static_cast<size_t>(r)][i];
+  if (a.microbatch < 0 || a.microbatch >= s.microbatches || a.chunk < 0 || a.chunk >= s.vp) {
+    throw InvalidArgument(
+        fmt::format("schedule {}: rank {} action {}: micro-batch {} or chunk {} is outside {} "
+                    "micro-batches of {} chunks",
+                    to_string(s.kind), r, i, a.microbatch, a.chunk, s.microbatches, s.vp));
   }
+  if (static_cast<int>(a.op) >= kOps) fail_action(s, r, i, "unknown action");
+  const bool split_op = a.op == PipeOp::kBackwardInput || a.op == PipeOp::kBackwardWeight;
+  if (a.op == PipeOp::kBackward && s.split_backward)
+    fail_action(s, r, i, "this schedule splits the backward into input and weight halves");
+  if (split_op && !s.split_backward) fail_action(s, r, i, "this schedule does not split the backward");
+  if (is_communication(a.op) && s.peer_of(r, a) < 0)
+    fail_action(s, r, i, fmt::format("stage {} has no neighbour on that side", s.stage_of(r, a.chunk)));
+}
 
-  // 2. Matching: per ordered pair of ranks, sends and receives in the same order. A message is
-  // (gradient?, micro-batch, the stage it leaves).
-  struct Msg {
-    bool grad;
-    int mb, from_stage;
-    bool operator==(const Msg&) const = default;
+// Checks rank r's actions one by one, each (micro-batch, chunk, op) at most once, and returns their
+// positions, indexed by micro-batch * vp + chunk.
+std::vector<OpPositions> locate_actions(const Schedule& s, int r) {
+  const auto& list = s.ranks[static_cast<size_t>(r)];
+  std::vector<OpPositions> at(static_cast<size_t>(s.microbatches * s.vp));
+  for (auto& x : at) x.fill(-1);
+  for (size_t i = 0; i < list.size(); ++i) {
+    check_action(s, r, i);
+    const PipeAction& a = list[i];
+    int64_t& slot = at[static_cast<size_t>(a.microbatch * s.vp + a.chunk)][static_cast<size_t>(a.op)];
+    if (slot >= 0) fail_action(s, r, i, fmt::format("repeats action {}", slot));
+    slot = static_cast<int64_t>(i);
+  }
+  return at;
+}
+
+// One micro-batch through one chunk of rank r: forward, then backward (its halves in order), each
+// with its input received before it and its output sent after it, and no messages past the ends.
+void check_order(const Schedule& s, int r, int mb, int c, const OpPositions& p) {
+  auto pos = [&](PipeOp op) { return p[static_cast<size_t>(op)]; };
+  const int stage = s.stage_of(r, c);
+  const std::string what = fmt::format("rank {}: micro-batch {} of chunk {} (stage {})", r, mb, c, stage);
+  auto need = [&](bool cond, const std::string& why) {
+    if (!cond) throw InvalidArgument(fmt::format("schedule {}: {}: {}", to_string(s.kind), what, why));
   };
-  std::map<std::pair<int, int>, std::vector<std::pair<Msg, size_t>>> sends, recvs;  // (from, to)
-  for (int r = 0; r < pp; ++r) {
+  const int64_t f = pos(PipeOp::kForward);
+  const int64_t b = s.split_backward ? pos(PipeOp::kBackwardInput) : pos(PipeOp::kBackward);
+  need(f >= 0, "has no forward");
+  need(b >= 0, "has no backward");
+  need(f < b, "runs backward before forward");
+  if (s.split_backward) need(pos(PipeOp::kBackwardWeight) > b, "has no weight gradient after its backward-input");
+  if (stage > 0) {
+    need(pos(PipeOp::kRecvActivation) >= 0 && pos(PipeOp::kRecvActivation) < f,
+         "forward before its input is received");
+    need(pos(PipeOp::kSendGrad) > b, "never sends its input gradient back after the backward");
+  } else {
+    need(pos(PipeOp::kRecvActivation) < 0 && pos(PipeOp::kSendGrad) < 0, "the first stage has no previous stage");
+  }
+  if (stage < s.stages() - 1) {
+    need(pos(PipeOp::kSendActivation) > f, "never sends its output on after the forward");
+    need(pos(PipeOp::kRecvGrad) >= 0 && pos(PipeOp::kRecvGrad) < b, "backward before its output gradient is received");
+  } else {
+    need(pos(PipeOp::kSendActivation) < 0 && pos(PipeOp::kRecvGrad) < 0, "the last stage has no next stage");
+  }
+}
+
+// 1. Fields, and each (micro-batch, chunk, op) once per rank, in order.
+void check_actions(const Schedule& s) {
+  for (int r = 0; r < s.pp; ++r) {
+    const std::vector<OpPositions> at = locate_actions(s, r);
+    for (int mb = 0; mb < s.microbatches; ++mb)
+      for (int c = 0; c < s.vp; ++c) check_order(s, r, mb, c, at[static_cast<size_t>(mb * s.vp + c)]);
+  }
+}
+
+// 2. Matching: per ordered pair of ranks, sends and receives in the same order. A message is
+// (gradient?, micro-batch, the stage it leaves).
+struct Msg {
+  bool grad;
+  int mb, from_stage;
+  bool operator==(const Msg&) const = default;
+};
+using MessageQueues = std::map<std::pair<int, int>, std::vector<std::pair<Msg, size_t>>>;  // (from, to)
+
+// Every send and receive of the schedule, with its action's index, per (from, to) in list order.
+void collect_messages(const Schedule& s, MessageQueues& sends, MessageQueues& recvs) {
+  for (int r = 0; r < s.pp; ++r) {
     const auto& list = s.ranks[static_cast<size_t>(r)];
     for (size_t i = 0; i < list.size(); ++i) {
       const PipeAction& a = list[i];
@@ -305,80 +333,132 @@ ScheduleReport check_schedule(const Schedule& s) {
       }
     }
   }
-  // match[r][i]: the peer's action index of communication action i of rank r.
-  std::vector<std::vector<size_t>> match(static_cast<size_t>(pp));
-  for (int r = 0; r < pp; ++r) match[static_cast<size_t>(r)].assign(s.ranks[static_cast<size_t>(r)].size(), 0);
+}
+
+// match[r][i]: the peer's action index of communication action i of rank r.
+using Matches = std::vector<std::vector<size_t>>;
+
+Matches match_messages(const Schedule& s) {
+  MessageQueues sends, recvs;
+  collect_messages(s, sends, recvs);
+  Matches match(static_cast<size_t>(s.pp));
+  for (int r = 0; r < s.pp; ++r) match[static_cast<size_t>(r)].assign(s.ranks[static_cast<size_t>(r)].size(), 0);
   for (const auto& [pair, rs] : recvs) {
     const auto& ss = sends[pair];
     for (size_t k = 0; k < rs.size(); ++k) {
       if (k >= ss.size())
-        fail(pair.second, rs[k].second,
-             fmt::format("expects message {} from rank {}, which sends only {}", k + 1, pair.first, ss.size()));
+        fail_action(s, pair.second, rs[k].second,
+                    fmt::format("expects message {} from rank {}, which sends only {}", k + 1, pair.first, ss.size()));
       if (!(ss[k].first == rs[k].first))
-        fail(pair.second, rs[k].second,
-             fmt::format("is the receive of message {} from rank {}, but that message is {}", k + 1, pair.first,
-                         s.describe(pair.first, ss[k].second)));
+        fail_action(s, pair.second, rs[k].second,
+                    fmt::format("is the receive of message {} from rank {}, but that message is {}", k + 1,
+                                pair.first, s.describe(pair.first, ss[k].second)));
       match[static_cast<size_t>(pair.second)][rs[k].second] = ss[k].second;
       match[static_cast<size_t>(pair.first)][ss[k].second] = rs[k].second;
     }
     if (ss.size() > rs.size())
-      fail(pair.first, ss[rs.size()].second, fmt::format("rank {} never receives it", pair.second));
+      fail_action(s, pair.first, ss[rs.size()].second, fmt::format("rank {} never receives it", pair.second));
   }
   for (const auto& [pair, ss] : sends)
     if (!recvs.contains(pair))
-      fail(pair.first, ss.front().second, fmt::format("rank {} never receives it", pair.second));
+      fail_action(s, pair.first, ss.front().second, fmt::format("rank {} never receives it", pair.second));
+  return match;
+}
 
-  // 3. Dry run: compute takes its cost; a send is posted and the rank goes on (the trainer sends
-  // asynchronously, on a communicator per direction); a receive waits for its message's send.
+// 3. Dry run: compute takes its cost; a send is posted and the rank goes on (the trainer sends
+// asynchronously, on a communicator per direction); a receive waits for its message's send.
+struct DryRun {
+  const Schedule& s;
+  const Matches& match;
   ScheduleReport rep;
-  rep.busy.assign(static_cast<size_t>(pp), 0);
-  rep.peak_activations.assign(static_cast<size_t>(pp), 0);
-  rep.timeline.assign(static_cast<size_t>(pp), {});
-  std::vector<size_t> pc(static_cast<size_t>(pp), 0);
-  std::vector<int64_t> clock(static_cast<size_t>(pp), 0);
-  std::vector<int> live(static_cast<size_t>(pp), 0);
-  std::vector<std::vector<int64_t>> sent(static_cast<size_t>(pp));
-  for (int r = 0; r < pp; ++r) sent[static_cast<size_t>(r)].assign(s.ranks[static_cast<size_t>(r)].size(), -1);
-  auto cost = [](PipeOp op) { return op == PipeOp::kBackward ? 2 : 1; };
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int r = 0; r < pp; ++r) {
-      const auto R = static_cast<size_t>(r);
-      const auto& list = s.ranks[R];
-      for (; pc[R] < list.size(); ++pc[R], progress = true) {
-        const PipeAction& a = list[pc[R]];
-        if (a.op == PipeOp::kSendActivation || a.op == PipeOp::kSendGrad) {
-          sent[R][pc[R]] = clock[R];
-        } else if (is_communication(a.op)) {
-          const int64_t at = sent[static_cast<size_t>(s.peer_of(r, a))][match[R][pc[R]]];
-          if (at < 0) break;
-          clock[R] = std::max(clock[R], at);
-        } else {
-          rep.timeline[R].push_back({clock[R], clock[R] + cost(a.op), a});
-          clock[R] += cost(a.op);
-          rep.busy[R] += cost(a.op);
-          if (a.op == PipeOp::kForward) rep.peak_activations[R] = std::max(rep.peak_activations[R], ++live[R]);
-          if (a.op == PipeOp::kBackward || a.op == PipeOp::kBackwardWeight) --live[R];
-        }
-      }
+  std::vector<size_t> pc;
+  std::vector<int64_t> clock;
+  std::vector<int> live;
+  std::vector<std::vector<int64_t>> sent;
+
+  DryRun(const Schedule& schedule, const Matches& matches) : s(schedule), match(matches) {
+    const auto P = static_cast<size_t>(s.pp);
+    rep.busy.assign(P, 0);
+    rep.peak_activations.assign(P, 0);
+    rep.timeline.assign(P, {});
+    pc.assign(P, 0);
+    clock.assign(P, 0);
+    live.assign(P, 0);
+    sent.resize(P);
+    for (int r = 0; r < s.pp; ++r) sent[static_cast<size_t>(r)].assign(s.ranks[static_cast<size_t>(r)].size(), -1);
+  }
+
+  void run() {
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int r = 0; r < s.pp; ++r)
+        if (advance(r)) progress = true;
     }
   }
-  std::string stuck;
-  for (int r = 0; r < pp; ++r) {
-    const size_t p = pc[static_cast<size_t>(r)];
-    if (p == s.ranks[static_cast<size_t>(r)].size()) continue;
-    stuck += fmt::format("{}{} waits for rank {}", stuck.empty() ? "" : "; ", s.describe(r, p),
-                         s.peer_of(r, s.ranks[static_cast<size_t>(r)][p]));
+
+  // Runs rank r's list until a receive whose message is not sent yet; whether it ran anything.
+  bool advance(int r) {
+    const auto R = static_cast<size_t>(r);
+    const auto& list = s.ranks[R];
+    bool progress = false;
+    for (; pc[R] < list.size(); ++pc[R], progress = true) {
+      const PipeAction& a = list[pc[R]];
+      if (a.op == PipeOp::kSendActivation || a.op == PipeOp::kSendGrad) {
+        sent[R][pc[R]] = clock[R];
+      } else if (is_communication(a.op)) {
+        const int64_t at = sent[static_cast<size_t>(s.peer_of(r, a))][match[R][pc[R]]];
+        if (at < 0) break;
+        clock[R] = std::max(clock[R], at);
+      } else {
+        compute(R, a);
+      }
+    }
+    return progress;
   }
-  if (!stuck.empty()) throw InvalidArgument(fmt::format("schedule {}: deadlock: {}", to_string(s.kind), stuck));
-  rep.makespan = *std::max_element(clock.begin(), clock.end());
-  double idle = 0;
-  for (int r = 0; r < pp; ++r)
-    idle += rep.makespan > 0
-                ? 1.0 - static_cast<double>(rep.busy[static_cast<size_t>(r)]) / static_cast<double>(rep.makespan)
-                : 0;
-  rep.bubble = idle / pp;
-  return rep;
+
+  void compute(size_t R, const PipeAction& a) {
+    const int64_t cost = a.op == PipeOp::kBackward ? 2 : 1;
+    rep.timeline[R].push_back({clock[R], clock[R] + cost, a});
+    clock[R] += cost;
+    rep.busy[R] += cost;
+    if (a.op == PipeOp::kForward) rep.peak_activations[R] = std::max(rep.peak_activations[R], ++live[R]);
+    if (a.op == PipeOp::kBackward || a.op == PipeOp::kBackwardWeight) --live[R];
+  }
+
+  // A rank that did not reach the end of its list waits on a receive: names every such rank.
+  void check_finished() const {
+    std::string stuck;
+    for (int r = 0; r < s.pp; ++r) {
+      const size_t p = pc[static_cast<size_t>(r)];
+      if (p == s.ranks[static_cast<size_t>(r)].size()) continue;
+      stuck += fmt::format("{}{} waits for rank {}", stuck.empty() ? "" : "; ", s.describe(r, p),
+                           s.peer_of(r, s.ranks[static_cast<size_t>(r)][p]));
+    }
+    if (!stuck.empty()) throw InvalidArgument(fmt::format("schedule {}: deadlock: {}", to_string(s.kind), stuck));
+  }
+
+  ScheduleReport report() {
+    rep.makespan = *std::max_element(clock.begin(), clock.end());
+    double idle = 0;
+    for (int r = 0; r < s.pp; ++r)
+      idle += rep.makespan > 0
+                  ? 1.0 - static_cast<double>(rep.busy[static_cast<size_t>(r)]) / static_cast<double>(rep.makespan)
+                  : 0;
+    rep.bubble = idle / s.pp;
+    return std::move(rep);
+  }
+};
+
+}  // namespace
+
+ScheduleReport check_schedule(const Schedule& s) {
+  check_shape(s);
+  check_actions(s);
+  const Matches match = match_messages(s);
+  DryRun dry(s, match);
+  dry.run();
+  dry.check_finished();
+  return dry.report();
 }
 
 std::string render_timeline(const Schedule& s, const ScheduleReport& rep) {

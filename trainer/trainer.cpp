@@ -63,12 +63,7 @@ Trainer::Trainer(const ModelConfig& model, const OptimConfig& optim, Groups& gro
 }
 
 Trainer::~Trainer() {
-  for (tutti::Work& w : pending_) {
-    try {
-      w.wait();
-    } catch (...) {  // the communicator's error was reported where it happened
-    }
-  }
+  wait_pending_quietly();
   ops_.release(m_);
   ops_.release(v_);
   if (master_) ops_.release(master_);
@@ -152,145 +147,165 @@ double Trainer::grad_norm() {
   return std::sqrt(groups_.pp.all_reduce_value(total));
 }
 
-StepResult Trainer::step(const int32_t* sequences) {
-  const Layout& lay = groups_.layout;
-  // A step that failed may have left reductions in flight: they finish (or fail) before anything
-  // else touches the gradients.
+// Waits for the reductions in flight, whatever their outcome: a failed one's error was reported
+// where it happened (by the step that launched it).
+void Trainer::wait_pending_quietly() {
   for (tutti::Work& w : pending_) {
     try {
       w.wait();
-    } catch (...) {  // reported by the step that launched it
+    } catch (...) {
     }
   }
+}
+
+void Trainer::clear_pending() {
   pending_.clear();
   pending_group_.clear();
-  const double pipe0 = groups_.pipe.wait_seconds;
-  auto comm_seconds = [&] {
-    return groups_.tp.wait_seconds() + groups_.dp.wait_seconds() + groups_.ep.wait_seconds() +
-           groups_.edp.wait_seconds() + groups_.pp.wait_seconds() + groups_.embedding.wait_seconds() +
-           groups_.pipe.wait_seconds;
-  };
-  const double wait0 = comm_seconds();
-  auto waited = [&] { return comm_seconds() - wait0; };
-  const ParamLayout& pl = model_->layout();
-  const auto& gs = pl.groups();
+  retired_.clear();
+}
+
+double Trainer::comm_seconds() const {
+  return groups_.tp.wait_seconds() + groups_.dp.wait_seconds() + groups_.ep.wait_seconds() +
+         groups_.edp.wait_seconds() + groups_.pp.wait_seconds() + groups_.embedding.wait_seconds() +
+         groups_.pipe.wait_seconds;
+}
+
+// ZeRO-2/3 keep only their shards of the gradients: the rest of a group goes once it is reduced.
+void Trainer::retire_reductions(bool block) {
+  const Layout& lay = groups_.layout;
+  const auto& gs = model_->layout().groups();
   float* grads = model_->grads();
   const int d = groups_.at.dp_rank;
-  // ZeRO-2/3 keep only their shards of the gradients: the rest of a group goes once it is reduced.
-  std::vector<bool> retired;
-  auto retire_done = [&](bool block) {
-    for (size_t i = 0; i < pending_.size(); ++i) {
-      if (retired[i]) continue;
-      if (block) groups_.dp.wait(pending_[i]);
-      else if (!pending_[i].test()) continue;
-      retired[i] = true;
-      if (lay.zero >= 2) {
-        const Group& g = gs[static_cast<size_t>(pending_group_[i])];
-        ops_.discard(grads + g.offset, d * g.shard());
-        ops_.discard(grads + g.offset + (d + 1) * g.shard(), (lay.dp - d - 1) * g.shard());
-      }
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    if (retired_[i]) continue;
+    if (block) groups_.dp.wait(pending_[i]);
+    else if (!pending_[i].test()) continue;
+    retired_[i] = true;
+    if (lay.zero >= 2) {
+      const Group& g = gs[static_cast<size_t>(pending_group_[i])];
+      ops_.discard(grads + g.offset, d * g.shard());
+      ops_.discard(grads + g.offset + (d + 1) * g.shard(), (lay.dp - d - 1) * g.shard());
     }
-  };
-  GroupHooks hooks;
-  hooks.grads_ready = [&](int g) {
-    const Group& gr = gs[static_cast<size_t>(g)];
-    if (gr.expert && lay.ep > 1) {
-      // Each expert's gradient holds the tokens of its ep group's ranks: summed over the ranks
-      // holding the same experts and divided by dp, it is the mean over the global batch.
-      ops_.scale(grads + gr.offset, 1.0f / static_cast<float>(lay.dp), gr.size);
-      if (lay.dp > lay.ep) {
-        pending_.push_back(groups_.edp.all_reduce_async(grads + gr.offset, gr.size, RedOp::kSum));
-        pending_group_.push_back(g);
-        retired.push_back(false);
-      }
-      return;
-    }
-    if (lay.dp > 1) {
-      if (!fused_.empty())  // the mean over dp as the reduction's scale (exact for powers of two)
-        pending_.push_back(fused_[static_cast<size_t>(g)]->reduce(grads + gr.offset, 1.0f / static_cast<float>(lay.dp)));
-      else
-        pending_.push_back(zero() ? groups_.dp.reduce_scatter_async(grads + gr.offset, grads + gr.offset + d * gr.shard(),
-                                                                    gr.shard(), RedOp::kAvg)
-                                  : groups_.dp.all_reduce_async(grads + gr.offset, gr.size, RedOp::kAvg));
+  }
+}
+
+// Group g's gradients are complete on this rank: their reduction over the data-parallel ranks starts.
+void Trainer::reduce_group(int g) {
+  const Layout& lay = groups_.layout;
+  const Group& gr = model_->layout().groups()[static_cast<size_t>(g)];
+  float* grads = model_->grads();
+  const int d = groups_.at.dp_rank;
+  if (gr.expert && lay.ep > 1) {
+    // Each expert's gradient holds the tokens of its ep group's ranks: summed over the ranks
+    // holding the same experts and divided by dp, it is the mean over the global batch.
+    ops_.scale(grads + gr.offset, 1.0f / static_cast<float>(lay.dp), gr.size);
+    if (lay.dp > lay.ep) {
+      pending_.push_back(groups_.edp.all_reduce_async(grads + gr.offset, gr.size, RedOp::kSum));
       pending_group_.push_back(g);
-      retired.push_back(false);
-      retire_done(false);
+      retired_.push_back(false);
     }
-  };
-  if (lay.zero == 3) {
-    hooks.need = [&](int g) { gather_group(g); };
-    hooks.done_with = [&](int g) {
+    return;
+  }
+  if (lay.dp > 1) {
+    if (!fused_.empty())  // the mean over dp as the reduction's scale (exact for powers of two)
+      pending_.push_back(fused_[static_cast<size_t>(g)]->reduce(grads + gr.offset, 1.0f / static_cast<float>(lay.dp)));
+    else
+      pending_.push_back(zero() ? groups_.dp.reduce_scatter_async(grads + gr.offset, grads + gr.offset + d * gr.shard(),
+                                                                  gr.shard(), RedOp::kAvg)
+                                : groups_.dp.all_reduce_async(grads + gr.offset, gr.size, RedOp::kAvg));
+    pending_group_.push_back(g);
+    retired_.push_back(false);
+    retire_reductions(false);
+  }
+}
+
+// The model's hooks for one step: each group reduced once complete; ZeRO-3 gathers a group's
+// parameters before use and drops them after.
+GroupHooks Trainer::step_hooks() {
+  GroupHooks hooks;
+  hooks.grads_ready = [this](int g) { reduce_group(g); };
+  if (groups_.layout.zero == 3) {
+    hooks.need = [this](int g) { gather_group(g); };
+    hooks.done_with = [this](int g) {
+      const auto& gs = model_->layout().groups();
       if (g == 0 || g == static_cast<int>(gs.size()) - 1) return;  // the embeddings and final LayerNorm serve both ends
       ops_.discard(model_->params() + gs[static_cast<size_t>(g)].offset, gs[static_cast<size_t>(g)].size);
       resident_[static_cast<size_t>(g)] = false;
     };
   }
+  return hooks;
+}
 
+// Forward and backward over this rank's micro-batches; each group's gradients go to reduce_group()
+// as they are complete. Sets the loss and the pipeline's measurements.
+void Trainer::forward_backward(const int32_t* sequences, const GroupHooks& hooks, StepResult& out) {
+  const Layout& lay = groups_.layout;
+  const ParamLayout& pl = model_->layout();
+  const auto& gs = pl.groups();
+  float* grads = model_->grads();
   if (lay.zero >= 2) ops_.discard(grads, pl.size());
   else model_->zero_grads();
-  StepResult out;
   if (!lay.pipelined()) {
     out.loss = model_->forward(sequences, &hooks);
     model_->backward(&hooks);
-  } else {
-    out.loss = run_schedule(sequences);
-    // Every group's gradients are complete: hand them over, the last layer's first (as backward does).
-    const int G = static_cast<int>(gs.size());
-    for (int g = G - 1; g >= 0; --g) {
-      model_->reduce_replicated(g);
-      if (lay.pp > 1 && g == pl.embedding_group()) groups_.embedding.all_reduce(grads + gs[static_cast<size_t>(g)].offset, gs[static_cast<size_t>(g)].size);
-      hooks.grads_ready(g);
-    }
-    out.pipeline_wait_s = groups_.pipe.wait_seconds - pipe0;
-    out.activation_slots = model_->slots_made();
+    return;
   }
-  retire_done(true);
-  pending_.clear();
-  pending_group_.clear();
-  out.loss = mean_over_dp(out.loss);
-  if (lay.pp > 1) out.loss = groups_.pp.all_reduce_value(out.loss);  // only the last stage's is not 0
-  if (!fused_.empty() && lay.tp == 1) {
-    // The reductions summed the squares of each chunk as it arrived.
-    double local = 0;
-    for (size_t g = 0; g < fused_.size(); ++g)
-      if (counts_for_norm(static_cast<int>(g))) local += fused_[g]->local_sum_squares();
-    out.grad_norm = std::sqrt(groups_.pp.all_reduce_value(groups_.dp.all_reduce_value(local)));
-  } else {
-    out.grad_norm = grad_norm();
+  const double pipe0 = groups_.pipe.wait_seconds;
+  out.loss = run_schedule(sequences);
+  // Every group's gradients are complete: hand them over, the last layer's first (as backward does).
+  const int G = static_cast<int>(gs.size());
+  for (int g = G - 1; g >= 0; --g) {
+    model_->reduce_replicated(g);
+    if (lay.pp > 1 && g == pl.embedding_group()) groups_.embedding.all_reduce(grads + gs[static_cast<size_t>(g)].offset, gs[static_cast<size_t>(g)].size);
+    hooks.grads_ready(g);
   }
-  const float clip =
-      optim_.grad_clip > 0 ? std::min(1.0f, optim_.grad_clip / static_cast<float>(out.grad_norm + 1e-6)) : 1.0f;
-  out.lr = optim_.lr_at(step_);
-  ++step_;
+  out.pipeline_wait_s = groups_.pipe.wait_seconds - pipe0;
+  out.activation_slots = model_->slots_made();
+}
 
-  if (!fused_.empty()) {
-    tutti::fused::AdamW opt;
-    opt.lr = out.lr;
-    opt.beta1 = optim_.beta1;
-    opt.beta2 = optim_.beta2;
-    opt.eps = optim_.eps;
-    opt.weight_decay = optim_.weight_decay;
-    opt.step = step_;
-    std::vector<tutti::Work> works;
-    for (size_t g = 0; g < gs.size(); ++g)
-      works.push_back(fused_[g]->update(grads + gs[g].offset, master_ + shard_start_[g], m_ + shard_start_[g],
-                                        v_ + shard_start_[g], model_->params() + gs[g].offset, decay_[g].data(), opt,
-                                        clip));
-    // Every update finishes before the step returns or throws: a failed one must not leave the
-    // others running on the optimizer's memory.
-    std::exception_ptr first;
-    for (tutti::Work& w : works) {
-      try {
-        groups_.dp.wait(w);
-      } catch (...) {
-        if (!first) first = std::current_exception();
-      }
+// The fused step's norm: the reductions summed the squares of each chunk as it arrived.
+double Trainer::fused_grad_norm() {
+  double local = 0;
+  for (size_t g = 0; g < fused_.size(); ++g)
+    if (counts_for_norm(static_cast<int>(g))) local += fused_[g]->local_sum_squares();
+  return std::sqrt(groups_.pp.all_reduce_value(groups_.dp.all_reduce_value(local)));
+}
+
+// ZeRO-1/2's fused AdamW: each group's owned shard updated and all-gathered into the parameters.
+void Trainer::fused_update(float lr, float clip) {
+  const auto& gs = model_->layout().groups();
+  float* grads = model_->grads();
+  tutti::fused::AdamW opt;
+  opt.lr = lr;
+  opt.beta1 = optim_.beta1;
+  opt.beta2 = optim_.beta2;
+  opt.eps = optim_.eps;
+  opt.weight_decay = optim_.weight_decay;
+  opt.step = step_;
+  std::vector<tutti::Work> works;
+  for (size_t g = 0; g < gs.size(); ++g)
+    works.push_back(fused_[g]->update(grads + gs[g].offset, master_ + shard_start_[g], m_ + shard_start_[g],
+                                      v_ + shard_start_[g], model_->params() + gs[g].offset, decay_[g].data(), opt,
+                                      clip));
+  // Every update finishes before the step returns or throws: a failed one must not leave the
+  // others running on the optimizer's memory.
+  std::exception_ptr first;
+  for (tutti::Work& w : works) {
+    try {
+      groups_.dp.wait(w);
+    } catch (...) {
+      if (!first) first = std::current_exception();
     }
-    if (first) std::rethrow_exception(first);
-    out.comm_wait_s = waited();
-    return out;
   }
-  // AdamW over the parameters this rank updates, tensor by tensor (weight decay is per tensor).
+  if (first) std::rethrow_exception(first);
+}
+
+// AdamW over the parameters this rank updates, tensor by tensor (weight decay is per tensor).
+void Trainer::adamw_update(float lr, float clip) {
+  const ParamLayout& pl = model_->layout();
+  const auto& gs = pl.groups();
+  const float* grads = model_->grads();
+  const int d = groups_.at.dp_rank;
   for (const Tensor& t : pl.tensors()) {
     const Group& g = gs[static_cast<size_t>(t.group)];
     int64_t lo = t.offset, hi = t.offset + t.size();
@@ -298,11 +313,39 @@ StepResult Trainer::step(const int32_t* sequences) {
     if (hi <= lo) continue;
     const int64_t at = zero() ? shard_start_[static_cast<size_t>(t.group)] + (lo - g.offset - d * g.shard()) : lo;
     float* p = zero() ? master_ + at : model_->params() + at;
-    ops_.adamw(p, grads + lo, m_ + at, v_ + at, hi - lo, out.lr, optim_.beta1, optim_.beta2, optim_.eps,
+    ops_.adamw(p, grads + lo, m_ + at, v_ + at, hi - lo, lr, optim_.beta1, optim_.beta2, optim_.eps,
                t.decay ? optim_.weight_decay : 0.0f, step_, clip);
   }
-  publish_params();
-  out.comm_wait_s = waited();
+}
+
+StepResult Trainer::step(const int32_t* sequences) {
+  const Layout& lay = groups_.layout;
+  // A step that failed may have left reductions in flight: they finish (or fail) before anything
+  // else touches the gradients.
+  wait_pending_quietly();
+  clear_pending();
+  const double wait0 = comm_seconds();
+  const GroupHooks hooks = step_hooks();
+
+  StepResult out;
+  forward_backward(sequences, hooks, out);
+  retire_reductions(true);
+  clear_pending();
+  out.loss = mean_over_dp(out.loss);
+  if (lay.pp > 1) out.loss = groups_.pp.all_reduce_value(out.loss);  // only the last stage's is not 0
+  out.grad_norm = !fused_.empty() && lay.tp == 1 ? fused_grad_norm() : grad_norm();
+  const float clip =
+      optim_.grad_clip > 0 ? std::min(1.0f, optim_.grad_clip / static_cast<float>(out.grad_norm + 1e-6)) : 1.0f;
+  out.lr = optim_.lr_at(step_);
+  ++step_;
+
+  if (!fused_.empty()) {
+    fused_update(out.lr, clip);
+  } else {
+    adamw_update(out.lr, clip);
+    publish_params();
+  }
+  out.comm_wait_s = comm_seconds() - wait0;
   return out;
 }
 

@@ -104,6 +104,17 @@ class Trainer {
   double mean_over_dp(double v);
   void gather_group(int g);
   double grad_norm();
+  // The phases of step().
+  void wait_pending_quietly();
+  void clear_pending();
+  double comm_seconds() const;  // blocked on communication so far, over every group
+  GroupHooks step_hooks();
+  void forward_backward(const int32_t* sequences, const GroupHooks& hooks, StepResult& out);
+  void reduce_group(int g);
+  void retire_reductions(bool block);
+  double fused_grad_norm();
+  void fused_update(float lr, float clip);
+  void adamw_update(float lr, float clip);
 
   ModelConfig model_config_;
   OptimConfig optim_;
@@ -118,8 +129,11 @@ class Trainer {
   float* v_ = nullptr;
   float* master_ = nullptr;  // ZeRO: the owned shards of the parameters
   std::vector<bool> resident_;  // ZeRO-3: groups whose parameters are gathered now
+  // The gradient reductions in flight: the group of each, and whether it is retired (finished, and
+  // with ZeRO-2/3 the gradients this rank does not own discarded).
   std::vector<tutti::Work> pending_;
   std::vector<int> pending_group_;
+  std::vector<bool> retired_;
   // ZeRO-1/2 on host buffers: the fused ZeRO step per group (tutti/fused.hpp), in its two halves
   // (the norm spans every group and the tp ranks): reduce() as backward finishes a group, update()
   // after the norm, each updated chunk all-gathered as it is done.

@@ -93,4 +93,25 @@ std::string needs_divisor(int nranks, int local, const char* param) {
   return {};
 }
 
+std::string default_algorithm(Collective c, uint64_t bytes, int n, bool crowded) {
+  switch (c) {
+    case Collective::kAllReduce:
+      // One shot while latency dominates (one message each way per peer), then halving-doubling,
+      // then the ring, whose every byte crosses each link once.
+      return bytes <= (32u << 10) && n <= 16 ? "allpairs_allreduce"
+             : bytes > (512u << 10) || n <= 2 ? "ring_allreduce"
+                                              : "rhd_allreduce";
+    case Collective::kAllGather: return bytes <= (32u << 10) && n > 2 ? "bruck_allgather" : "ring_allgather";
+    case Collective::kReduceScatter: return "ring_reducescatter";
+    case Collective::kBroadcast:
+      // The chain pipelines chunks through every rank, which pays only while every rank runs: 4
+      // processes on 2 cores took 2x longer from 128 KiB to 4 MiB than with the tree (log n
+      // steps), whose every receiver also forwards less (docs/PERFORMANCE.md).
+      return bytes <= (64u << 10) || crowded ? "tree_broadcast" : "chain_broadcast";
+    case Collective::kReduce: return "tree_reduce";
+    case Collective::kAllToAll: return "pairwise_alltoall";
+    default: throw InvalidArgument(fmt::format("no built-in algorithm for {}", to_string(c)));
+  }
+}
+
 }  // namespace tutti::algorithms

@@ -39,6 +39,14 @@ dsl::Program build(const std::string& name, int nranks, const Params& given = {}
 // "k=v" strings (command lines) to Params; InvalidArgument names a malformed one.
 Params parse_params(const std::vector<std::string>& kvs);
 
+// The built-in plan the dispatcher runs for host memory where no table, plan file or forced
+// algorithm decides and the call does not take the one-shot path: latency-bound sizes want few
+// steps, bandwidth-bound ones want every byte to cross each link once. (The calibration measures
+// the one-shot path against it.) `crowded`: every rank is on one host with more ranks than cores
+// (Communicator::crowded_host), where a pipeline whose stages wait for ranks that are not running
+// loses to fewer, longer steps.
+std::string default_algorithm(Collective c, uint64_t bytes, int nranks, bool crowded);
+
 // Families (one file each).
 void register_allreduce(std::vector<Builtin>& out);
 void register_allgather(std::vector<Builtin>& out);
