@@ -20,6 +20,7 @@
 #include "compiler/verify.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "core/reduce.hpp"
 #include "runtime/cpu_executor.hpp"
 #include "runtime/wire.hpp"
@@ -177,7 +178,7 @@ void measure_spin(Communicator& comm, Calibration& c) {
   a.output = out.data();
   a.reduction.op = RedOp::kSum;
   a.reduction.type = DataType::kFloat32;
-  const int was = comm.options().spin;
+  const int was = *comm.options().spin;
   std::vector<std::vector<std::function<void()>>> runs(2);
   for (int w : windows) {
     runs[0].push_back([&, w] {
@@ -216,8 +217,7 @@ void measure_fifo_and_tile(Communicator& comm, Calibration& c) {
     uint32_t slots;
     uint64_t slot_bytes;
   };
-  const CommOptions defaults;
-  const std::vector<Layout> layouts = {{defaults.shm_slots, defaults.shm_slot_size},
+  const std::vector<Layout> layouts = {{CommOptions::kDefaultShmSlots, CommOptions::kDefaultShmSlotSize},
                                        {16, 32u << 10},
                                        {16, 64u << 10},
                                        {32, 64u << 10},
@@ -271,7 +271,7 @@ void measure_fifo_and_tile(Communicator& comm, Calibration& c) {
 
   // Tiles, on the chosen layout: a ring all-reduce of 16 MiB.
   Communicator& on = *children[chosen];
-  const std::vector<int64_t> tiles = {CpuExecutorOptions{}.tile_bytes, 256 << 10, 512 << 10, 2 << 20, 4 << 20};
+  const std::vector<int64_t> tiles = {CpuExecutorOptions::kDefaultTileBytes, 256 << 10, 512 << 10, 2 << 20, 4 << 20};
   auto ring = ring_allreduce(on.size());
   const int64_t factor = ring->plan.chunk_factor;
   const int64_t count = (16 << 20) / 4 / factor * factor;
@@ -565,7 +565,7 @@ bool every_rank_can_single_copy(Communicator& comm) {
 // Single copy against the FIFO, under a ring's load.
 std::vector<std::pair<uint64_t, std::pair<double, double>>> measure_single_copy(Communicator& comm) {
   std::vector<std::pair<uint64_t, std::pair<double, double>>> copy_points;
-  const uint64_t was = comm.options().shm_single_copy_threshold;
+  const uint64_t was = *comm.options().shm_single_copy_threshold;
   const bool adaptive = comm.options().shm_single_copy_adaptive;
   for (uint64_t s = 64u << 10; s <= (64u << 20); s *= 4) {  // each mode alone, not chosen by rates
     const int iters = std::max<int>(2, static_cast<int>((32u << 20) / s));
@@ -702,7 +702,7 @@ void fit_model(const RankMeasurements& m, Calibration& c) {
 // Waits, the mailbox, FIFOs and tiles are shared-memory settings (dispatchers apply them there).
 void measure_shm_settings(Communicator& comm, Calibration& c) {
   measure_spin(comm, c);
-  const int was = comm.options().spin;
+  const int was = *comm.options().spin;
   comm.set_spin(c.spin_us);  // the mailbox as it will run
   measure_oneshot(comm, c);
   comm.set_spin(was);
@@ -789,6 +789,34 @@ std::optional<Calibration> find_calibration(const std::string& path, const std::
     if (c.transport == transport && c.nranks == nranks) return c;
   return std::nullopt;
 }
+
+std::optional<ShmCalibration> shm_settings(const Calibration& c) {
+  ShmCalibration s;
+  if (c.single_copy_threshold != 0) s.single_copy_threshold = c.single_copy_threshold;
+  if (!c.spin_points.empty()) s.spin_us = c.spin_us;
+  if (c.fifo_slots > 0) s.fifo_layout = std::make_pair(c.fifo_slots, c.fifo_slot_bytes);
+  if (c.tile_bytes > 0) s.tile_bytes = c.tile_bytes;
+  for (const auto& cut : c.oneshot) s.oneshot.emplace_back(cut.collective, cut.threshold);
+  return s;
+}
+
+namespace {
+
+// Communicators of n ranks on one host over shared memory take the settings measured for them
+// (runtime/comm_options.hpp, ShmCalibration) when they are made: this is where they find them.
+[[maybe_unused]] const bool g_source_installed = [] {
+  set_calibration_source([](int nranks) -> std::optional<ShmCalibration> {
+    try {
+      if (auto c = find_calibration(calibration_path(), "shm", nranks)) return shm_settings(*c);
+    } catch (const InvalidArgument& e) {
+      TUTTI_WARN("{}; using the built-in transport settings", e.what());
+    }
+    return std::nullopt;
+  });
+  return true;
+}();
+
+}  // namespace
 
 void apply(const Calibration& c, topo::Topology& t, plan::CostModel& m) {
   // The ranks' shared path carries every concurrent flow. In the exchange every rank sent one flow

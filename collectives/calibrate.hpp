@@ -145,6 +145,9 @@ std::vector<Calibration> load_calibrations(const std::string& path);
 void save_calibration(const std::string& path, const Calibration& c);
 // The stored entry for (transport, nranks), if any.
 std::optional<Calibration> find_calibration(const std::string& path, const std::string& transport, int nranks);
+// What a communicator of its ranks takes from a shared-memory calibration when it is made
+// (runtime/comm_options.hpp): the settings it measured, each only where it measured one.
+std::optional<ShmCalibration> shm_settings(const Calibration& c);
 
 // Puts a calibration into a topology (the ranks' shared-memory path: latency and bandwidth) and a
 // cost model (memory rate, instruction overhead).

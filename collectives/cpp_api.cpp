@@ -36,7 +36,7 @@ struct CommState {
   explicit CommState(std::unique_ptr<Communicator> c)
       : comm(std::move(c)),
         dispatcher(std::make_unique<Dispatcher>(*comm)),
-        queue(std::make_shared<CallQueue>(comm->options().spin)) {}
+        queue(std::make_shared<CallQueue>(*comm->options().spin)) {}
   ~CommState() {
     queue->drain();  // every call that was made runs before the communicator goes
   }

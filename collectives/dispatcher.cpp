@@ -193,60 +193,13 @@ Dispatcher::Dispatcher(Communicator& comm, const DispatcherOptions& options, std
   }
   warn_about_settings();
   if (table_.source.empty()) table_.source = "measured";
-  apply_calibration();
-}
-
-// Settings the calibration measured for this machine and rank count (single copy, the polling
-// window, the FIFO layout, the tile, the one-shot thresholds) replace the built-in defaults, unless the user set them
-// (tutti-tune --calibrate measures them).
-void Dispatcher::apply_calibration() {
-  const int n = comm_.size();
-  // A calibration describes n ranks on one host over shared memory, and the tile, the FIFO layout
-  // and the one-shot choice must be the same on every rank: so only when every rank is on this host
-  // (and reads the same file, as for a decision table).
-  if (n < 2 || comm_.local_ranks() != n) return;
-  const std::string transport = comm_.transport_to(comm_.rank() == 0 ? 1 : 0);
-  if (transport != std::string("shm")) return;
-  std::optional<tuning::Calibration> cal;
-  try {
-    cal = tuning::find_calibration(tuning::calibration_path(), transport, n);
-  } catch (const InvalidArgument& e) {
-    TUTTI_WARN("rank {}: {}; using the built-in transport settings", comm_.rank(), e.what());
-    return;
-  }
-  if (!cal) return;
-  // A setting is replaced only where nobody chose it: its variable unset and its value still the
-  // built-in default (options given in code count as chosen; a split inherits its parent's).
-  auto chosen = [](const char* var) { return env::is_set(var); };
-  const CommOptions defaults;
-  const CommOptions& now = comm_.options();
-  if (cal->single_copy_threshold != 0 && !chosen("TUTTI_SHM_CMA_THRESHOLD") &&
-      now.shm_single_copy_threshold == defaults.shm_single_copy_threshold) {
-    comm_.set_single_copy(cal->single_copy_threshold, now.shm_single_copy_adaptive);
-    TUTTI_INFO(log::kTuning, "rank {}: single copy from {} bytes (calibrated for {} ranks over shm)", comm_.rank(),
-               cal->single_copy_threshold, n);
-  }
-  if (!cal->spin_points.empty() && !chosen("TUTTI_SPIN") && now.spin == defaults.spin) {
-    comm_.set_spin(cal->spin_us);
-    TUTTI_INFO(log::kTuning, "rank {}: waits poll {} us before they sleep (calibrated for {} ranks over shm)",
-               comm_.rank(), cal->spin_us, n);
-  }
-  if (cal->fifo_slots > 0 && !chosen("TUTTI_SHM_SLOTS") && !chosen("TUTTI_SHM_SLOT_SIZE") &&
-      now.shm_slots == defaults.shm_slots && now.shm_slot_size == defaults.shm_slot_size) {
-    comm_.set_fifo_layout(cal->fifo_slots, cal->fifo_slot_bytes);
-    TUTTI_INFO(log::kTuning, "rank {}: plan channels' FIFOs of {} x {} bytes (calibrated for {} ranks over shm)",
-               comm_.rank(), cal->fifo_slots, cal->fifo_slot_bytes, n);
-  }
-  if (cal->tile_bytes > 0 && !chosen("TUTTI_TILE_SIZE") && res_->executor.tile_bytes() == CpuExecutorOptions{}.tile_bytes) {
-    res_->executor.set_tile_bytes(cal->tile_bytes);
-    TUTTI_INFO(log::kTuning, "rank {}: tiles of {} bytes (calibrated for {} ranks over shm)", comm_.rank(),
-               cal->tile_bytes, n);
-  }
-  if (!oneshot_threshold_)
-    for (const auto& cut : cal->oneshot) {
-      calibrated_oneshot_[cut.collective] = cut.threshold;
-      TUTTI_INFO(log::kTuning, "rank {}: one-shot {} up to {} bytes (calibrated for {} ranks over shm)", comm_.rank(),
-                 to_string(cut.collective), cut.threshold, n);
+  // The one-shot thresholds the communicator's calibration measured (its other settings are already
+  // the communicator's and the executor's), unless TUTTI_ONESHOT_THRESHOLD chose one.
+  if (!oneshot_threshold_ && comm.calibration())
+    for (const auto& [collective, threshold] : comm.calibration()->oneshot) {
+      calibrated_oneshot_[collective] = threshold;
+      TUTTI_INFO(log::kTuning, "rank {}: one-shot {} up to {} bytes (calibrated for {} ranks over shm)", comm.rank(),
+                 to_string(collective), threshold, comm.size());
     }
 }
 

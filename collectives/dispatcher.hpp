@@ -182,7 +182,6 @@ class Dispatcher {
   // A decision table entry's candidate as a choice for the call, if it applies.
   Choice candidate_choice(const ChoiceQuery& q, const tuning::Candidate& cand);
   void check_consistent(const CollectiveCall& call);
-  void apply_calibration();
   void warn_about_settings();
 
   Communicator& comm_;

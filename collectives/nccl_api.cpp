@@ -659,7 +659,8 @@ NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* newcomm, int nranks, 
       raw->ready.store(true, std::memory_order_release);
     };
     // A non-blocking communicator's calls run on its worker, started with it.
-    if (!raw->blocking) raw->worker = std::make_unique<CallQueue>(CommOptions::from_env().spin);
+    if (!raw->blocking)
+      raw->worker = std::make_unique<CallQueue>(CommOptions::from_env().spin.value_or(CommOptions::kDefaultSpin));
     if (t_group_depth > 0) {
       raw->async = ncclInProgress;
       t_inits.push_back({raw, init});

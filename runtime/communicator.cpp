@@ -52,21 +52,22 @@ CommOptions CommOptions::from_env() {
   else if (t == "shm") o.transport = TransportKind::kShm;
   else if (t == "tcp") o.transport = TransportKind::kTcp;
   else throw InvalidArgument(fmt::format("TUTTI_TRANSPORT='{}': expected auto, shm or tcp", t));
-  o.shm_slots = static_cast<uint32_t>(env::get_int("TUTTI_SHM_SLOTS"));
-  o.shm_slot_size = env::get_size("TUTTI_SHM_SLOT_SIZE");
+  // Unset variables stay unset: the communicator fills them (the calibration's, else the defaults).
+  if (env::is_set("TUTTI_SHM_SLOTS")) o.shm_slots = static_cast<uint32_t>(env::get_int("TUTTI_SHM_SLOTS"));
+  if (env::is_set("TUTTI_SHM_SLOT_SIZE")) o.shm_slot_size = env::get_size("TUTTI_SHM_SLOT_SIZE");
   o.shm_single_copy = env::get_bool("TUTTI_SHM_CMA");
-  o.shm_single_copy_threshold = env::get_size("TUTTI_SHM_CMA_THRESHOLD");
+  if (env::is_set("TUTTI_SHM_CMA_THRESHOLD")) o.shm_single_copy_threshold = env::get_size("TUTTI_SHM_CMA_THRESHOLD");
   // A threshold the user sets is obeyed as it is: nothing below it goes by single copy.
   o.shm_single_copy_adaptive = env::get_bool("TUTTI_SHM_CMA_ADAPTIVE") && !env::is_set("TUTTI_SHM_CMA_THRESHOLD");
   o.shm_zero_copy_threshold = env::get_size("TUTTI_SHM_ZERO_COPY_THRESHOLD");
   o.huge_pages = env::get_bool("TUTTI_HUGE_PAGES");
   o.tcp_sockets = static_cast<int>(env::get_int("TUTTI_TCP_NSOCKS"));
   o.tcp_stripe_threshold = env::get_size("TUTTI_TCP_STRIPE_THRESHOLD");
-  o.spin = static_cast<int>(env::get_int("TUTTI_SPIN"));
+  if (env::is_set("TUTTI_SPIN")) o.spin = static_cast<int>(env::get_int("TUTTI_SPIN"));
   o.mailbox_bytes = env::get_size("TUTTI_MAILBOX_SIZE");
   o.faults = parse_faults(env::get_string("TUTTI_FAULT"));
-  TUTTI_CHECK(o.shm_slots >= 1, InvalidArgument, "TUTTI_SHM_SLOTS must be at least 1");
-  TUTTI_CHECK(o.shm_slot_size >= 64, InvalidArgument, "TUTTI_SHM_SLOT_SIZE must be at least 64 bytes");
+  TUTTI_CHECK(o.shm_slots.value_or(1) >= 1, InvalidArgument, "TUTTI_SHM_SLOTS must be at least 1");
+  TUTTI_CHECK(o.shm_slot_size.value_or(64) >= 64, InvalidArgument, "TUTTI_SHM_SLOT_SIZE must be at least 64 bytes");
   TUTTI_CHECK(o.tcp_sockets >= 1 && o.tcp_sockets <= 64, InvalidArgument, "TUTTI_TCP_NSOCKS must be in 1..64");
   return o;
 }
@@ -152,7 +153,7 @@ std::unique_ptr<Communicator> Communicator::create_from_env(const CommOptions& o
 
 Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommOptions& options, uint64_t generation,
                            std::shared_ptr<CommState> state)
-    : options_(options), state_(state ? std::move(state) : std::make_shared<CommState>(rank, nranks)) {
+    : options_(options), given_(options), state_(state ? std::move(state) : std::make_shared<CommState>(rank, nranks)) {
   log::set_thread_rank(rank);
   static std::once_flag once;
   std::call_once(once, [] {
@@ -180,6 +181,12 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
   self.control_shm = control_.name();
   self.probe_addr = single_copy_probe_address();
   bootstrap_->establish(id, generation, self, options_.init_timeout_s);
+  int local = 1;
+  for (int p = 0; p < nranks; ++p)
+    if (p != rank && bootstrap_->peer(p).host_hash == self.host_hash) ++local;
+  local_ranks_ = local;
+  // Shared memory connects every pair of one host (ShmTransport::can_connect) unless TCP is forced.
+  resolve_settings(nranks >= 2 && local == nranks && options_.transport != TransportKind::kTcp);
 
   // Each peer goes to the first transport of the registry that can connect the pair.
   transports_ = make_host_transports(options_);
@@ -206,13 +213,9 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
   }
   // More ranks on this host than cores: a polling waiter must hand its core to the ranks it waits
   // for, so it yields after every round (as Open MPI does when oversubscribed).
-  int local = 1;
-  for (int p = 0; p < nranks; ++p)
-    if (p != rank && bootstrap_->peer(p).host_hash == self.host_hash) ++local;
-  local_ranks_ = local;
   bool oversubscribed = local > static_cast<int>(std::thread::hardware_concurrency());
   crowded_host_ = oversubscribed && local == nranks;
-  engine_ = std::make_unique<ProgressEngine>(state_, options_.timeout_s, options_.spin, oversubscribed);
+  engine_ = std::make_unique<ProgressEngine>(state_, options_.timeout_s, *options_.spin, oversubscribed);
   // The FIFO/single-copy choice times copies; with more ranks than cores a copy's time includes
   // other ranks' turns on the core, and single copy's sends wait for a receiver that may not be
   // running (4 processes on 2 cores: 1-2 MiB all-reduces up to 2x slower with it). The threshold
@@ -283,20 +286,66 @@ Communicator::~Communicator() {
 
 void Communicator::revoke() { state_->revoke(); }
 
+namespace {
+
+std::mutex g_calibration_mutex;
+CalibrationSource& calibration_source() {
+  static CalibrationSource source;
+  return source;
+}
+
+}  // namespace
+
+void set_calibration_source(CalibrationSource source) {
+  std::lock_guard lock(g_calibration_mutex);
+  calibration_source() = std::move(source);
+}
+
+std::optional<ShmCalibration> find_shm_calibration(int nranks) {
+  CalibrationSource source;
+  {
+    std::lock_guard lock(g_calibration_mutex);
+    source = calibration_source();
+  }
+  return source ? source(nranks) : std::nullopt;
+}
+
+void Communicator::resolve_settings(bool one_host_over_shm) {
+  // A calibration describes n ranks on one host over shared memory, and the FIFO layout (like the
+  // tile and the one-shot choice) must be the same on every rank: every rank of such a
+  // communicator reads the same file, as for a decision table.
+  if (one_host_over_shm) calibration_ = find_shm_calibration(size());
+  const ShmCalibration cal = calibration_.value_or(ShmCalibration{});
+  const int n = size();
+  if (!options_.shm_single_copy_threshold) {
+    options_.shm_single_copy_threshold = cal.single_copy_threshold.value_or(CommOptions::kDefaultSingleCopyThreshold);
+    if (cal.single_copy_threshold)
+      TUTTI_INFO(log::kTuning, "rank {}: single copy from {} bytes (calibrated for {} ranks over shm)", rank(),
+                 *cal.single_copy_threshold, n);
+  }
+  if (!options_.spin) {
+    options_.spin = cal.spin_us.value_or(CommOptions::kDefaultSpin);
+    if (cal.spin_us)
+      TUTTI_INFO(log::kTuning, "rank {}: waits poll {} us before they sleep (calibrated for {} ranks over shm)", rank(),
+                 *cal.spin_us, n);
+  }
+  // The FIFO layout is one choice: the calibration's only where neither half was set.
+  if (!options_.shm_slots && !options_.shm_slot_size && cal.fifo_layout) {
+    options_.shm_slots = cal.fifo_layout->first;
+    options_.shm_slot_size = cal.fifo_layout->second;
+    TUTTI_INFO(log::kTuning, "rank {}: plan channels' FIFOs of {} x {} bytes (calibrated for {} ranks over shm)", rank(),
+               *options_.shm_slots, *options_.shm_slot_size, n);
+  }
+  if (!options_.shm_slots) options_.shm_slots = CommOptions::kDefaultShmSlots;
+  if (!options_.shm_slot_size) options_.shm_slot_size = CommOptions::kDefaultShmSlotSize;
+}
+
 void Communicator::set_single_copy(uint64_t threshold, bool adaptive) {
   options_.shm_single_copy_threshold = threshold;
   options_.shm_single_copy_adaptive = adaptive;
   for (auto& channel : connections_)
     for (auto& c : channel)
       if (c) c->set_single_copy(threshold, adaptive);
-}
-
-void Communicator::set_fifo_layout(uint32_t slots, uint64_t slot_bytes) {
-  TUTTI_CHECK(slots >= 1 && slot_bytes >= 64, InvalidArgument,
-              "rank {}: a shared-memory FIFO needs at least 1 slot of at least 64 bytes, not {} x {}", rank(), slots,
-              slot_bytes);
-  options_.shm_slots = slots;
-  options_.shm_slot_size = slot_bytes;
 }
 
 void Communicator::set_spin(int us) {
@@ -383,7 +432,7 @@ void Communicator::connect_channels(int n) {
       if (conns[p]) {
         engine_->add(conns[p].get());
         // It may have changed since the transport was made.
-        conns[p]->set_single_copy(options_.shm_single_copy_threshold, options_.shm_single_copy_adaptive);
+        conns[p]->set_single_copy(*options_.shm_single_copy_threshold, options_.shm_single_copy_adaptive);
         apply_faults(*conns[p], static_cast<int>(p));
       }
     connections_.push_back(std::move(conns));
@@ -471,7 +520,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, const std:
     TUTTI_CHECK(bytes.size() == UniqueId::kBytes, RemoteError, "rank {}: split: malformed id from rank {}", rank(), leader);
     std::copy(bytes.begin(), bytes.end(), id.bytes.begin());
   }
-  return create(id, static_cast<int>(members.size()), new_rank, options ? *options : options_);
+  return create(id, static_cast<int>(members.size()), new_rank, options ? *options : given_);
 }
 
 std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclude, bool after_failure) {
@@ -504,7 +553,7 @@ std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
                 leader);
     std::copy(bytes.begin(), bytes.end(), id.bytes.begin());
   }
-  return create(id, static_cast<int>(keep.size()), new_rank, options_);
+  return create(id, static_cast<int>(keep.size()), new_rank, given_);
 }
 
 }  // namespace tutti

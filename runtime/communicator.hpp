@@ -99,18 +99,19 @@ class Communicator {
   CommState& state() { return *state_; }
   // TUTTI_FAULT's faults for this rank, or null (runtime/fault.hpp).
   FaultInjector* faults() { return faults_.get(); }
-  // From what message size shared-memory connections between processes read the sender's buffer
-  // directly (single copy) instead of through the FIFO, and whether smaller messages of a FIFO slot
-  // or more choose by measured rates (runtime/transport/single_copy_choice.hpp): this and later
-  // connections. Local: each rank decides for what it sends. The calibration measures the
-  // threshold per machine (collectives/calibrate.hpp).
+  // The calibration of this machine the communicator took when it was made (every rank on this
+  // host over shared memory, and a calibration for this many ranks: comm_options.hpp's
+  // ShmCalibration), or none. Its values are already in options(); the CPU executor and the
+  // dispatcher read theirs here.
+  const std::optional<ShmCalibration>& calibration() const { return calibration_; }
+  // For the calibration's sweeps only (collectives/calibrate.cpp measures one communicator under
+  // several settings); nothing else changes a made communicator's settings. From what message size
+  // shared-memory connections between processes read the sender's buffer directly (single copy)
+  // instead of through the FIFO, and whether smaller messages of a FIFO slot or more choose by
+  // measured rates (runtime/transport/single_copy_choice.hpp): this and later connections. Local.
   void set_single_copy(uint64_t threshold, bool adaptive);
-  // The shared-memory FIFO layout of channels connected from now on (TUTTI_SHM_SLOTS x
-  // TUTTI_SHM_SLOT_SIZE). Every rank must set the same before they connect a channel (a mismatch
-  // fails the connection, naming both layouts). The calibration measures it per machine.
-  void set_fifo_layout(uint32_t slots, uint64_t slot_bytes);
-  // How long waits poll after the last progress before they sleep (TUTTI_SPIN), from now on. Local.
-  // The calibration measures it per machine.
+  // Also for the calibration's sweeps: how long waits poll after the last progress before they
+  // sleep (TUTTI_SPIN), from now on. Local.
   void set_spin(int us);
   // Carries out a close, drop or corrupt fault on the links to `peer` (-1: every peer).
   void inject(FaultKind kind, int peer);
@@ -122,7 +123,10 @@ class Communicator {
   void check_peer(int peer, const char* what) const;
   void apply_faults(Connection& c, int peer);  // drop/corrupt flags of `peer` on a new connection
 
-  CommOptions options_;
+  CommOptions options_;  // resolved: every setting set
+  // As given: a split or shrink starts from these, so its communicator resolves its own settings
+  // (the calibration for its own rank count) rather than inheriting this one's.
+  CommOptions given_;
   std::shared_ptr<CommState> state_;
   ShmSegment control_;
   std::unique_ptr<Bootstrap> bootstrap_;
@@ -132,6 +136,9 @@ class Communicator {
   std::vector<Transport*> peer_transport_;  // by rank: the first transport that can connect the pair
   std::vector<std::vector<std::unique_ptr<Connection>>> connections_;  // [channel][rank]
   int local_ranks_ = 1;
+  std::optional<ShmCalibration> calibration_;
+  // Fills the settings options_ leaves unset: the calibration's where it applies, else the defaults.
+  void resolve_settings(bool one_host_over_shm);
   bool crowded_host_ = false;
   std::unique_ptr<Mailbox> mailbox_;
   std::unique_ptr<FaultInjector> faults_;

@@ -16,6 +16,7 @@
 #include "core/element.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "runtime/huge_pages.hpp"
 #include "plan/semantics.hpp"
 #include "runtime/trace.hpp"
@@ -562,7 +563,7 @@ struct CpuExecutor::Layout {
 
 CpuExecutorOptions CpuExecutorOptions::from_env() {
   CpuExecutorOptions o;
-  o.tile_bytes = static_cast<int64_t>(env::get_size("TUTTI_TILE_SIZE"));
+  if (env::is_set("TUTTI_TILE_SIZE")) o.tile_bytes = static_cast<int64_t>(env::get_size("TUTTI_TILE_SIZE"));
   o.staging_slots = static_cast<int>(env::get_int("TUTTI_PIPELINE_DEPTH"));
   o.workers = static_cast<int>(env::get_int("TUTTI_WORKERS"));
   o.stream_epilogues = env::get_bool("TUTTI_STREAM_EPILOGUES");
@@ -656,9 +657,14 @@ uint64_t default_stream_threshold(int local_ranks) {
 
 CpuExecutor::CpuExecutor(Communicator& comm, const CpuExecutorOptions& options)
     : comm_(comm), options_(options), pool_(comm.rank()) {
-  TUTTI_CHECK(options_.tile_bytes >= 64, InvalidArgument, "TUTTI_TILE_SIZE must be at least 64 bytes, not {}",
-              options_.tile_bytes);
-  options_.tile_bytes = options_.tile_bytes / 64 * 64;  // a multiple of every element size
+  const std::optional<int64_t> calibrated =
+      comm.calibration() ? comm.calibration()->tile_bytes : std::optional<int64_t>();
+  int64_t tile = options_.tile_bytes.value_or(calibrated.value_or(CpuExecutorOptions::kDefaultTileBytes));
+  TUTTI_CHECK(tile >= 64, InvalidArgument, "TUTTI_TILE_SIZE must be at least 64 bytes, not {}", tile);
+  tile_bytes_ = tile / 64 * 64;  // a multiple of every element size
+  if (!options_.tile_bytes && calibrated)
+    TUTTI_INFO(log::kTuning, "rank {}: tiles of {} bytes (calibrated for {} ranks over shm)", comm.rank(), tile_bytes_,
+               comm.size());
   TUTTI_CHECK(options_.staging_slots >= 1, InvalidArgument, "TUTTI_PIPELINE_DEPTH must be at least 1, not {}",
               options_.staging_slots);
   TUTTI_CHECK(options_.workers >= 0, InvalidArgument,
@@ -671,7 +677,7 @@ CpuExecutor::CpuExecutor(Communicator& comm, const CpuExecutorOptions& options)
 
 void CpuExecutor::set_tile_bytes(int64_t bytes) {
   TUTTI_CHECK(bytes >= 64, InvalidArgument, "rank {}: tile size {} must be at least 64 bytes", comm_.rank(), bytes);
-  options_.tile_bytes = bytes / 64 * 64;
+  tile_bytes_ = bytes / 64 * 64;
 }
 
 CpuExecutor::~CpuExecutor() = default;
@@ -829,13 +835,13 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   if (staging_.size() < nruns) staging_.resize(nruns);
   for (size_t b = 0; b < rp.blocks.size(); ++b)
     for (auto& in : rp.blocks[b].steps)
-      if (in.op == plan::Opcode::kRecvReduceSend && staging_[b].size() < static_cast<size_t>(options_.tile_bytes * options_.staging_slots))
-        staging_[b].resize(static_cast<size_t>(options_.tile_bytes * options_.staging_slots));
+      if (in.op == plan::Opcode::kRecvReduceSend && staging_[b].size() < static_cast<size_t>(tile_bytes_ * options_.staging_slots))
+        staging_[b].resize(static_cast<size_t>(tile_bytes_ * options_.staging_slots));
   Doorbell* bell = comm_.state().doorbell();
   std::atomic<bool> failed{false};
   BlockMachine machine({comm_, pp, args, scratch_.data(), stream_output, options_.stream_epilogues, runs, nruns,
                         nworkers, conns, staging_,
-                        options_.tile_bytes, options_.staging_slots, bell, failed});
+                        tile_bytes_, options_.staging_slots, bell, failed});
   // A call that fails midway leaves messages posted that no later call matches: the communicator
   // fails (its peers are told), and the call does not return while a peer may still read this
   // rank's buffers by reference, since the caller may free them at once (Connection::withdraw).

@@ -43,7 +43,10 @@ void run_host_p2p(Communicator& comm, const std::vector<P2pTransfer>& ops);
 
 // The CPU executor's settings, read when a communicator is made.
 struct CpuExecutorOptions {
-  int64_t tile_bytes = 1 << 20;      // TUTTI_TILE_SIZE: transfers move in tiles this large (a multiple of 64)
+  // TUTTI_TILE_SIZE: transfers move in tiles this large (a multiple of 64). Unset: the calibration's
+  // the communicator took (Communicator::calibration), else kDefaultTileBytes.
+  std::optional<int64_t> tile_bytes;
+  static constexpr int64_t kDefaultTileBytes = 1 << 20;
   int staging_slots = 4;             // TUTTI_PIPELINE_DEPTH: tiles a forwarding reduction keeps in flight
   int workers = 0;                   // TUTTI_WORKERS: 0 picks cores / ranks on this host
   bool stream_epilogues = true;      // TUTTI_STREAM_EPILOGUES: reductions' epilogues run as data arrives
@@ -89,9 +92,10 @@ class CpuExecutor final : public Executor {
   void scale(DataType type, void* dst, const void* src, const void* scalar, size_t count, void* stream) override;
   void divide(DataType type, void* dst, const void* src, uint64_t divisor, size_t count, void* stream) override;
 
-  int64_t tile_bytes() const { return options_.tile_bytes; }
-  // For later runs (rounded down to a multiple of 64, at least 64). Every rank must use the same
-  // tile size: a transfer's tiles are messages its receiver matches one by one.
+  int64_t tile_bytes() const { return tile_bytes_; }
+  // For the calibration's sweeps only (collectives/calibrate.cpp): later runs use tiles of `bytes`
+  // (rounded down to a multiple of 64, at least 64). Every rank must use the same tile size: a
+  // transfer's tiles are messages its receiver matches one by one.
   void set_tile_bytes(int64_t bytes);
   // Worker threads a run uses at most.
   int workers() const { return options_.workers; }
@@ -99,6 +103,7 @@ class CpuExecutor final : public Executor {
  private:
   Communicator& comm_;
   CpuExecutorOptions options_;  // workers resolved
+  int64_t tile_bytes_ = CpuExecutorOptions::kDefaultTileBytes;  // options_.tile_bytes resolved
   std::vector<unsigned char> scratch_;
   std::vector<std::vector<unsigned char>> staging_;  // per block, grown on demand
   std::vector<unsigned char> temp_[2];

@@ -113,7 +113,15 @@ void DeviceExecutor::close() {
   backend_->synchronize(nullptr);  // this rank's launches
   if (log::enabled(log::Level::kInfo, log::kInit))
     if (uint64_t n = direct_messages()) TUTTI_INFO(log::kInit, "rank {}: peers read {} messages in place", comm_.rank(), n);
-  if (!channels_.empty() && comm_.size() > 1) comm_.bootstrap().barrier();
+  if (!channels_.empty() && comm_.size() > 1) {
+    try {
+      comm_.bootstrap().barrier();
+    } catch (const Error&) {
+      if (!comm_.state().failed()) throw;
+      aborted_ = true;  // a peer failed while this rank waited to close: as above
+      return;
+    }
+  }
   closed_ = true;
 }
 

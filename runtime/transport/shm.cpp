@@ -64,9 +64,8 @@ class ShmTransport final : public Transport {
   bool can_connect(const PeerInfo& self, const PeerInfo& peer) const override { return self.host_hash == peer.host_hash; }
 
   void publish(const ChannelSetup& s, const std::vector<int>& peers, wire::Writer& out) override {
-    // The communicator's settings when the channel connects (the calibration may have changed them
-    // since the first channel: Communicator::set_fifo_layout).
-    const FifoLayout layout{s.options.shm_slots, s.options.shm_slot_size / 64 * 64};
+    // The communicator's settings, resolved when it was made (the calibration's or the defaults).
+    const FifoLayout layout{*s.options.shm_slots, *s.options.shm_slot_size / 64 * 64};
     layouts_.push_back(layout);
     ShmSegment own;
     if (!peers.empty()) {
@@ -116,7 +115,7 @@ class ShmTransport final : public Transport {
       ep.peer_bell = static_cast<Doorbell*>(s.peer_controls[p].data());
       ep.peer_pid = s.bootstrap.peer(p).pid;
       ep.same_process = ep.peer_pid == getpid();
-      ep.cma_threshold = options_.shm_single_copy_threshold;
+      ep.cma_threshold = *options_.shm_single_copy_threshold;
       ep.cma_adaptive = options_.shm_single_copy_adaptive;
       ep.zero_copy_threshold = options_.shm_zero_copy_threshold;
       ep.out_segment = mapped[p].data();
