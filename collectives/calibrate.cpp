@@ -734,12 +734,7 @@ Calibration calibrate(Communicator& comm) {
   return c;
 }
 
-std::string calibration_path() {
-  if (auto p = env::raw("TUTTI_CALIBRATION_FILE"); p && !p->empty()) return *p;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/tutti/calibration.json";
-  const char* home = std::getenv("HOME");
-  return std::string(home && *home ? home : "/tmp") + "/.cache/tutti/calibration.json";
-}
+std::string calibration_path() { return CommOptions::from_env().calibration_file; }
 
 std::vector<Calibration> load_calibrations(const std::string& path) {
   std::ifstream in(path);
@@ -805,9 +800,9 @@ namespace {
 // Communicators of n ranks on one host over shared memory take the settings measured for them
 // (runtime/comm_options.hpp, ShmCalibration) when they are made: this is where they find them.
 [[maybe_unused]] const bool g_source_installed = [] {
-  set_calibration_source([](int nranks) -> std::optional<ShmCalibration> {
+  set_calibration_source([](const std::string& file, int nranks) -> std::optional<ShmCalibration> {
     try {
-      if (auto c = find_calibration(calibration_path(), "shm", nranks)) return shm_settings(*c);
+      if (auto c = find_calibration(file, "shm", nranks)) return shm_settings(*c);
     } catch (const InvalidArgument& e) {
       TUTTI_WARN("{}; using the built-in transport settings", e.what());
     }

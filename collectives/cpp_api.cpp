@@ -57,7 +57,7 @@ using api_detail::WorkState;
 // --- CommId --------------------------------------------------------------------------------------
 
 CommId CommId::create() {
-  UniqueId id = create_unique_id();
+  UniqueId id = create_unique_id(CommOptions::from_env().socket_ifname);
   CommId out;
   static_assert(sizeof(out.bytes) == UniqueId::kBytes);
   std::memcpy(out.bytes.data(), id.bytes.data(), UniqueId::kBytes);
@@ -71,7 +71,7 @@ std::string CommId::to_string() const {
 }
 
 CommId CommId::parse(std::string_view text) {
-  UniqueId id = UniqueId::parse(std::string(text));
+  UniqueId id = UniqueId::parse(std::string(text), CommOptions::from_env().comm_secret);
   CommId out;
   std::memcpy(out.bytes.data(), id.bytes.data(), UniqueId::kBytes);
   return out;

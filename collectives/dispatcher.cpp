@@ -443,7 +443,8 @@ std::pair<topo::Topology, plan::CostModel> host_model(Communicator& comm) {
   const int n = comm.size();
   std::pair<topo::Topology, plan::CostModel> m{tuning::host_topology(n), {}};
   const std::string transport = n > 1 ? comm.transport_to(comm.rank() == 0 ? 1 : 0) : "shm";
-  if (auto cal = tuning::find_calibration(tuning::calibration_path(), transport, n)) tuning::apply(*cal, m.first, m.second);
+  if (auto cal = tuning::find_calibration(comm.options().calibration_file, transport, n))
+    tuning::apply(*cal, m.first, m.second);
   return m;
 }
 }  // namespace

@@ -595,8 +595,9 @@ NCCL_API(ncclResult_t, ncclGetUniqueId, ncclUniqueId* out) {
   return guard("ncclGetUniqueId", [&] {
     TUTTI_CHECK(out, InvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
     UniqueId id;
-    if (auto text = env::raw("TUTTI_COMM_ID")) id = UniqueId::parse(*text);  // rank 0 serves it at init
-    else id = create_unique_id();
+    const CommOptions options = CommOptions::from_env();
+    if (auto text = env::raw("TUTTI_COMM_ID")) id = UniqueId::parse(*text, options.comm_secret);  // rank 0 serves it at init
+    else id = create_unique_id(options.socket_ifname);
     static_assert(sizeof(out->internal) == UniqueId::kBytes);
     std::memcpy(out->internal, id.bytes.data(), UniqueId::kBytes);
     return ncclSuccess;
@@ -641,7 +642,9 @@ NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t* newcomm, int nranks, 
                 rank);
     if (rank == 0)
       if (auto text = env::raw("TUTTI_COMM_ID"))
-        if (text->find(':') != std::string::npos && UniqueId::parse(*text).bytes == id.bytes) ensure_persistent_root(id);
+        if (text->find(':') != std::string::npos &&
+            UniqueId::parse(*text, CommOptions::from_env().comm_secret).bytes == id.bytes)
+          ensure_persistent_root(id);
     auto c = std::make_unique<ncclComm>();
     apply_config(c.get(), config, "ncclCommInitRankConfig");
     c->cuda_dev = current_cuda_device();

@@ -96,11 +96,12 @@ PeerInfo PeerInfo::decode(const std::vector<unsigned char>& bytes) {
   return p;
 }
 
-Bootstrap::Bootstrap(std::shared_ptr<CommState> state, uint64_t secret, double timeout_s)
+Bootstrap::Bootstrap(std::shared_ptr<CommState> state, uint64_t secret, double timeout_s,
+                     const std::string& socket_ifname)
     : state_(std::move(state)),
       secret_(secret),
       timeout_s_(timeout_s),
-      listener_(listen_on(choose_interface_address())),
+      listener_(listen_on(choose_interface_address(socket_ifname))),
       wake_(TUTTI_SYSCALL(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), "eventfd()")) {
   for (int i = 0; i < state_->nranks(); ++i) mesh_.push_back(std::make_unique<Peer>());
   thread_ = std::thread([this] { serve(); });

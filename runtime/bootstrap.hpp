@@ -51,7 +51,8 @@ uint64_t local_host_hash();
 class Bootstrap {
  public:
   // Opens the listener and starts the service thread; establish() then joins the communicator.
-  Bootstrap(std::shared_ptr<CommState> state, uint64_t secret, double timeout_s);
+  // `socket_ifname`: where it listens (CommOptions::socket_ifname).
+  Bootstrap(std::shared_ptr<CommState> state, uint64_t secret, double timeout_s, const std::string& socket_ifname);
   ~Bootstrap();
   Bootstrap(const Bootstrap&) = delete;
   Bootstrap& operator=(const Bootstrap&) = delete;

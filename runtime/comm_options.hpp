@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -43,6 +44,14 @@ struct CommOptions {
   uint64_t tcp_stripe_threshold = 256 << 10;
   uint64_t mailbox_bytes = 256 << 10;  // data capacity of each rank's one-shot outbox (0: none)
   std::vector<FaultSpec> faults;      // TUTTI_FAULT (runtime/fault.hpp); none by default
+  // TUTTI_SOCKET_IFNAME: which interfaces bootstrap and rendezvous sockets listen on (NCCL's syntax:
+  // prefixes, '^' excludes, '=' exact; runtime/socket.hpp). Empty: the first that is up, not loopback.
+  std::string socket_ifname;
+  // TUTTI_COMM_SECRET: the secret of a bare host:port comm id, which carries none (UniqueId::parse).
+  std::string comm_secret;
+  // TUTTI_CALIBRATION_FILE, else $XDG_CACHE_HOME/tutti/calibration.json, else
+  // ~/.cache/tutti/calibration.json: where this machine's calibration is (ShmCalibration below).
+  std::string calibration_file;
 
   // Defaults from TUTTI_* variables (see docs/ENVIRONMENT.md).
   static CommOptions from_env();
@@ -64,8 +73,8 @@ struct ShmCalibration {
 // Where communicators look for it: the collectives layer installs the reader of its calibration
 // file (collectives/calibrate.cpp; the runtime does not know that file's format). Without a source,
 // or when it has nothing for `nranks`, the defaults stand.
-using CalibrationSource = std::function<std::optional<ShmCalibration>(int nranks)>;
+using CalibrationSource = std::function<std::optional<ShmCalibration>(const std::string& file, int nranks)>;
 void set_calibration_source(CalibrationSource source);
-std::optional<ShmCalibration> find_shm_calibration(int nranks);
+std::optional<ShmCalibration> find_shm_calibration(const std::string& file, int nranks);
 
 }  // namespace tutti

@@ -66,6 +66,16 @@ CommOptions CommOptions::from_env() {
   if (env::is_set("TUTTI_SPIN")) o.spin = static_cast<int>(env::get_int("TUTTI_SPIN"));
   o.mailbox_bytes = env::get_size("TUTTI_MAILBOX_SIZE");
   o.faults = parse_faults(env::get_string("TUTTI_FAULT"));
+  o.socket_ifname = env::get_string("TUTTI_SOCKET_IFNAME");
+  o.comm_secret = env::get_string("TUTTI_COMM_SECRET");
+  if (auto p = env::raw("TUTTI_CALIBRATION_FILE"); p && !p->empty()) {
+    o.calibration_file = *p;
+  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) {
+    o.calibration_file = std::string(x) + "/tutti/calibration.json";
+  } else {
+    const char* home = std::getenv("HOME");
+    o.calibration_file = std::string(home && *home ? home : "/tmp") + "/.cache/tutti/calibration.json";
+  }
   TUTTI_CHECK(o.shm_slots.value_or(1) >= 1, InvalidArgument, "TUTTI_SHM_SLOTS must be at least 1");
   TUTTI_CHECK(o.shm_slot_size.value_or(64) >= 64, InvalidArgument, "TUTTI_SHM_SLOT_SIZE must be at least 64 bytes");
   TUTTI_CHECK(o.tcp_sockets >= 1 && o.tcp_sockets <= 64, InvalidArgument, "TUTTI_TCP_NSOCKS must be in 1..64");
@@ -100,7 +110,7 @@ std::unique_ptr<Communicator> Communicator::create(const UniqueId& id, int nrank
 
 std::vector<std::unique_ptr<Communicator>> Communicator::create_local(int nranks, const CommOptions& options) {
   check_local_ranks(nranks, options);
-  UniqueId id = create_unique_id();
+  UniqueId id = create_unique_id(options.socket_ifname);
   std::vector<std::unique_ptr<Communicator>> comms(nranks);
   std::vector<std::exception_ptr> errors(nranks);
   // Made first, so a thread that cannot be started stops the ranks already in the rendezvous
@@ -146,7 +156,7 @@ std::unique_ptr<Communicator> Communicator::create_from_env(const CommOptions& o
   auto text = env::raw("TUTTI_COMM_ID");
   TUTTI_CHECK(text.has_value(), InvalidArgument,
               "rank {}: no rendezvous address: set TUTTI_COMM_ID or NCCL_COMM_ID=host:port (tutti-run sets it)", rank);
-  UniqueId id = UniqueId::parse(*text);
+  UniqueId id = UniqueId::parse(*text, options.comm_secret);
   if (rank == 0 && text->find(':') != std::string::npos) ensure_persistent_root(id);
   return create(id, size, rank, options, g_env_generation.fetch_add(1));
 }
@@ -170,7 +180,7 @@ Communicator::Communicator(const UniqueId& id, int nranks, int rank, const CommO
   control_ = ShmSegment::create("ctl", use_mailbox ? Mailbox::segment_bytes(options_.mailbox_bytes) : sizeof(Doorbell));
   state_->set_doorbell(new (control_.data()) Doorbell());
   if (use_mailbox) Mailbox::init(control_.data(), options_.mailbox_bytes);
-  bootstrap_ = std::make_unique<Bootstrap>(state_, id.secret(), options_.timeout_s);
+  bootstrap_ = std::make_unique<Bootstrap>(state_, id.secret(), options_.timeout_s, options_.socket_ifname);
   PeerInfo self;
   self.rank = rank;
   self.host_hash = local_host_hash();
@@ -301,20 +311,20 @@ void set_calibration_source(CalibrationSource source) {
   calibration_source() = std::move(source);
 }
 
-std::optional<ShmCalibration> find_shm_calibration(int nranks) {
+std::optional<ShmCalibration> find_shm_calibration(const std::string& file, int nranks) {
   CalibrationSource source;
   {
     std::lock_guard lock(g_calibration_mutex);
     source = calibration_source();
   }
-  return source ? source(nranks) : std::nullopt;
+  return source ? source(file, nranks) : std::nullopt;
 }
 
 void Communicator::resolve_settings(bool one_host_over_shm) {
   // A calibration describes n ranks on one host over shared memory, and the FIFO layout (like the
   // tile and the one-shot choice) must be the same on every rank: every rank of such a
   // communicator reads the same file, as for a decision table.
-  if (one_host_over_shm) calibration_ = find_shm_calibration(size());
+  if (one_host_over_shm) calibration_ = find_shm_calibration(options_.calibration_file, size());
   const ShmCalibration cal = calibration_.value_or(ShmCalibration{});
   const int n = size();
   if (!options_.shm_single_copy_threshold) {
@@ -511,7 +521,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, const std:
   int leader = members[0].second;
   UniqueId id;
   if (rank() == leader) {
-    id = create_unique_id();
+    id = create_unique_id(given_.socket_ifname);
     std::vector<unsigned char> bytes(id.bytes.begin(), id.bytes.end());
     for (auto& [k, r] : members)
       if (r != rank()) bootstrap_->send(r, tag, bytes);
@@ -543,7 +553,7 @@ std::unique_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
   const uint64_t tag = bootstrap_->next_tag(BootstrapOp::kShrink);
   UniqueId id;
   if (rank() == leader) {
-    id = create_unique_id();
+    id = create_unique_id(given_.socket_ifname);
     std::vector<unsigned char> bytes(id.bytes.begin(), id.bytes.end());
     for (int r : keep)
       if (r != rank()) bootstrap_->send(r, tag, bytes, after_failure);

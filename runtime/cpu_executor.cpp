@@ -2,6 +2,8 @@
 
 #include "tutti/kernel.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -569,6 +571,7 @@ CpuExecutorOptions CpuExecutorOptions::from_env() {
   o.stream_epilogues = env::get_bool("TUTTI_STREAM_EPILOGUES");
   o.huge_pages = env::get_bool("TUTTI_HUGE_PAGES");
   if (env::is_set("TUTTI_STREAM_THRESHOLD")) o.stream_threshold = env::get_size("TUTTI_STREAM_THRESHOLD");
+  o.trace = env::get_string("TUTTI_TRACE");
   return o;
 }
 
@@ -673,6 +676,12 @@ CpuExecutor::CpuExecutor(Communicator& comm, const CpuExecutorOptions& options)
     options_.workers =
         std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, comm.local_ranks()));
   if (!options_.stream_threshold) options_.stream_threshold = default_stream_threshold(comm.local_ranks());
+  if (!options_.trace.empty()) {
+    bool elsewhere = comm.local_ranks() < comm.size();  // a rank in another process (or on another host)
+    for (int p = 0; p < comm.size() && !elsewhere; ++p)
+      elsewhere = p != comm.rank() && comm.bootstrap().peer(p).pid != getpid();
+    trace::start(options_.trace, elsewhere);
+  }
 }
 
 void CpuExecutor::set_tile_bytes(int64_t bytes) {

@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "runtime/communicator.hpp"
@@ -54,6 +55,7 @@ struct CpuExecutorOptions {
   // TUTTI_STREAM_THRESHOLD: outputs this large are written around the caches (0: never). Unset: the
   // host's last-level cache divided by the ranks on it (default_stream_threshold).
   std::optional<uint64_t> stream_threshold;
+  std::string trace;                 // TUTTI_TRACE: a Chrome trace of every instruction (runtime/trace.hpp)
   // Throws InvalidArgument naming a bad value.
   static CpuExecutorOptions from_env();
 };

@@ -386,8 +386,9 @@ void keep_root(std::unique_ptr<RendezvousRoot> root) {
 }
 }  // namespace
 
-UniqueId create_unique_id() {
-  auto root = std::make_unique<RendezvousRoot>(choose_interface_address(), UniqueId::random_secret(), false);
+UniqueId create_unique_id(const std::string& socket_ifname) {
+  auto root =
+      std::make_unique<RendezvousRoot>(choose_interface_address(socket_ifname), UniqueId::random_secret(), false);
   UniqueId id = root->unique_id();
   keep_root(std::move(root));
   return id;

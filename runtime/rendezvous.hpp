@@ -44,8 +44,9 @@ class RendezvousRoot {
   std::thread thread_;
 };
 
-// Makes a unique id whose root runs in this process until its rendezvous is done (or times out).
-UniqueId create_unique_id();
+// Makes a unique id whose root runs in this process until its rendezvous is done (or times out),
+// listening where `socket_ifname` says (CommOptions::socket_ifname).
+UniqueId create_unique_id(const std::string& socket_ifname);
 
 // For a host:port comm id: rank 0 starts a persistent root bound there (once per process).
 void ensure_persistent_root(const UniqueId& id);

@@ -201,8 +201,7 @@ bool interface_matches(const std::string& spec_in, const std::string& ifname) {
   return exclude ? !hit : hit;
 }
 
-SocketAddress choose_interface_address() {
-  std::string spec = env::get_string("TUTTI_SOCKET_IFNAME");
+SocketAddress choose_interface_address(const std::string& spec) {
   ifaddrs* list = nullptr;
   TUTTI_SYSCALL(getifaddrs(&list), "getifaddrs()");
   SocketAddress best, loopback;

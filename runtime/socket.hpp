@@ -69,10 +69,10 @@ Fd connect_with_retry(const SocketAddress& addr, Deadline deadline, const std::a
 void send_exact(int fd, const void* data, size_t n, Deadline deadline, const std::string& what);
 void recv_exact(int fd, void* data, size_t n, Deadline deadline, const std::string& what);
 
-// The address this host advertises to peers, chosen by TUTTI_SOCKET_IFNAME / NCCL_SOCKET_IFNAME
-// (NCCL syntax) or, by default, the first interface that is up and not loopback/docker, then
-// loopback. Port is 0.
-SocketAddress choose_interface_address();
+// The address this host advertises to peers, chosen by `ifname_spec` (CommOptions::socket_ifname:
+// TUTTI_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, NCCL syntax) or, when it is empty, the first interface
+// that is up and not loopback/docker, then loopback. Port is 0.
+SocketAddress choose_interface_address(const std::string& ifname_spec);
 // For tests: match one interface name against an NCCL_SOCKET_IFNAME specification.
 bool interface_matches(const std::string& spec, const std::string& ifname);
 

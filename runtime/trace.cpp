@@ -2,13 +2,13 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <vector>
 
-#include "core/env.hpp"
 #include "core/log.hpp"
 
 namespace tutti::trace {
@@ -28,8 +28,11 @@ struct Collector {
   std::mutex mu;
   std::vector<Event> events;
   std::string path;
+  bool per_process = false;  // ranks are processes: each writes its own file
   int min_rank = 1 << 30;
 };
+
+std::atomic<bool> g_on{false};
 
 Collector& collector() {
   static Collector* c = new Collector();  // outlives static destruction: written from atexit
@@ -53,7 +56,7 @@ void write_file() {
   size_t r = path.find("%r");
   if (r != std::string::npos) {
     path.replace(r, 2, std::to_string(c.min_rank));
-  } else if (std::getenv("TUTTI_SIZE") && std::atoi(std::getenv("TUTTI_SIZE")) > 1) {
+  } else if (c.per_process) {
     size_t dot = path.rfind('.');
     std::string tag = ".rank" + std::to_string(c.min_rank);
     path = dot == std::string::npos ? path + tag : path.substr(0, dot) + tag + path.substr(dot);
@@ -78,16 +81,18 @@ void write_file() {
 
 }  // namespace
 
-bool enabled() {
-  static const bool on = [] {
-    auto p = env::raw("TUTTI_TRACE");
-    if (!p || p->empty()) return false;
-    collector().path = *p;
-    std::atexit(write_file);
-    return true;
-  }();
-  return on;
+void start(const std::string& path, bool ranks_are_processes) {
+  if (path.empty()) return;
+  Collector& c = collector();
+  std::lock_guard lock(c.mu);
+  if (g_on.load(std::memory_order_relaxed)) return;  // the first executor's file, for the whole process
+  c.path = path;
+  c.per_process = ranks_are_processes;
+  std::atexit(write_file);
+  g_on.store(true, std::memory_order_release);
 }
+
+bool enabled() { return g_on.load(std::memory_order_acquire); }
 
 double now_us() {
   return std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();

@@ -99,7 +99,7 @@ std::string UniqueId::hex() const {
   return s;
 }
 
-UniqueId UniqueId::parse(const std::string& text) {
+UniqueId UniqueId::parse(const std::string& text, const std::string& secret) {
   if (text.size() == 2 * kBytes && text.find(':') == std::string::npos) {
     UniqueId id;
     for (size_t i = 0; i < kBytes; ++i) {
@@ -117,7 +117,6 @@ UniqueId UniqueId::parse(const std::string& text) {
   SocketAddress root = SocketAddress::parse(text);
   // A host:port carries no secret, and one derived from the address is no secret at all (anyone
   // who can reach the port can compute it and join as a rank), so it must come from outside.
-  std::string secret = env::get_string("TUTTI_COMM_SECRET");
   TUTTI_CHECK(!secret.empty(), InvalidArgument,
               "comm id '{}' is a bare host:port, which carries no secret: set the same TUTTI_COMM_SECRET on every "
               "rank (e.g. export TUTTI_COMM_SECRET=$(od -An -tx8 -N16 /dev/urandom | tr -d ' ')), or start the "

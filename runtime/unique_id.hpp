@@ -17,9 +17,10 @@ struct UniqueId {
   // Root address + a fresh random secret.
   static UniqueId make(const SocketAddress& root, uint64_t secret);
   static uint64_t random_secret();
-  // From TUTTI_COMM_ID/NCCL_COMM_ID text: 256 hex digits (tutti-run's form) or host:port, whose
-  // secret comes from TUTTI_COMM_SECRET or, failing that, is derived from the text.
-  static UniqueId parse(const std::string& text);
+  // From TUTTI_COMM_ID/NCCL_COMM_ID text: 256 hex digits (tutti-run's form, which carry their own
+  // secret) or host:port, whose secret is `secret` (CommOptions::comm_secret, TUTTI_COMM_SECRET);
+  // a host:port with an empty secret is refused (a secret derived from the address is none).
+  static UniqueId parse(const std::string& text, const std::string& secret);
 
   SocketAddress root() const;
   uint64_t secret() const;

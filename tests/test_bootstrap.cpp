@@ -195,7 +195,7 @@ TEST(RendezvousAttack, RealRanksMeetAtTheDescriptorLimit) {
   ASSERT_NE(std::fgets(line, sizeof(line), child), nullptr);
   std::string hex(line);
   while (!hex.empty() && (hex.back() == '\n' || hex.back() == '\r')) hex.pop_back();
-  UniqueId id = UniqueId::parse(hex);
+  UniqueId id = UniqueId::parse(hex, "");
   std::vector<Fd> idle;
   for (int i = 0; i < 200; ++i) {
     try {
@@ -258,7 +258,7 @@ TEST(Rendezvous, TruncatedAndMalformedMessagesAreRefused) {
 TEST(Rendezvous, MissingRankTimesOutNamingIt) {
   CommOptions opts = CommOptions::from_env();
   opts.init_timeout_s = 1;
-  UniqueId id = create_unique_id();
+  UniqueId id = create_unique_id("");
   std::vector<std::string> errors(3);
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r)  // rank 3 of 4 never comes

@@ -8,6 +8,7 @@
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "runtime/comm_options.hpp"
 #include "runtime/socket.hpp"
 #include "runtime/unique_id.hpp"
 #include "support/env.hpp"
@@ -96,7 +97,7 @@ TEST(Env, SocketIfnameSyntaxMatchesNccl) {
 TEST(UniqueIdTest, HexAndHostPortForms) {
   UniqueId id = UniqueId::make(SocketAddress::parse("127.0.0.1:4567"), 0x1234);
   EXPECT_EQ(sizeof(id.bytes), 128u);
-  UniqueId back = UniqueId::parse(id.hex());
+  UniqueId back = UniqueId::parse(id.hex(), "");
   EXPECT_EQ(back.bytes, id.bytes);
   EXPECT_EQ(back.root().to_string(), "127.0.0.1:4567");
   EXPECT_EQ(back.secret(), 0x1234u);
@@ -104,22 +105,20 @@ TEST(UniqueIdTest, HexAndHostPortForms) {
     // A bare host:port has no secret of its own: refused without TUTTI_COMM_SECRET, saying how.
     tutti::test_support::ScopedEnv no_secret({{"TUTTI_COMM_SECRET", nullptr}});
     try {
-      UniqueId::parse("127.0.0.1:999");
+      UniqueId::parse("127.0.0.1:999", CommOptions::from_env().comm_secret);
       ADD_FAILURE() << "a host:port id without TUTTI_COMM_SECRET was accepted";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("set the same TUTTI_COMM_SECRET on every rank"), std::string::npos) << e.what();
     }
   }
   tutti::test_support::ScopedEnv secret({{"TUTTI_COMM_SECRET", "s3cr3t"}});
-  UniqueId hp = UniqueId::parse("127.0.0.1:999");
+  EXPECT_EQ(CommOptions::from_env().comm_secret, "s3cr3t");
+  UniqueId hp = UniqueId::parse("127.0.0.1:999", "s3cr3t");
   EXPECT_EQ(hp.root().port(), 999);
-  EXPECT_EQ(hp.secret(), UniqueId::parse("127.0.0.1:999").secret());
-  EXPECT_EQ(hp.secret(), UniqueId::parse("127.0.0.1:1000").secret());  // the secret, not the address
-  {
-    tutti::test_support::ScopedEnv other({{"TUTTI_COMM_SECRET", "other"}});
-    EXPECT_NE(hp.secret(), UniqueId::parse("127.0.0.1:999").secret());
-  }
-  EXPECT_THROW(UniqueId::parse("nonsense"), InvalidArgument);
-  EXPECT_THROW(UniqueId::parse("127.0.0.1:99999"), InvalidArgument);
-  EXPECT_THROW(UniqueId::parse(std::string(256, 'z')), InvalidArgument);
+  EXPECT_EQ(hp.secret(), UniqueId::parse("127.0.0.1:999", "s3cr3t").secret());
+  EXPECT_EQ(hp.secret(), UniqueId::parse("127.0.0.1:1000", "s3cr3t").secret());  // the secret, not the address
+  EXPECT_NE(hp.secret(), UniqueId::parse("127.0.0.1:999", "other").secret());
+  EXPECT_THROW(UniqueId::parse("nonsense", "s3cr3t"), InvalidArgument);
+  EXPECT_THROW(UniqueId::parse("127.0.0.1:99999", "s3cr3t"), InvalidArgument);
+  EXPECT_THROW(UniqueId::parse(std::string(256, 'z'), "s3cr3t"), InvalidArgument);
 }
