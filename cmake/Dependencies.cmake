@@ -5,6 +5,8 @@ find_package(hwy REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(PkgConfig REQUIRED)
+find_package(pugixml REQUIRED)                              # MSCCL XML (compiler), NCCL topology XML
+pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)    # topology detection
 
 # CUDA: AUTO turns it on when nvcc is found (under /usr/local/cuda on our machines). The code must
 # compile without a GPU; tests that need a device skip themselves at run time.
