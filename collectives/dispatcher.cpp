@@ -30,8 +30,10 @@ namespace {
 // rank's slice of the input (reduce-scatter), or the very same buffer.
 bool is_inplace(Collective c, const unsigned char* in, const unsigned char* out, int rank, int64_t piece_bytes) {
   switch (c) {
-    case Collective::kAllGather: return in == out + rank * piece_bytes;
-    case Collective::kReduceScatter: return out == in + rank * piece_bytes;
+    case Collective::kAllGather:
+    case Collective::kGather: return in == out + rank * piece_bytes;
+    case Collective::kReduceScatter:
+    case Collective::kScatter: return out == in + rank * piece_bytes;
     default: return in == out;
   }
 }
@@ -579,9 +581,12 @@ void Dispatcher::run(const CollectiveCall& call, Executor& ex) {
     finish();
     return;
   }
-  // Reduce: non-roots keep their receive buffer untouched (NCCL does not use it there; the mailbox
-  // does not write it).
-  if (c == Collective::kReduce && rank != call.root) out = static_cast<unsigned char*>(ex.temp(1, out_bytes, stream));
+  // Reduce, gather: non-roots keep their receive buffer untouched (NCCL does not use it there, and
+  // a gather's may be NULL; the mailbox does not write it). Scatter: no plan reads a non-root's
+  // send buffer, which may be NULL: executors are given none.
+  if ((c == Collective::kReduce || c == Collective::kGather) && rank != call.root)
+    out = static_cast<unsigned char*>(ex.temp(1, out_bytes, stream));
+  if (c == Collective::kScatter && rank != call.root) in = nullptr;
   const auto& pp = choice.plan;
   ExecArgs args;
   args.count = call.count;

@@ -1267,40 +1267,23 @@ NCCL_API(ncclResult_t, ncclAlltoAll, const void* sendbuff, void* recvbuff, size_
 
 namespace {
 // Gather (to_root) or scatter from the root, as one group of sends and receives.
+// Gather and scatter are collectives of the dispatcher like the others (built-in plans
+// direct_gather and direct_scatter, or loaded ones): only the root's receive (gather) or send
+// (scatter) buffer holds every part, and a non-root's may be NULL.
 ncclResult_t rooted_exchange(const char* fn, bool to_root, const void* sendbuff, void* recvbuff, size_t count,
                              ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
   return guard(fn, [&]() -> ncclResult_t {
-    int n = 0, me = 0;
-    {
-      Use use(comm, fn);
-      n = use->comm->size();
-      me = use->comm->rank();
-    }
+    Use use(comm, fn);
+    const int n = use->comm->size(), me = use->comm->rank();
     TUTTI_CHECK(root >= 0 && root < n, InvalidArgument, "{}: root {} is out of range (0..{})", fn, root, n - 1);
-    CollectiveCall sizes{to_root ? Collective::kGather : Collective::kScatter, sendbuff, recvbuff,
-                         static_cast<int64_t>(count), {}, root};
-    sizes.reduction.type = to_type(datatype, fn);
-    if (me != root && to_root) sizes.output = nullptr;  // only the root's buffer holds every part
-    if (me != root && !to_root) sizes.input = nullptr;
-    check_call_sizes(sizes, n, me, fn);
-    const size_t bytes = count * size_of(sizes.reduction.type);
-    ncclResult_t rc = pncclGroupStart();
-    auto step = [&](ncclResult_t r) {
-      if (rc == ncclSuccess) rc = r;
-    };
-    if (to_root) {
-      step(pncclSend(sendbuff, count, datatype, root, comm, stream));
-      if (me == root)
-        for (int r = 0; r < n; ++r)
-          step(pncclRecv(static_cast<unsigned char*>(recvbuff) + r * bytes, count, datatype, r, comm, stream));
-    } else {
-      if (me == root)
-        for (int r = 0; r < n; ++r)
-          step(pncclSend(static_cast<const unsigned char*>(sendbuff) + r * bytes, count, datatype, r, comm, stream));
-      step(pncclRecv(recvbuff, count, datatype, root, comm, stream));
-    }
-    ncclResult_t end = pncclGroupEnd();
-    return rc != ncclSuccess ? rc : end;
+    CollectiveCall call{to_root ? Collective::kGather : Collective::kScatter, sendbuff, recvbuff,
+                        static_cast<int64_t>(count), {}, root};
+    call.reduction.type = to_type(datatype, fn);
+    if (me != root && to_root) call.output = nullptr;  // only the root's buffer holds every part
+    if (me != root && !to_root) call.input = nullptr;
+    check_buffer(call.input, to_root || me == root ? count : 0, "sendbuff", fn);
+    check_buffer(call.output, !to_root || me == root ? count : 0, "recvbuff", fn);
+    return collective(use, fn, call, stream);
   });
 }
 

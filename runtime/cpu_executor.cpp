@@ -783,7 +783,7 @@ void CpuExecutor::run(const PreparedPlan& pp, const ExecArgs& args) {
   // Large buffers go onto huge pages (runtime/huge_pages.hpp).
   if (options_.huge_pages) {
     back_with_huge_pages(args.output, static_cast<size_t>(g.bytes(0, pp.spec.output_chunks())));
-    if (args.input != args.output) back_with_huge_pages(args.input, static_cast<size_t>(g.bytes(0, pp.spec.input_chunks())));
+    if (args.input && args.input != args.output) back_with_huge_pages(args.input, static_cast<size_t>(g.bytes(0, pp.spec.input_chunks())));
   }
   const bool stream_output =
       *options_.stream_threshold > 0 && static_cast<uint64_t>(output_bytes) >= *options_.stream_threshold;

@@ -27,6 +27,11 @@ using namespace tutti::device;
 
 namespace {
 
+// In place, these collectives' input is the rank's slice of the output (gathers) or their output
+// the rank's slice of the input (scatters).
+bool gathers(Collective c) { return c == Collective::kAllGather || c == Collective::kGather; }
+bool scatters(Collective c) { return c == Collective::kReduceScatter || c == Collective::kScatter; }
+
 using Prepared = std::shared_ptr<const PreparedPlan>;
 
 // Small values whose sums, products, minima and maxima over up to 8 ranks are exact in every type,
@@ -91,10 +96,10 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
         in[r].resize(static_cast<size_t>(in_elems * es));
         for (int64_t i = 0; i < in_elems; ++i) store_value(o.type, elem(in[r], i), value(o.type, o.op, r, i));
         out[r].assign(static_cast<size_t>(out_elems * es), 0xa5);
-        if (pl.inplace && pl.collective == Collective::kAllGather) {
+        if (pl.inplace && gathers(pl.collective)) {
           if (count > 0) std::memcpy(out[r].data() + r * count * es, in[r].data(), static_cast<size_t>(count * es));
         }
-        else if (pl.inplace && pl.collective != Collective::kReduceScatter)
+        else if (pl.inplace && !scatters(pl.collective))
           out[r] = in[r];
       }
       test_support::on_ranks(comms, [&](int r, Communicator&) {
@@ -106,7 +111,7 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
         a.count = count;
         a.reduction.type = o.type;
         a.reduction.op = o.op;
-        if (pl.inplace && pl.collective == Collective::kReduceScatter) {
+        if (pl.inplace && scatters(pl.collective)) {
           a.input = in[r].data();
           a.output = in[r].data() + r * count * es;
         } else {
@@ -118,7 +123,7 @@ void run_and_check(const std::vector<Prepared>& seq, const std::vector<int64_t>&
           if (!in[r].empty()) executors[r]->deregister_memory(in[r].data(), in[r].size());
           if (!out[r].empty()) executors[r]->deregister_memory(out[r].data(), out[r].size());
         }
-        if (pl.inplace && pl.collective == Collective::kReduceScatter && count > 0)
+        if (pl.inplace && scatters(pl.collective) && count > 0)
           std::memcpy(out[r].data(), in[r].data() + r * count * es, static_cast<size_t>(count * es));
       });
       // Reference: each output element folds its contributions with the CPU kernels.

@@ -17,6 +17,11 @@ using namespace tutti;
 
 namespace {
 
+// In place, these collectives' input is the rank's slice of the output (gathers) or their output
+// the rank's slice of the input (scatters).
+bool gathers(Collective c) { return c == Collective::kAllGather || c == Collective::kGather; }
+bool scatters(Collective c) { return c == Collective::kReduceScatter || c == Collective::kScatter; }
+
 // nccl-tests style data: small integers, so every reduction order gives the same float bits.
 float value(int rank, int64_t i) { return static_cast<float>((rank * 7 + i * 3) % 17) - 8.0f; }
 
@@ -44,9 +49,9 @@ void run_and_check(const std::vector<Prepared>& seq, int64_t count, TransportKin
       out[r].assign(static_cast<size_t>(out_pieces * count), -99.0f);
       if (pl.inplace) {
         // Put the input where the in-place collective expects it.
-        if (pl.collective == Collective::kAllGather) {
+        if (gathers(pl.collective)) {
           if (count > 0) std::memcpy(out[r].data() + r * count, in[r].data(), static_cast<size_t>(count) * 4);
-        } else if (pl.collective == Collective::kReduceScatter) {
+        } else if (scatters(pl.collective)) {
           // the input buffer is the buffer; output is its slice
         } else {
           out[r] = in[r];
@@ -61,7 +66,7 @@ void run_and_check(const std::vector<Prepared>& seq, int64_t count, TransportKin
           ExecArgs a;
           a.count = count;
           a.reduction.type = DataType::kFloat32;
-          if (pl.inplace && pl.collective == Collective::kReduceScatter) {
+          if (pl.inplace && scatters(pl.collective)) {
             a.input = in[r].data();
             a.output = in[r].data() + r * count;
           } else {
@@ -69,7 +74,7 @@ void run_and_check(const std::vector<Prepared>& seq, int64_t count, TransportKin
             a.output = out[r].data();
           }
           executors[r]->run(*prepared, a);
-          if (pl.inplace && pl.collective == Collective::kReduceScatter && count > 0)
+          if (pl.inplace && scatters(pl.collective) && count > 0)
             std::memcpy(out[r].data(), in[r].data() + r * count, static_cast<size_t>(count) * 4);
         } catch (...) {
           errors[r] = std::current_exception();
@@ -110,7 +115,8 @@ TEST(Executor, EveryBuiltinProducesTheReferenceResult) {
         if (has_inplace) prm["inplace"] = inplace;
         else if (inplace) continue;
         if (b.name.find("hier") != std::string::npos) prm["local"] = n % 2 == 0 ? 2 : 1;
-        if (b.name.find("broadcast") != std::string::npos || b.name == "tree_reduce") prm["root"] = n - 1;
+        if (b.name.find("broadcast") != std::string::npos || b.name == "tree_reduce" || b.name.starts_with("direct_"))
+          prm["root"] = n - 1;
         plan::Plan pl = plan::compile(b.build(n, algorithms::resolve(b, n, prm))).plan;
         for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{300001}}) {
           // Under a sanitizer (most of its time for this program went here) the large count,

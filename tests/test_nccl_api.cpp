@@ -437,6 +437,49 @@ TEST(NcclApi, GatherScatterAndAlltoAllOfNccl228) {
   });
 }
 
+// Gather and scatter run as plans of the dispatcher (direct_gather, direct_scatter): from every
+// root, with NULL buffers where NCCL does not read them (a gather's non-root receive buffer, a
+// scatter's non-root send buffer), in place (the root's part already in place), at a count the
+// chunks do not divide, over shared memory, TCP and the emulated device. Bit-exact integers.
+TEST(NcclApi, GatherAndScatterFromEveryRootAsPlans) {
+  const int n = 3, count = 1001;
+  for (const char* where : {"shm", "tcp", "emulated"}) {
+    const bool device = std::string(where) == "emulated";
+    tutti::test_support::ScopedEnv env({{"TUTTI_TRANSPORT", device ? "shm" : where},
+                                        {"TUTTI_DEVICE", device ? "emulated" : nullptr},
+                                        {"TUTTI_TIMEOUT", "120"}});
+    on_nccl_ranks(n, [&](int r, ncclComm_t comm) {
+      for (int root = 0; root < n; ++root)
+        for (bool inplace : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << where << " root " << root << (inplace ? " in place" : ""));
+          std::vector<int32_t> mine(count), all(static_cast<size_t>(count) * n, -1);
+          for (int i = 0; i < count; ++i) mine[i] = r * 100000 + i;
+          // Gather: the root's part is already in its slice when in place.
+          const bool root_here = r == root;
+          if (inplace && root_here) std::copy(mine.begin(), mine.end(), all.begin() + r * count);
+          const void* send = inplace && root_here ? static_cast<const void*>(all.data() + r * count) : mine.data();
+          ASSERT_EQ(ncclGather(send, root_here ? all.data() : nullptr, count, ncclInt32, root, comm, nullptr),
+                    ncclSuccess)
+              << ncclGetLastError(comm);
+          if (root_here) {
+            for (int q = 0; q < n; ++q)
+              for (int i = 0; i < count; ++i) ASSERT_EQ(all[q * count + i], q * 100000 + i) << q << " " << i;
+          }
+          // Scatter: part q of the root's buffer to rank q.
+          for (int q = 0; q < n; ++q)
+            for (int i = 0; i < count; ++i) all[q * count + i] = root * 100000 + q * 1000 + i % 1000;
+          std::vector<int32_t> got(count, -1);
+          void* recv = inplace && root_here ? static_cast<void*>(all.data() + r * count) : got.data();
+          ASSERT_EQ(ncclScatter(root_here ? all.data() : nullptr, recv, count, ncclInt32, root, comm, nullptr),
+                    ncclSuccess)
+              << ncclGetLastError(comm);
+          const int32_t* out = inplace && root_here ? all.data() + r * count : got.data();
+          for (int i = 0; i < count; ++i) ASSERT_EQ(out[i], root * 100000 + r * 1000 + i % 1000) << i;
+        }
+    });
+  }
+}
+
 TEST(NcclApi, PreMulSumAndAverage) {
   const int n = 3;
   on_nccl_ranks(n, [&](int r, ncclComm_t comm) {

@@ -110,6 +110,8 @@ std::string default_algorithm(Collective c, uint64_t bytes, int n, bool crowded)
       return bytes <= (64u << 10) || crowded ? "tree_broadcast" : "chain_broadcast";
     case Collective::kReduce: return "tree_reduce";
     case Collective::kAllToAll: return "pairwise_alltoall";
+    case Collective::kGather: return "direct_gather";
+    case Collective::kScatter: return "direct_scatter";
     default: throw InvalidArgument(fmt::format("no built-in algorithm for {}", to_string(c)));
   }
 }

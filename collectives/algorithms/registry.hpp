@@ -51,7 +51,7 @@ std::string default_algorithm(Collective c, uint64_t bytes, int nranks, bool cro
 void register_allreduce(std::vector<Builtin>& out);
 void register_allgather(std::vector<Builtin>& out);
 void register_reducescatter(std::vector<Builtin>& out);
-void register_rooted(std::vector<Builtin>& out);  // broadcast, reduce
+void register_rooted(std::vector<Builtin>& out);  // broadcast, reduce, gather, scatter
 void register_alltoall(std::vector<Builtin>& out);
 
 // Helpers shared by the algorithms.

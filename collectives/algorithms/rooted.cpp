@@ -1,4 +1,5 @@
-// Rooted collectives: pipelined chain Broadcast, binomial-tree Broadcast, binomial-tree Reduce.
+// Rooted collectives: pipelined chain Broadcast, binomial-tree Broadcast, binomial-tree Reduce,
+// direct Gather and Scatter.
 #include "collectives/algorithms/registry.hpp"
 
 namespace tutti::algorithms {
@@ -45,6 +46,25 @@ Program tree_reduce(int n, const Params& prm) {
   return p;
 }
 
+// Every rank sends its part straight to the root (NCCL's gather is the same n - 1 sends and
+// receives: the root's link carries every byte once whatever the schedule).
+Program direct_gather(int n, const Params& prm) {
+  const int root = prm.at("root"), C = prm.at("chunks");
+  Program p("direct_gather", spec_of(Collective::kGather, n, C, prm.at("inplace"), root));
+  for (int r = 0; r < n; ++r)
+    if (r != root || !p.spec().inplace) p.chunk(r, Buffer::input(), 0, C).copy(root, Buffer::output(), r * C);
+  return p;
+}
+
+// The root sends each rank its part.
+Program direct_scatter(int n, const Params& prm) {
+  const int root = prm.at("root"), C = prm.at("chunks");
+  Program p("direct_scatter", spec_of(Collective::kScatter, n, C, prm.at("inplace"), root));
+  for (int r = 0; r < n; ++r)
+    if (r != root || !p.spec().inplace) p.chunk(root, Buffer::input(), r * C, C).copy(r, Buffer::output(), 0);
+  return p;
+}
+
 std::string root_ok(int n, const Params& p) {
   if (p.at("root") < 0 || p.at("root") >= n) return "root must be a rank";
   if (p.at("chunks") < 1) return "chunks must be >= 1";
@@ -62,6 +82,10 @@ void register_rooted(std::vector<Builtin>& out) {
                  {root, {"chunks", 1, "chunks per buffer"}, inplace}, root_ok, tree_broadcast});
   out.push_back({"tree_reduce", Collective::kReduce, "binomial tree towards the root",
                  {root, {"chunks", 1, "chunks per buffer"}, inplace}, root_ok, tree_reduce});
+  out.push_back({"direct_gather", Collective::kGather, "every rank sends its part to the root",
+                 {root, {"chunks", 1, "chunks per part"}, inplace}, root_ok, direct_gather});
+  out.push_back({"direct_scatter", Collective::kScatter, "the root sends every rank its part",
+                 {root, {"chunks", 1, "chunks per part"}, inplace}, root_ok, direct_scatter});
 }
 
 }  // namespace tutti::algorithms
