@@ -172,6 +172,16 @@ int CollectiveSpec::output_chunks() const {
 
 bool CollectiveSpec::has_root() const { return tutti::has_root(kind); }
 
+CollectiveSpec CollectiveSpec::of(Collective kind, int nranks, int chunk_factor, bool inplace, int root) {
+  CollectiveSpec s;
+  s.kind = kind;
+  s.nranks = nranks;
+  s.chunk_factor = chunk_factor;
+  s.inplace = inplace;
+  s.root = root;
+  return s;
+}
+
 Location CollectiveSpec::canonical(int rank, BufferKind buffer, int index) const {
   if (!inplace || buffer == BufferKind::kScratch || is_state(buffer)) return {buffer, index};
   const int C = chunk_factor;

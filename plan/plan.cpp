@@ -56,12 +56,7 @@ std::vector<Ref> Instruction::writes() const {
 }
 
 CollectiveSpec Plan::spec() const {
-  CollectiveSpec s;
-  s.kind = collective;
-  s.nranks = nranks;
-  s.chunk_factor = chunk_factor;
-  s.inplace = inplace;
-  s.root = root;
+  CollectiveSpec s = CollectiveSpec::of(collective, nranks, chunk_factor, inplace, root);
   if (collective == Collective::kCustom)  // no pre/postcondition travels with a plan: buffer sizes only
     for (auto& r : ranks) {
       s.custom_input_chunks = std::max(s.custom_input_chunks, static_cast<int>(r.input_chunks));

@@ -67,13 +67,7 @@ Params parse_params(const std::vector<std::string>& kvs) {
 }
 
 CollectiveSpec spec_of(Collective c, int nranks, int chunk_factor, bool inplace, int root) {
-  CollectiveSpec s;
-  s.kind = c;
-  s.nranks = nranks;
-  s.chunk_factor = chunk_factor;
-  s.inplace = inplace;
-  s.root = root;
-  return s;
+  return CollectiveSpec::of(c, nranks, chunk_factor, inplace, root);
 }
 
 dsl::Buffer work_buffer(const dsl::Program& p) {

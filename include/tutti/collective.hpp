@@ -123,6 +123,8 @@ struct CollectiveSpec {
   std::function<std::optional<Content>(int rank, int index)> custom_post;  // nullopt: not checked
   std::vector<StateBufferSpec> states;  // the user's buffers besides input and output (custom only)
 
+  // A standard collective's spec (no custom conditions, no state buffers).
+  static CollectiveSpec of(Collective kind, int nranks, int chunk_factor = 1, bool inplace = false, int root = 0);
   int input_chunks() const;
   int output_chunks() const;
   bool has_root() const;
