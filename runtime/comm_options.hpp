@@ -61,8 +61,8 @@ struct CommOptions {
 // memory (collectives/calibrate.hpp keeps the whole measurement). A communicator whose ranks all
 // share its host over shared memory takes it once, when it is made: each value replaces the
 // default of a setting its options leave unset; the CPU executor (tile) and the dispatcher (one-shot
-// thresholds) take theirs from Communicator::calibration() when they are made. Nothing changes a
-// made communicator's settings afterwards.
+// thresholds) take theirs from Communicator::calibration() when they are made. Only the
+// calibration's own sweeps change a made communicator's settings afterwards.
 struct ShmCalibration {
   std::optional<uint64_t> single_copy_threshold;
   std::optional<int> spin_us;
